@@ -1,0 +1,243 @@
+"""Linux primitives for the sandbox: namespaces, the jailed filesystem, rlimits, seccomp.
+
+Runs inside the worker process (``_zygote.py``), before any untrusted code, so it uses
+only the standard library, ``ctypes`` and ``pyseccomp``. Nothing here decides a verdict.
+"""
+
+import ctypes
+import errno
+import os
+import platform
+import resource
+import socket
+import struct
+import sys
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWCGROUP = 0x02000000
+NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
+                   CLONE_NEWNET, CLONE_NEWCGROUP)
+SLOT_NAMESPACES = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 38, 22
+SECCOMP_MODE_FILTER = 2
+
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+
+# Devices a program may open; everything else under /dev is absent.
+DEVICES = ("null", "zero", "full", "random", "urandom")
+# Files from /etc that programs and language runtimes read; the rest of /etc stays hidden.
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime",
+             "nsswitch.conf", "host.conf", "mime.types")
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def mount(source, target, fstype, flags: int = 0, data=None) -> None:
+    def enc(s):
+        return None if s is None else os.fsencode(s)
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {target}")
+
+
+def umount(target: str) -> None:
+    _check(_libc.umount2(os.fsencode(target), ctypes.c_int(MNT_DETACH)), f"umount {target}")
+
+
+def prctl(option: int, arg: int = 0) -> None:
+    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl")
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent goes away."""
+    prctl(PR_SET_PDEATHSIG, 9)
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    number = _SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise OSError(errno.ENOSYS, f"pivot_root: unsupported machine {platform.machine()}")
+    _check(_libc.syscall(ctypes.c_long(number), os.fsencode(new_root), os.fsencode(put_old)),
+           "pivot_root")
+
+
+def _bind_readonly(source: str, target: str) -> None:
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    mount(source, target, None, MS_BIND | MS_REC)
+    mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _mirror_top_level(root: str, name: str) -> None:
+    host = "/" + name
+    if os.path.islink(host):
+        os.symlink(os.readlink(host), os.path.join(root, name))
+    elif os.path.isdir(host):
+        _bind_readonly(host, os.path.join(root, name))
+
+
+def _make_dev(root: str) -> None:
+    dev = os.path.join(root, "dev")
+    os.makedirs(dev)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+    for name in DEVICES:
+        target = os.path.join(dev, name)
+        open(target, "a").close()
+        mount("/dev/" + name, target, None, MS_BIND)
+        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NOEXEC)
+    for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(link, os.path.join(dev, name))
+    mount(None, dev, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+
+
+def build_root(python_paths, hostname: str = "sandbox") -> None:
+    """Replace this mount namespace's root with a minimal read-only tree.
+
+    Visible: /usr (and the /bin, /lib... links into it), a short list of /etc files, the
+    Python installation(s) in ``python_paths``, a few /dev nodes, a fresh /proc for this
+    PID namespace and an empty /tmp mount point for the per-job scratch tmpfs. The rest of
+    the host (home directories, /root, working trees, /var, /srv, /mnt, /sys) is unmounted.
+    Must run as root in a fresh mount and PID namespace.
+    """
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    root = "/tmp"
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    _bind_readonly("/usr", root + "/usr")
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        _mirror_top_level(root, name)
+    for name in ETC_FILES:
+        if os.path.exists("/etc/" + name):
+            _bind_readonly("/etc/" + name, f"{root}/etc/{name}")
+    for path in python_paths:
+        if not path.startswith("/usr/"):
+            _bind_readonly(path, root + path)
+    _make_dev(root)
+    os.makedirs(root + "/proc")
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.makedirs(root + "/tmp")
+    os.makedirs(root + "/.old")
+    pivot_root(root, root + "/.old")
+    os.chdir("/")
+    umount("/.old")
+    os.rmdir("/.old")
+    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    socket.sethostname(hostname)
+
+
+def mount_scratch(path: str, size_mb: int, uid: int, gid: int) -> None:
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
+          f"size={size_mb}m,nr_inodes=4096,mode=700,uid={uid},gid={gid}")
+
+
+def apply_rlimits(limits: dict) -> None:
+    """Set the per-job resource limits; hard limits are set too, so they cannot be raised."""
+    table = {
+        "address_space": resource.RLIMIT_AS,
+        "cpu_s": resource.RLIMIT_CPU,
+        "file_size": resource.RLIMIT_FSIZE,
+        "open_files": resource.RLIMIT_NOFILE,
+        "processes": resource.RLIMIT_NPROC,
+        "core": resource.RLIMIT_CORE,
+        "stack": resource.RLIMIT_STACK,
+        "locked_memory": resource.RLIMIT_MEMLOCK,
+        "message_queue": resource.RLIMIT_MSGQUEUE,
+    }
+    for name, value in limits.items():
+        # The CPU hard limit sits one second above the soft one so the program first gets
+        # SIGXCPU, which the parent reads as a timeout rather than an unexplained kill.
+        hard = value + 1 if name == "cpu_s" else value
+        resource.setrlimit(table[name], (value, hard))
+
+
+def drop_privileges(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+# Syscalls that no program under test needs and that widen the attack surface: namespace
+# and mount manipulation, tracing other processes, kernel modules and keys, eBPF,
+# io_uring (a second syscall interface seccomp cannot see), clocks, reboot and swap.
+DENIED_SYSCALLS = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "mount_setattr",
+    "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
+    "open_by_handle_at", "name_to_handle_at",
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "init_module", "finit_module", "delete_module",
+    "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
+    "keyctl", "add_key", "request_key", "syslog", "quotactl", "vhangup",
+    "sethostname", "setdomainname", "settimeofday", "clock_settime", "clock_adjtime",
+    "adjtimex", "iopl", "ioperm", "lookup_dcookie", "personality", "uselib",
+    "fanotify_init",
+)
+
+
+def seccomp_program() -> bytes:
+    """Compile the job filter once and return its BPF bytes for :func:`load_seccomp`.
+
+    Default allow, with EPERM for :data:`DENIED_SYSCALLS`, for sockets of any family but
+    AF_UNIX, and for clone() with namespace flags; clone3 answers ENOSYS so libc falls back
+    to clone(), whose flags the filter can inspect. Other architectures' syscall ABIs kill.
+    """
+    import pyseccomp as sc
+
+    flt = sc.SyscallFilter(sc.ALLOW)
+    eperm = sc.ERRNO(errno.EPERM)
+    for name in DENIED_SYSCALLS:
+        try:
+            flt.add_rule(eperm, name)
+        except (OSError, ValueError, RuntimeError):
+            continue
+    for name in ("socket", "socketpair"):
+        flt.add_rule(eperm, name, sc.Arg(0, sc.NE, socket.AF_UNIX))
+    for flag in NAMESPACE_FLAGS:
+        flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(write_fd, "wb") as sink:
+        flt.export_bpf(sink)
+    with os.fdopen(read_fd, "rb") as source:
+        return source.read()
+
+
+def load_seccomp(program: bytes) -> None:
+    """Install a compiled filter on this thread (needs no_new_privs or CAP_SYS_ADMIN)."""
+    count = len(program) // 8
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = struct.pack("HL", count, ctypes.addressof(buffer))
+    fprog_buffer = ctypes.create_string_buffer(fprog, len(fprog))
+    _check(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+                       fprog_buffer, ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+
+
+def python_paths() -> list:
+    """Directories the Python runtime needs: its installation and the active environment."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+             os.path.realpath(os.path.dirname(sys.executable))}
+    return sorted(p for p in paths if p != "/")

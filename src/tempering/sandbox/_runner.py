@@ -1,0 +1,114 @@
+"""The Python fast path: runs a program inside the already-jailed, forked child.
+
+The worker process imports this module once; each job's child (forked, limited, no longer
+privileged) calls :func:`run` instead of starting a new interpreter. Everything here runs
+beside the untrusted program and is therefore untrusted too: it only reports raw return
+values and progress on the result pipe. It never sees expected values and computes no
+verdict; the parent does that.
+
+Result pipe messages, one JSON object per line:
+``{"start": i}`` before case ``i``; ``{"case": i, "value": <tagged JSON>}`` or
+``{"case": i, "error": kind, "message": str}`` after it; ``{"memory_error": true}`` when the
+program ran out of memory; ``{"done": true}`` when a whole-program check ran to its end.
+"""
+
+import builtins
+import io
+import json
+import os
+import random
+import sys
+import time
+import traceback
+
+import _codec
+
+_MESSAGE_CHARS = 2000
+
+
+def _reopen_stdio() -> None:
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True)
+
+
+def _send(fd: int, message: dict) -> None:
+    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _describe(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}"
+    return text[:_MESSAGE_CHARS]
+
+
+def _run_cases(namespace: dict, call: dict, result_fd: int) -> None:
+    entry = namespace.get(call["entry_point"])
+    for index, args_json in call["cases"]:
+        _send(result_fd, {"start": index})
+        try:
+            if not callable(entry):
+                raise NameError(f"entry point {call['entry_point']!r} is not a defined function")
+            value = entry(*_codec.decode(args_json))
+            _send(result_fd, {"case": index, "value": _codec.encode(value)})
+        except MemoryError:
+            _send(result_fd, {"case": index, "error": "memory_limit", "message": "MemoryError"})
+        except BaseException as err:  # a case's failure, SystemExit included, ends only that case
+            _send(result_fd, {"case": index, "error": "runtime_error", "message": _describe(err)})
+
+
+def _exit_status(err: SystemExit) -> int:
+    if err.code is None:
+        return 0
+    if isinstance(err.code, int):
+        return err.code & 0xFF
+    print(err.code, file=sys.stderr)
+    return 1
+
+
+def run(code: str, call, check: bool, result_fd: int) -> None:
+    """Execute ``code`` as ``__main__`` (or as module ``solution`` for call cases); never returns.
+
+    ``call`` is ``{"entry_point": name, "cases": [[index, args_json], ...]}`` or None;
+    ``check`` asks for the ``done`` message after the code ran to its end.
+    """
+    _reopen_stdio()
+    random.seed(0)
+    sys.argv = ["solution.py"]
+    namespace = {"__name__": "solution" if call else "__main__", "__builtins__": builtins,
+                 "__file__": "solution.py"}
+    status = 0
+    try:
+        exec(compile(code, "solution.py", "exec"), namespace)
+        if call:
+            _run_cases(namespace, call, result_fd)
+        if check:
+            _send(result_fd, {"done": True})
+    except SystemExit as err:
+        status = _exit_status(err)
+    except MemoryError:
+        _send(result_fd, {"memory_error": True})
+        status = 1
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            status = status or 1
+    os._exit(status)
+
+
+def warm_up() -> float:
+    """Import what most programs import, so that forked children start with it loaded."""
+    start = time.perf_counter()
+    for name in ("collections", "itertools", "functools", "math", "re", "heapq", "bisect",
+                 "string", "random", "typing", "fractions", "decimal", "hashlib", "statistics"):
+        __import__(name)
+    return time.perf_counter() - start

@@ -1,0 +1,363 @@
+"""The sandbox worker: one per pool slot, started with a clean environment.
+
+``python -I _zygote.py --mode jail ...`` (root) enters fresh mount, network, IPC, UTS and
+PID namespaces once, builds a read-only root and then serves jobs: for each job it mounts
+a fresh size-capped tmpfs as /tmp, forks one child per run, which limits itself, drops to
+the slot's uid, sets no_new_privs, loads the seccomp filter and runs the program. The
+worker enforces the wall-clock deadline and the output caps, then kills every process left
+in its PID namespace and unmounts the scratch space.
+
+``--mode bwrap`` runs one job inside a bubblewrap sandbox made by the parent and exits;
+``--mode none`` runs jobs with limits and seccomp but without namespaces (an explicit
+opt-in for trusted code). Jobs arrive as length-prefixed JSON on fd 3; replies go back the
+same way. The worker reports raw outcomes only; verdicts are the parent's.
+"""
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _jail  # noqa: E402
+import _runner  # noqa: E402
+
+del sys.path[0]
+
+SCRATCH = "/tmp"
+_READ_CHUNK = 65536
+_RESULT_CAP = 8 << 20
+_LIMIT_MARKERS = ("MemoryError", "std::bad_alloc", "heap out of memory", "Cannot allocate memory")
+
+
+def send_message(sock: socket.socket, message: dict) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    sock.sendall(struct.pack("!I", len(data)) + data)
+
+
+def recv_message(sock: socket.socket):
+    header = _recv_exact(sock, 4)
+    if header is None:
+        return None
+    body = _recv_exact(sock, struct.unpack("!I", header)[0])
+    return None if body is None else json.loads(body)
+
+
+def _recv_exact(sock: socket.socket, size: int):
+    chunks, remaining = [], size
+    while remaining:
+        chunk = sock.recv(min(remaining, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+class Worker:
+    """Serves jobs for one slot; ``mode`` is ``jail``, ``bwrap`` or ``none``."""
+
+    def __init__(self, mode: str, uid: int, gid: int, scratch_mb: int, env: dict):
+        self.mode, self.uid, self.gid, self.scratch_mb = mode, uid, gid, scratch_mb
+        self.env = env
+        self.seccomp = _jail.seccomp_program()
+        self.scratch = SCRATCH
+
+    def open_scratch(self) -> None:
+        if self.mode == "jail":
+            _jail.mount_scratch(SCRATCH, self.scratch_mb, self.uid, self.gid)
+        elif self.mode == "none":
+            self.scratch = tempfile.mkdtemp(prefix="tempering-sandbox-")
+
+    def close_scratch(self) -> None:
+        if self.mode == "jail":
+            _jail.umount(SCRATCH)
+        elif self.mode == "none":
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def kill_all(self, pid: int) -> None:
+        """Kill every process the job left: the whole PID namespace, or its process group."""
+        while True:
+            try:
+                if self.mode == "none":
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(-1, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    time.sleep(0.0005)
+            except ChildProcessError:
+                return
+
+    def run_job(self, job: dict) -> dict:
+        self.open_scratch()
+        try:
+            for name, text in job.get("files", {}).items():
+                path = os.path.join(self.scratch, name)
+                with open(path, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                if self.mode == "jail":
+                    os.chown(path, self.uid, self.gid)
+            reply = {"compile": None, "runs": []}
+            if job.get("compile"):
+                reply["compile"] = self.run_one(job["compile"])
+                if reply["compile"]["status"] != "ok":
+                    return reply
+            for run in job["runs"]:
+                reply["runs"].append(self.run_one(run))
+            return reply
+        finally:
+            self.close_scratch()
+
+    def run_one(self, run: dict) -> dict:
+        pipes = {name: os.pipe() for name in ("stdin", "stdout", "stderr", "result", "setup")}
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            self._child(run, pipes)
+        for name, (read_end, write_end) in pipes.items():
+            os.close(read_end if name == "stdin" else write_end)
+        try:
+            outcome = _Watch(run, pipes, pid, started).follow()
+        finally:
+            self.kill_all(pid)
+            for name, (read_end, write_end) in pipes.items():
+                _close_quietly(write_end if name == "stdin" else read_end)
+        return outcome
+
+    def _child(self, run: dict, pipes: dict) -> None:
+        """In the forked child: confine this process, then hand it to the program."""
+        try:
+            os.setsid()
+            for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr"), (3, "result"), (4, "setup")):
+                os.dup2(pipes[name][1 if name != "stdin" else 0], fd)
+            os.closerange(5, 1 << 16)
+            os.set_inheritable(4, False)
+            os.chdir(self.scratch)
+            os.environ.clear()
+            os.environ.update(self.env, HOME=self.scratch, TMPDIR=self.scratch)
+            _jail.apply_rlimits(run["rlimits"])
+            if self.mode == "jail":
+                _jail.drop_privileges(self.uid, self.gid)
+            _jail.prctl(_jail.PR_SET_NO_NEW_PRIVS, 1)
+            _jail.load_seccomp(self.seccomp)
+            os.write(4, b"ok")
+        except BaseException as err:
+            os.write(2, f"sandbox setup failed: {err}\n".encode())
+            os._exit(126)
+        if "argv" in run:
+            os.set_inheritable(3, False)
+            try:
+                os.execve(run["argv"][0], run["argv"], os.environ)
+            except OSError as err:
+                os.write(2, f"cannot start {run['argv'][0]}: {err.strerror}\n".encode())
+                os._exit(127)
+        os.close(4)
+        _runner.run(run["code"], run.get("call"), run.get("check", False), 3)
+
+
+class _Watch:
+    """Follows one running child: feeds stdin, collects output, enforces deadlines and caps."""
+
+    def __init__(self, run: dict, pipes: dict, pid: int, started: float):
+        self.pid, self.started = pid, started
+        self.timeout = float(run["timeout_s"])
+        self.deadline = started + self.timeout
+        self.hard_deadline = started + float(run.get("total_timeout_s", self.timeout))
+        self.output_cap = int(run["output_bytes"])
+        self.cpu_limit = run["rlimits"].get("cpu_s", float("inf"))
+        self.stdin = run.get("stdin", "").encode()
+        self.fds = {pipes["stdout"][0]: "stdout", pipes["stderr"][0]: "stderr",
+                    pipes["result"][0]: "result", pipes["setup"][0]: "setup"}
+        self.stdin_fd = pipes["stdin"][1]
+        self.data = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray(),
+                     "setup": bytearray()}
+        self.events = []
+        self.pending = b""
+        self.status = None
+
+    def follow(self) -> dict:
+        pidfd = os.pidfd_open(self.pid)
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        for fd in self.fds:
+            poller.register(fd, select.POLLIN)
+        if self.stdin:
+            os.set_blocking(self.stdin_fd, False)
+            poller.register(self.stdin_fd, select.POLLOUT)
+        else:
+            os.close(self.stdin_fd)
+            self.stdin_fd = None
+        try:
+            self._loop(poller, pidfd)
+        finally:
+            os.close(pidfd)
+            if self.stdin_fd is not None:
+                os.close(self.stdin_fd)
+        return self._outcome()
+
+    def _loop(self, poller, pidfd: int) -> None:
+        while self.status is None:
+            now = time.monotonic()
+            limit = min(self.deadline, self.hard_deadline)
+            if now >= limit:
+                self.status = "timeout"
+                break
+            for fd, _ in poller.poll(max(1, int((limit - now) * 1000) + 1)):
+                if fd == pidfd:
+                    self._drain_all()
+                    return
+                if fd == self.stdin_fd:
+                    self._feed_stdin(poller)
+                elif not self._read(fd):
+                    poller.unregister(fd)
+
+    def _feed_stdin(self, poller) -> None:
+        try:
+            written = os.write(self.stdin_fd, self.stdin[:_READ_CHUNK])
+        except BrokenPipeError:
+            written = len(self.stdin)
+        self.stdin = self.stdin[written:]
+        if not self.stdin:
+            poller.unregister(self.stdin_fd)
+            os.close(self.stdin_fd)
+            self.stdin_fd = None
+
+    def _read(self, fd: int) -> bool:
+        """Read what ``fd`` has now; False once it reached end of file."""
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return True
+        if chunk:
+            self._take(self.fds[fd], chunk)
+        return bool(chunk)
+
+    def _take(self, name: str, chunk: bytes) -> None:
+        self.data[name] += chunk
+        if name == "result":
+            self._note_results(chunk)
+        over_output = len(self.data["stdout"]) + len(self.data["stderr"]) > self.output_cap
+        if over_output or len(self.data["result"]) > _RESULT_CAP:
+            self.status = "output_limit"
+
+    def _note_results(self, chunk: bytes) -> None:
+        """Record when each result line arrived; a ``start`` line restarts the case clock."""
+        now = time.monotonic()
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self.events.append([round(now - self.started, 6), line.decode("utf-8", "replace")])
+            if line.startswith(b'{"start":'):
+                self.deadline = now + self.timeout
+
+    def _drain_all(self) -> None:
+        """The child has exited: take what its pipes still hold, without waiting for
+        descendants that may keep them open."""
+        for fd, name in self.fds.items():
+            os.set_blocking(fd, False)
+            while self.status is None:
+                try:
+                    chunk = os.read(fd, _READ_CHUNK)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                self._take(name, chunk)
+
+    def _outcome(self) -> dict:
+        if self.status is not None:
+            os.kill(self.pid, signal.SIGKILL)
+        _, wait_status, usage = os.wait4(self.pid, 0)
+        wall = time.monotonic() - self.started
+        exit_code = os.waitstatus_to_exitcode(wait_status)
+        signal_name = signal.Signals(-exit_code).name if exit_code < 0 else None
+        return {
+            "status": self._classify(exit_code, signal_name, usage),
+            "exit_code": exit_code if exit_code >= 0 else None,
+            "signal": signal_name,
+            "stdout": self.data["stdout"][:self.output_cap].decode("utf-8", "replace"),
+            "stderr": self.data["stderr"][:self.output_cap].decode("utf-8", "replace"),
+            "events": self.events,
+            "started": self.data["setup"] == b"ok",
+            "wall_s": round(wall, 6),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 6),
+        }
+
+    def _classify(self, exit_code: int, signal_name, usage) -> str:
+        if self.data["setup"] != b"ok":
+            return "sandbox_error"
+        if self.status is not None:
+            return self.status
+        cpu_s = usage.ru_utime + usage.ru_stime
+        if signal_name == "SIGXCPU" or (signal_name == "SIGKILL" and cpu_s >= self.cpu_limit):
+            return "timeout"
+        if exit_code == 0:
+            return "ok"
+        stderr_tail = bytes(self.data["stderr"][-4096:]).decode("utf-8", "replace")
+        memory = any(event[1].startswith('{"memory_error"') for event in self.events)
+        if memory or any(marker in stderr_tail for marker in _LIMIT_MARKERS):
+            return "memory_limit"
+        return "runtime_error"
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _serve(worker: Worker, sock: socket.socket, single: bool) -> None:
+    send_message(sock, {"ready": True, "pid": os.getpid()})
+    while True:
+        job = recv_message(sock)
+        if job is None:
+            return
+        try:
+            reply = worker.run_job(job)
+        except Exception as err:  # reported to the parent as a sandbox_error, then retried
+            reply = {"error": f"{type(err).__name__}: {err}"}
+        send_message(sock, reply)
+        if single:
+            return
+
+
+def _enter_namespaces(control_fd: int) -> None:
+    """Unshare once; the forked child becomes PID 1 of the new namespace and carries on.
+
+    The outer process only waits. It is not tied to the parent's lifetime by a signal
+    (that would follow the parent *thread* that started it); instead the inner worker
+    exits when the control socket closes, which takes the whole namespace with it.
+    """
+    _jail.unshare(_jail.SLOT_NAMESPACES)
+    pid = os.fork()
+    if pid:
+        os.close(control_fd)
+        _, status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    _jail.die_with_parent()
+    _jail.build_root(_jail.python_paths())
+
+
+def main() -> None:
+    settings = json.loads(sys.argv[1])
+    sock = socket.socket(fileno=settings["fd"])
+    _runner.warm_up()
+    if settings["mode"] == "jail":
+        _enter_namespaces(settings["fd"])
+    worker = Worker(settings["mode"], settings.get("uid", -1), settings.get("gid", -1),
+                    settings.get("scratch_mb", 64), settings["env"])
+    _serve(worker, sock, settings["mode"] == "bwrap")
+
+
+if __name__ == "__main__":
+    main()

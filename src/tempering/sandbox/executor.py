@@ -1,0 +1,238 @@
+"""The executor: a pool of sandbox workers, one slot per core by default.
+
+Each slot is a worker process (``_zygote.py``) that set up its jail once and forks a
+child per run. The executor hands jobs to free slots, enforces a backstop deadline on the
+worker itself, restarts a slot whose worker died, and retries a job that hit an
+infrastructure fault before reporting ``sandbox_error``. Verdicts are computed here, in
+the caller's process, by :mod:`tempering.sandbox.harness`.
+
+Isolation modes: ``namespaces`` (root; per-slot namespaces and uid, the default when
+running as root), ``bwrap`` (not root: one bubblewrap sandbox per job), ``none`` (limits
+and seccomp only, for trusted code; never chosen automatically).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from tempering.sandbox import harness
+from tempering.sandbox._zygote import recv_message, send_message
+from tempering.sandbox.spec import (RunRequest, RunResult, SandboxAPI, SandboxUnavailable,
+                                    TestResult, TestSpec)
+
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
+ISOLATION_MODES = ("auto", "namespaces", "bwrap", "none")
+# Fixed environment of every program: same locale, hash seed, zone and paths on every run.
+ENVIRONMENT = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONIOENCODING": "utf-8",
+    "TZ": "UTC",
+}
+_START_TIMEOUT_S = 60.0
+_GRACE_S = 10.0
+_pools = itertools.count()
+
+
+class SlotFailure(RuntimeError):
+    """The worker process of a slot died, hung or answered nonsense."""
+
+
+def choose_isolation(requested: str = "auto") -> str:
+    """Resolve ``auto`` to the strongest mode this machine offers, or explain why none."""
+    if requested not in ISOLATION_MODES:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {requested!r}")
+    if requested == "namespaces" and os.geteuid() != 0:
+        raise SandboxUnavailable("isolation 'namespaces' needs root; use 'bwrap' or run as root")
+    if requested == "bwrap" and shutil.which("bwrap") is None:
+        raise SandboxUnavailable("isolation 'bwrap' needs bubblewrap: install the 'bubblewrap' package")
+    if requested != "auto":
+        return requested
+    if os.geteuid() == 0:
+        return "namespaces"
+    if shutil.which("bwrap"):
+        return "bwrap"
+    raise SandboxUnavailable(
+        "cannot isolate programs here: not root and bubblewrap is not installed. Install the "
+        "'bubblewrap' package, run as root, or pass isolation='none' (--isolation none) to run "
+        "trusted code without isolation.")
+
+
+def _bwrap_prefix(scratch_mb: int) -> list:
+    """A bubblewrap sandbox equivalent to the root mode's jail, for one job."""
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
+            "--size", str(scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
+            "--hostname", "sandbox"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime"):
+        args += ["--ro-bind-try", "/etc/" + name, "/etc/" + name]
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), os.path.dirname(ZYGOTE)}
+    for path in sorted(paths):
+        if not path.startswith("/usr/"):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+class _Slot:
+    """One worker process and its control socket."""
+
+    def __init__(self, index: int, isolation: str, scratch_mb: int, uid_base: int):
+        self.index, self.isolation, self.scratch_mb = index, isolation, scratch_mb
+        self.uid = uid_base + index
+        self.process = None
+        self.sock = None
+
+    def _command(self, fd: int) -> list:
+        mode = {"namespaces": "jail", "bwrap": "bwrap", "none": "none"}[self.isolation]
+        settings = {"mode": mode, "fd": fd, "uid": self.uid, "gid": self.uid,
+                    "scratch_mb": self.scratch_mb, "env": ENVIRONMENT}
+        command = [sys.executable, "-I", ZYGOTE, json.dumps(settings)]
+        if self.isolation == "bwrap":
+            command = _bwrap_prefix(self.scratch_mb) + ["--"] + command
+        return command
+
+    def start(self) -> None:
+        parent_sock, child_sock = socket.socketpair()
+        try:
+            self.process = subprocess.Popen(
+                self._command(child_sock.fileno()), pass_fds=(child_sock.fileno(),),
+                env=ENVIRONMENT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, cwd="/")
+        finally:
+            child_sock.close()
+        self.sock = parent_sock
+        self.sock.settimeout(_START_TIMEOUT_S)
+        try:
+            ready = recv_message(self.sock)
+        except (OSError, ValueError):
+            ready = None
+        if not ready or not ready.get("ready"):
+            raise SlotFailure(f"sandbox worker {self.index} ({self.isolation}) failed to start: "
+                              f"{self.stop() or 'no error output'}")
+
+    def call(self, job: dict, timeout_s: float) -> dict:
+        """Send one job and wait for its reply; any transport problem is a SlotFailure."""
+        if self.process is None:
+            self.start()
+        try:
+            self.sock.settimeout(timeout_s)
+            send_message(self.sock, job)
+            reply = recv_message(self.sock)
+        except (OSError, ValueError) as err:
+            self.stop()
+            raise SlotFailure(f"sandbox worker {self.index} failed: {err}") from err
+        if reply is None:
+            raise SlotFailure(f"sandbox worker {self.index} exited: {self.stop() or 'no error output'}")
+        if self.isolation == "bwrap":
+            self.stop()
+        return reply
+
+    def stop(self) -> str:
+        """End the worker (closing the socket makes it exit); return its error output."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        process, self.process = self.process, None
+        if process is None:
+            return ""
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        text = process.stderr.read().decode("utf-8", "replace").strip()
+        process.stderr.close()
+        return text[-2000:]
+
+
+class Executor(SandboxAPI):
+    """Runs programs and test specs in a pool of sandbox slots; safe to share across threads.
+
+    ``workers``: slots (default: the CPUs this process may use). ``isolation``: see the
+    module docstring. ``scratch_mb``: size of each job's private tmpfs. ``retries``: extra
+    attempts for a job that met an infrastructure fault.
+    """
+
+    def __init__(self, workers: int | None = None, isolation: str = "auto",
+                 scratch_mb: int = 64, retries: int = 2):
+        self.isolation = choose_isolation(isolation)
+        self.workers = workers or len(os.sched_getaffinity(0))
+        if not 1 <= self.workers <= 64:
+            raise ValueError(f"workers must be between 1 and 64, got {self.workers}")
+        self.retries = retries
+        uid_base = 1_000_000 + ((os.getpid() % (1 << 20)) * 16 + next(_pools) % 16) * 64
+        self._slots = [_Slot(i, self.isolation, scratch_mb, uid_base) for i in range(self.workers)]
+        self._free = queue.SimpleQueue()
+        self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
+        self._closed = threading.Event()
+        try:
+            if self.isolation != "bwrap":
+                list(self._threads.map(_Slot.start, self._slots))
+        except Exception:
+            self.close()
+            raise
+        for slot in self._slots:
+            self._free.put(slot)
+
+    def execute(self, job: dict, timeout_s: float) -> dict:
+        """Run one raw job on a free slot, retrying infrastructure faults; never raises them."""
+        error = ""
+        for _ in range(self.retries + 1):
+            if self._closed.is_set():
+                raise RuntimeError("this sandbox executor is closed")
+            slot = self._free.get()
+            try:
+                reply = slot.call(job, timeout_s)
+            except SlotFailure as err:
+                error = str(err)
+                continue
+            finally:
+                self._free.put(slot)
+            if "error" not in reply and not harness.has_sandbox_error(reply):
+                return reply
+            error = reply.get("error", "the sandbox could not set up a run")
+        return {"error": error}
+
+    def run(self, request: RunRequest) -> RunResult:
+        return harness.run_program(self.execute, request)
+
+    def test(self, spec: TestSpec) -> TestResult:
+        return harness.run_tests(self.execute, spec)
+
+    def run_many(self, requests) -> list:
+        """Run requests on all slots at once; results come back in input order."""
+        return list(self._threads.map(self.run, requests))
+
+    def test_many(self, specs) -> list:
+        return list(self._threads.map(self.test, specs))
+
+    def close(self) -> None:
+        """Stop every worker; their namespaces, processes and scratch mounts go with them."""
+        self._closed.set()
+        self._threads.shutdown(wait=True)
+        for slot in self._slots:
+            slot.stop()
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -105,6 +105,8 @@ class Tests:
     """``kind`` is ``stdio`` (cases: StdioCase), ``call`` (entry_point + CallCase) or
     ``program`` (no cases: the code must run to its end, a weaker, in-sandbox verdict)."""
 
+    __test__ = False  # not a pytest test class
+
     kind: str
     cases: tuple = ()
     entry_point: str = ""

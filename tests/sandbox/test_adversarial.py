@@ -1,0 +1,287 @@
+"""Hostile programs against each threat-model claim of ``tempering.sandbox``.
+
+One test per claim, parametrized over the programs that attack it; the claim numbers
+match the module docstring. Every program runs in the real sandbox. The last test checks
+that the whole suite left no processes, files, descriptors or memory behind.
+"""
+
+import os
+import resource
+import shutil
+import textwrap
+
+import pytest
+
+from conftest import SECRET, open_fds, sandbox_processes
+from tempering.sandbox import CallCase, Limits, RunRequest, StdioCase, Tests, TestSpec
+
+BASELINE = {}
+
+
+def run(executor, code, language="python", timeout_s=2.0, memory_mb=256, **limits):
+    request = RunRequest(textwrap.dedent(code), language,
+                         limits=Limits(timeout_s=timeout_s, memory_mb=memory_mb, **limits))
+    return executor.run(request)
+
+
+def test_baseline(executor):
+    """Recorded before the hostile programs, compared by the last test."""
+    BASELINE.update(fds=open_fds(), rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                    tmp=set(os.listdir("/tmp")), disk=shutil.disk_usage("/").free)
+
+
+LIBC = "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True)\n"
+
+# 1. No escape: every privileged operation is refused, the host's processes are hidden.
+ESCAPES = {
+    "setuid-root": "import os\ntry:\n    os.setuid(0)\n    print('ESCAPED')\nexcept PermissionError:\n    print('refused')",
+    "ptrace-attach-worker": LIBC + "r = libc.ptrace(16, 1, 0, 0)\nprint('ESCAPED' if r == 0 else 'refused')",
+    "unshare-user-namespace": LIBC + "r = libc.unshare(0x10000000)\nprint('ESCAPED' if r == 0 else 'refused')",
+    "mount-tmpfs": LIBC + "r = libc.mount(b'none', b'/usr', b'tmpfs', 0, None)\nprint('ESCAPED' if r == 0 else 'refused')",
+    "chroot": "import os\ntry:\n    os.chroot('/tmp')\n    print('ESCAPED')\nexcept OSError:\n    print('refused')",
+    "io-uring-setup": LIBC + "r = libc.syscall(425, 8, ctypes.create_string_buffer(120))\nprint('ESCAPED' if r >= 0 else 'refused')",
+    "bpf": LIBC + "r = libc.syscall(321, 0, ctypes.create_string_buffer(128), 128)\nprint('ESCAPED' if r >= 0 else 'refused')",
+    "unshare-binary": "import subprocess\nr = subprocess.run(['unshare', '--user', '--map-root-user', 'id'], capture_output=True)\nprint('ESCAPED' if r.returncode == 0 else 'refused')",
+    "host-processes-hidden": "import os\nnames = [open(f'/proc/{p}/cmdline', 'rb').read() for p in os.listdir('/proc') if p.isdigit()]\nprint('ESCAPED' if any(b'pytest' in n for n in names) or len(names) > 4 else 'refused')",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ESCAPES))
+def test_claim1_no_escape(executor, name):
+    result = run(executor, ESCAPES[name])
+    assert "ESCAPED" not in result.stdout, result
+    assert "refused" in result.stdout, result
+
+
+# 2. No network, the host's loopback included.
+NETWORK = {
+    "tcp-host-loopback": "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('CONNECTED')",
+    "tcp-outside": "import socket\ns = socket.create_connection(('1.1.1.1', 53), timeout=1)\nprint('CONNECTED')",
+    "udp-outside": "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.sendto(b'x', ('8.8.8.8', 53))\nprint('CONNECTED')",
+    "ipv6-loopback": "import socket\ns = socket.create_connection(('::1', {port}), timeout=1)\nprint('CONNECTED')",
+    "netlink": "import socket\ns = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)\nprint('CONNECTED')",
+    "raw-packet": "import socket\ns = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\nprint('CONNECTED')",
+    "bash-dev-tcp": "exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NETWORK))
+def test_claim2_no_network(executor, listener, name):
+    language = "bash" if name.startswith("bash") else "python"
+    code = NETWORK[name].format(port=listener.getsockname()[1])
+    result = run(executor, code, language)
+    assert "CONNECTED" not in result.stdout
+    assert result.status == "runtime_error", result
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+
+
+def test_claim2_unix_sockets_still_work(executor):
+    result = run(executor, "import socket\na, b = socket.socketpair()\na.send(b'x')\nprint(b.recv(1))")
+    assert result.stdout == "b'x'\n", result
+
+
+# 3. No host files, no caller environment.
+def _reader(path):
+    return f"import os\ntry:\n    print('READ', open({path!r}).read()[:80])\nexcept OSError as e:\n    print('refused', e.errno)"
+
+
+READS = {
+    "etc-shadow": _reader("/etc/shadow"),
+    "etc-passwd": _reader("/etc/passwd"),
+    "this-test-file": _reader(os.path.abspath(__file__)),
+    "root-home": "import os\nprint('READ' if os.path.exists('/root/.bashrc') or os.path.exists('/home') and os.listdir('/home') else 'refused')",
+    "environment": "import os\nprint('READ' if any('secret' in v for v in os.environ.values()) else 'refused', sorted(os.environ))",
+    "proc-environ": "import os\nfound = []\nfor p in filter(str.isdigit, os.listdir('/proc')):\n    try:\n        found += [p] if b'secret' in open(f'/proc/{p}/environ', 'rb').read() else []\n    except OSError:\n        pass\nprint('READ' if found else 'refused')",
+}
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_claim3_no_host_files_or_environment(executor, name):
+    result = run(executor, READS[name])
+    assert "READ" not in result.stdout and SECRET not in result.stdout + result.stderr, result
+
+
+def test_claim3_host_secret_file(executor, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET)
+    result = run(executor, _reader(str(secret)))
+    assert SECRET not in result.stdout and "refused" in result.stdout, result
+
+
+# 4. No writes outside the scratch space; the scratch space starts empty every job.
+WRITES = {
+    "usr": "/usr/lib/tempering-pwned",
+    "root": "/tempering-pwned",
+    "etc": "/etc/tempering-pwned",
+    "proc-sys": "/proc/sys/kernel/hostname",
+    "dev": "/dev/tempering-pwned",
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITES))
+def test_claim4_no_writes_outside_scratch(executor, name):
+    code = f"try:\n    open({WRITES[name]!r}, 'w').write('x')\n    print('WROTE')\nexcept OSError:\n    print('refused')"
+    result = run(executor, code)
+    assert result.stdout == "refused\n", result
+
+
+def test_claim4_host_path_untouched(executor, tmp_path):
+    """Under /tmp the program can only reach its own scratch tmpfs, never the host's."""
+    target = tmp_path / "pwned"
+    run(executor, f"import os\nos.makedirs({str(tmp_path)!r}, exist_ok=True)\nopen({str(target)!r}, 'w').write('x')")
+    assert not target.exists()
+
+
+def test_claim4_scratch_is_fresh_each_job(executor):
+    code = "import os\nprint(sorted(os.listdir('.')))\nopen('left-behind', 'w').write('x' * 1000)"
+    results = executor.run_many([RunRequest(code) for _ in range(6)])
+    assert all(r.stdout == "[]\n" for r in results), results
+
+
+# 5. No exhaustion of host memory, disk, processes, CPU or the parent's memory.
+EXHAUSTION = {
+    "memory": ("x = bytearray(2 << 30)", {"memory_limit"}),
+    "memory-creep": ("x = []\nwhile True:\n    x.append(' ' * (1 << 20))", {"memory_limit"}),
+    "fork-bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", {"timeout"}),
+    "thread-bomb": ("import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(100,)).start()", {"runtime_error"}),
+    "disk-fill": ("with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))", {"runtime_error"}),
+    "inode-fill": ("i = 0\nwhile True:\n    open(f'f{i}', 'w').close()\n    i += 1", {"runtime_error"}),
+    "busy-loop": ("while True:\n    pass", {"timeout"}),
+    "ignore-sigxcpu": ("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass", {"timeout"}),
+    "stdout-flood": ("while True:\n    print('y' * 1000)", {"output_limit"}),
+    "stderr-flood-no-newline": ("import sys\nwhile True:\n    sys.stderr.write('z' * 4096)", {"output_limit"}),
+    "sleep-forever": ("import time\ntime.sleep(1000)", {"timeout"}),
+    "segfault": ("import ctypes\nctypes.string_at(0)", {"runtime_error"}),
+    "deep-recursion": ("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)", {"runtime_error", "memory_limit", "timeout"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXHAUSTION))
+def test_claim5_no_exhaustion(executor, name):
+    code, statuses = EXHAUSTION[name]
+    before = shutil.disk_usage("/").free
+    result = run(executor, code, timeout_s=1.5, output_bytes=1 << 20, file_size_mb=1024)
+    assert result.status in statuses, result
+    assert result.wall_s < 10
+    assert len(result.stdout) + len(result.stderr) <= 1 << 20
+    assert abs(shutil.disk_usage("/").free - before) < 64 << 20
+    assert sandbox_processes() == []
+
+
+def test_claim5_cpp_memory_and_fork(executor):
+    code = "#include <vector>\n#include <unistd.h>\nint main(){ for(int i=0;i<64;i++) fork(); std::vector<char> v(1L<<33); return v[5]; }"
+    result = run(executor, code, "cpp", timeout_s=2.0)
+    assert result.status in {"memory_limit", "runtime_error"}, result
+    assert sandbox_processes() == []
+
+
+# 6. Nothing outlives its job.
+DAEMONS = {
+    "double-fork-setsid": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execv('/bin/sleep', ['tempering-daemon-marker', '1000'])\n    os._exit(0)\ntime.sleep(0.2)\nprint('parent done')",
+    "bash-background": "(exec -a tempering-daemon-marker sleep 1000 &) ; echo parent done",
+    "sigstopped-child": "import os, signal, time\npid = os.fork()\nif pid == 0:\n    os.execv('/bin/sleep', ['tempering-daemon-marker', '1000'])\ntime.sleep(0.2)\nos.kill(pid, signal.SIGSTOP)\nprint('parent done')",
+}
+
+
+def _marker_processes():
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if b"tempering-daemon-marker" in handle.read():
+                    found.append(entry)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONS))
+def test_claim6_nothing_outlives_the_job(executor, name):
+    language = "bash" if name.startswith("bash") else "python"
+    result = run(executor, DAEMONS[name], language)
+    assert "parent done" in result.stdout, result
+    assert _marker_processes() == []
+    assert sandbox_processes() == []
+
+
+# 7. No effect on other jobs or on the worker.
+ATTACKS = {
+    "kill-parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+    "kill-pid-1": "import os, signal\nos.kill(1, signal.SIGKILL)",
+    "kill-everything": "import os, signal\nos.kill(-1, signal.SIGKILL)",
+    "kill-host-pid": "import os, signal\nos.kill({pid}, signal.SIGTERM)",
+    "close-all-fds": "import os\nos.closerange(0, 1024)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_claim7_no_effect_on_other_jobs(executor, name):
+    attack = RunRequest(ATTACKS[name].format(pid=os.getpid()), limits=Limits(timeout_s=2.0))
+    honest = RunRequest("print(sum(range(10)))")
+    results = executor.run_many([attack, honest, attack, honest, honest])
+    assert [r.stdout for r in results[1::2]] + [results[4].stdout] == ["45\n"] * 3, results
+
+
+def test_claim7_concurrent_jobs_do_not_share_scratch(executor):
+    writer = RunRequest("import time\nopen('shared', 'w').write('x')\ntime.sleep(0.5)\nprint('wrote')")
+    reader = RunRequest("import os, time\ntime.sleep(0.2)\nprint(os.path.exists('shared'))")
+    results = executor.run_many([writer, reader])
+    assert results[0].stdout == "wrote\n" and results[1].stdout == "False\n", results
+
+
+# 8. No passing verdict without computing the right outputs.
+def _call_spec(code, expected=(3, 7)):
+    cases = tuple(CallCase([a, a + 1], e) for a, e in zip((1, 3), expected))
+    return TestSpec("python", textwrap.dedent(code), Tests("call", cases, "add"), 2.0, 256)
+
+
+FORGERIES = {
+    "exit-0-at-import": "import sys\nsys.exit(0)\ndef add(a, b):\n    return a + b",
+    "os-exit-0-in-call": "import os\ndef add(a, b):\n    os._exit(0)",
+    "exit-0-in-call": "import sys\ndef add(a, b):\n    sys.exit(0)",
+    "always-equal": "class Yes:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Yes()",
+    "int-subclass-eq": "class I(int):\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return I(0)",
+    "stack-walk": "import sys, gc\ndef add(a, b):\n    f = sys._getframe()\n    while f:\n        if 'expected' in f.f_locals:\n            return f.f_locals['expected']\n        f = f.f_back\n    for o in gc.get_objects():\n        if isinstance(o, dict) and 'expected' in o:\n            return o['expected']\n    return None",
+    "forge-results": "import os, json\nfor i in range(2):\n    os.write(3, (json.dumps({'case': i, 'value': 42}) + '\\n').encode())\n    os.write(3, b'{\"done\": true}\\n')\ndef add(a, b):\n    return -1",
+    "forge-garbage-protocol": "import os\nos.write(3, b'{\"case\": 0, \"value\": {\"zz\": 1}}\\n{\"case\": 1, \"error\": null}\\nnot json\\n')\ndef add(a, b):\n    return -1",
+    "patch-encoder": "import sys\nfor m in list(sys.modules.values()):\n    if hasattr(m, 'encode') and hasattr(m, 'decode') and getattr(m, '__name__', '') == '_codec':\n        m.encode = lambda v: 42\ndef add(a, b):\n    return None",
+    "print-verdict": "print('{\"status\": \"passed\", \"passed\": 2, \"total\": 2}')\ndef add(a, b):\n    return None",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_claim8_no_forged_pass(executor, name):
+    result = executor.test(_call_spec(FORGERIES[name]))
+    assert result.passed == 0 and result.status == "failed", result
+
+
+def test_claim8_honest_solution_passes(executor):
+    result = executor.test(_call_spec("def add(a, b):\n    return a + b"))
+    assert result.status == "passed" and result.passed == 2, result
+
+
+def test_claim8_stdio_exit_before_output(executor):
+    spec = TestSpec("python", "import sys\nsys.exit(0)\nprint(int(input()) * 2)",
+                    Tests("stdio", (StdioCase("2", "4"),)), 2.0, 256)
+    result = executor.test(spec)
+    assert result.cases[0].status == "wrong_answer", result
+
+
+def test_claim8_program_verdicts_are_marked_weaker(executor):
+    """The whole-program fallback trusts a message from inside the sandbox: a forger can
+    pass it, which is why such results carry verdict='program'. This documents the gap."""
+    forged = "import os\nos.write(3, b'{\"done\": true}\\n')\nos._exit(0)\nassert False"
+    result = executor.test(TestSpec("python", forged, Tests("program"), 2.0, 256))
+    assert result.verdict == "program"
+
+
+def test_zz_nothing_left_behind(executor):
+    """After every hostile program: no sandbox processes, no new host files in /tmp, no
+    leaked descriptors in this process, no runaway memory growth and no disk consumed."""
+    assert sandbox_processes() == []
+    assert open_fds() <= BASELINE["fds"]
+    assert set(os.listdir("/tmp")) - BASELINE["tmp"] <= {p for p in os.listdir("/tmp") if p.startswith("pytest")}
+    rss_growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - BASELINE["rss"]) / 1024
+    assert rss_growth_mb < 100
+    assert abs(shutil.disk_usage("/").free - BASELINE["disk"]) < 64 << 20

@@ -1,16 +1,16 @@
 """The sandbox worker: one per pool slot, started with a clean environment.
 
-``python -I _zygote.py --mode jail ...`` (root) enters fresh mount, network, IPC, UTS and
-PID namespaces once, builds a read-only root and then serves jobs: for each job it mounts
+``python -s _zygote.py SETTINGS`` (a JSON object) with mode ``jail`` (root) enters fresh
+mount, network, IPC, UTS and PID namespaces once, builds a read-only root and then serves jobs: for each job it mounts
 a fresh size-capped tmpfs as /tmp, forks one child per run, which limits itself, drops to
 the slot's uid, sets no_new_privs, loads the seccomp filter and runs the program. The
 worker enforces the wall-clock deadline and the output caps, then kills every process left
 in its PID namespace and unmounts the scratch space.
 
-``--mode bwrap`` runs one job inside a bubblewrap sandbox made by the parent and exits;
-``--mode none`` runs jobs with limits and seccomp but without namespaces (an explicit
-opt-in for trusted code). Jobs arrive as length-prefixed JSON on fd 3; replies go back the
-same way. The worker reports raw outcomes only; verdicts are the parent's.
+Mode ``bwrap`` runs one job inside a bubblewrap sandbox made by the parent and exits;
+mode ``none`` runs jobs with limits and seccomp but without namespaces (an explicit
+opt-in for trusted code). Jobs arrive as length-prefixed JSON on the socket whose number
+the settings give; replies go back the same way. The worker reports raw outcomes only; verdicts are the parent's.
 """
 
 import json
@@ -24,11 +24,13 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
 import _jail  # noqa: E402
 import _runner  # noqa: E402
 
-del sys.path[0]
+# Programs import from the Python environment only, not from the sandbox's own folder.
+sys.path[:] = [path for path in sys.path if path != _HERE]
 
 SCRATCH = "/tmp"
 _READ_CHUNK = 65536

@@ -104,7 +104,8 @@ class _Slot:
         mode = {"namespaces": "jail", "bwrap": "bwrap", "none": "none"}[self.isolation]
         settings = {"mode": mode, "fd": fd, "uid": self.uid, "gid": self.uid,
                     "scratch_mb": self.scratch_mb, "env": ENVIRONMENT}
-        command = [sys.executable, "-I", ZYGOTE, json.dumps(settings)]
+        # Not -I: that would ignore PYTHONHASHSEED. The environment is ENVIRONMENT alone.
+        command = [sys.executable, "-s", ZYGOTE, json.dumps(settings)]
         if self.isolation == "bwrap":
             command = _bwrap_prefix(self.scratch_mb) + ["--"] + command
         return command

@@ -161,6 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
         given = self.headers.get("Authorization", "")
         if hmac.compare_digest(given.encode(), f"Bearer {self.server.token}".encode()):
             return True
+        self.close_connection = True  # the unread body would corrupt the next request
         self._send(401, {"error": "missing or wrong bearer token"},
                    {"WWW-Authenticate": "Bearer"})
         return False

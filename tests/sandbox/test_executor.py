@@ -5,8 +5,9 @@ import math
 
 import pytest
 
-from tempering.sandbox import (CallCase, LANGUAGES, Limits, RunRequest, SpecError, StdioCase,
-                               Tests, TestSpec, humaneval_spec)
+from tempering.sandbox import (LANGUAGES, CallCase, Executor, Limits, RunRequest,
+                               SandboxUnavailable, SpecError, StdioCase, Tests, TestSpec,
+                               choose_isolation, humaneval_spec)
 from tempering.sandbox import _codec
 from tempering.sandbox.harness import normalize_output
 from tempering.sandbox.humaneval import call_cases
@@ -166,3 +167,21 @@ def test_spec_errors_name_the_field():
         TestSpec.from_dict({"code": "", "timeout_s": -1, "tests": {"kind": "stdio", "cases": []}})
     with pytest.raises(SpecError, match="memory_mb"):
         Limits(memory_mb=1)
+
+
+def test_isolation_choice_explains_itself(monkeypatch):
+    from tempering.sandbox import executor as executor_module
+
+    monkeypatch.setattr(executor_module.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(executor_module.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxUnavailable, match="Install the 'bubblewrap' package.*isolation='none'"):
+        choose_isolation("auto")
+    assert choose_isolation("none") == "none"
+    monkeypatch.setattr(executor_module.os, "geteuid", lambda: 0)
+    with pytest.raises(SandboxUnavailable, match="as root use 'namespaces'"):
+        choose_isolation("bwrap")
+
+
+def test_unisolated_mode_runs_when_asked():
+    with Executor(workers=1, isolation="none") as pool:
+        assert pool.run(RunRequest("print(6 * 7)")).stdout == "42\n"

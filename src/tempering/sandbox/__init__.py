@@ -19,9 +19,11 @@ default isolation (``namespaces``, as root) the sandbox claims that a program ca
 2. **reach any network**, the host's loopback included: it lives in an empty network
    namespace and may open no socket but ``AF_UNIX``.
 3. **read host files or the caller's environment**: its root is a fresh read-only tree
-   holding /usr, the Python installation, a few /etc files and /dev/{null,zero,full,
-   random,urandom}; home directories, /root, working trees and /etc/shadow are absent.
-   Its environment is a fixed list of variables and /proc shows only its own slot.
+   holding /usr, the Python installation and environment (each at its own path), a few
+   /etc files (the loader cache, alternatives, localtime; not passwd or shadow) and
+   /dev/{null,zero,full,random,urandom}. Nothing else of the host is mounted: not home
+   directories, not the rest of /root, not the working tree. Its environment is a fixed
+   list of variables and /proc shows only its own slot's processes.
 4. **write outside its scratch space**: / is read-only; /tmp is a private tmpfs of
    ``scratch_mb`` MiB, fresh for each job.
 5. **exhaust host memory, disk or processes**: each process is capped in address space,
@@ -50,9 +52,11 @@ Not covered
   directory, like a test file does; separate jobs share nothing.
 - ``program`` verdicts (tests that cannot be split into calls) rely on a message from
   inside the sandbox and could be forged; results mark them ``verdict="program"``.
-- ``bwrap`` mode (not root) has no per-slot uid, so the process cap counts all of the
-  user's processes. ``none`` mode (explicit opt-in) isolates nothing beyond rlimits and
-  seccomp and is for trusted code only.
+- ``bwrap`` mode (for callers that are not root; refused as root) starts one bubblewrap
+  sandbox per job: slower, no per-slot uid (the process cap is per user), and no inode
+  cap on the scratch tmpfs (filling it with empty files runs into the time limit
+  instead). ``none`` mode (explicit opt-in) isolates nothing beyond rlimits and seccomp
+  and is for trusted code only.
 
 Entry points: :class:`Executor` (local pool), :class:`SandboxClient` (the HTTP service,
 same methods), :func:`humaneval_spec` (HumanEval problems as test specs), and the

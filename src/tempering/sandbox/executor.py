@@ -56,6 +56,9 @@ def choose_isolation(requested: str = "auto") -> str:
         raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {requested!r}")
     if requested == "namespaces" and os.geteuid() != 0:
         raise SandboxUnavailable("isolation 'namespaces' needs root; use 'bwrap' or run as root")
+    if requested == "bwrap" and os.geteuid() == 0:
+        # As root, the sandbox's uid would map to host root and own /proc's root files.
+        raise SandboxUnavailable("isolation 'bwrap' is for non-root users; as root use 'namespaces'")
     if requested == "bwrap" and shutil.which("bwrap") is None:
         raise SandboxUnavailable("isolation 'bwrap' needs bubblewrap: install the 'bubblewrap' package")
     if requested != "auto":
@@ -71,10 +74,12 @@ def choose_isolation(requested: str = "auto") -> str:
 
 
 def _bwrap_prefix(scratch_mb: int) -> list:
-    """A bubblewrap sandbox equivalent to the root mode's jail, for one job."""
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
-            "--size", str(scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
+    """A bubblewrap sandbox equivalent to the root mode's jail, for one job, for a caller
+    that is not root (so the sandbox's uid maps to an unprivileged host uid)."""
+    args = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
+            "--die-with-parent", "--new-session",
+            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+            "--dev", "/dev", "--size", str(scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
             "--hostname", "sandbox"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = "/" + name
@@ -88,7 +93,7 @@ def _bwrap_prefix(scratch_mb: int) -> list:
     for path in sorted(paths):
         if not path.startswith("/usr/"):
             args += ["--ro-bind", path, path]
-    return args
+    return args + ["--remount-ro", "/dev", "--remount-ro", "/"]
 
 
 class _Slot:

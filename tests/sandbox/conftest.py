@@ -1,4 +1,4 @@
-"""Fixtures for the sandbox tests: one real executor for the session, and leak probes.
+"""Fixtures for the sandbox tests: one real executor for the session, a loopback listener.
 
 Set ``TEMPERING_SANDBOX_ISOLATION`` (namespaces, bwrap) to run the suite under a given
 mode; by default the strongest available one is used, and the tests skip with the reason
@@ -10,11 +10,8 @@ import socket
 
 import pytest
 
+import sandbox_helpers  # noqa: F401 - puts the test secret in the environment first
 from tempering.sandbox import Executor, SandboxUnavailable, choose_isolation
-
-# Set before any worker starts: no program may see it, through its environment or /proc.
-SECRET = "tempering-sandbox-test-secret-5f2c"
-os.environ["TEMPERING_SANDBOX_TEST_SECRET"] = SECRET
 
 
 def _isolation():
@@ -39,23 +36,3 @@ def listener():
     server.setblocking(False)
     yield server
     server.close()
-
-
-def sandbox_processes():
-    """Host processes owned by a sandbox uid (the executor gives slots uids >= 1,000,000)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as handle:
-                uid_line = next(line for line in handle if line.startswith("Uid:"))
-        except (OSError, StopIteration):
-            continue
-        if int(uid_line.split()[1]) >= 1_000_000:
-            found.append(int(entry))
-    return found
-
-
-def open_fds():
-    return len(os.listdir("/proc/self/fd"))

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import SECRET, open_fds, sandbox_processes
+from sandbox_helpers import SECRET, open_fds, sandbox_processes
 from tempering.sandbox import CallCase, Limits, RunRequest, StdioCase, Tests, TestSpec
 
 BASELINE = {}

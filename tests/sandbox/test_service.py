@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import sandbox_processes
+from sandbox_helpers import sandbox_processes
 from tempering.sandbox import CallCase, Limits, RunRequest, SandboxClient, Tests, TestSpec
 from tempering.sandbox.client import SandboxHTTPError
 from tempering.sandbox.server import SandboxHTTPServer

@@ -289,7 +289,6 @@ class _Watch:
             "stdout": self.data["stdout"][:self.output_cap].decode("utf-8", "replace"),
             "stderr": self.data["stderr"][:self.output_cap].decode("utf-8", "replace"),
             "events": self.events,
-            "started": self.data["setup"] == b"ok",
             "wall_s": round(wall, 6),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 6),
         }

@@ -42,7 +42,6 @@ ENVIRONMENT = {
     "TZ": "UTC",
 }
 _START_TIMEOUT_S = 60.0
-_GRACE_S = 10.0
 _pools = itertools.count()
 
 

@@ -1,0 +1,120 @@
+"""``temper``: argument parsing only; each command calls one function.
+
+Errors a user can fix (bad config key or value, missing model, bad data) print one short
+message and exit with status 2; they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from tempering.config import ConfigError, load_config
+
+USER_ERROR = 2
+
+
+def _split_config_args(items: list[str]) -> tuple[Optional[str], list[str]]:
+    """``[CONFIG] [key=value ...]``: the first item is a config file unless it holds '='."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    return None, items
+
+
+def _load(args: argparse.Namespace):
+    path, overrides = _split_config_args(args.config_and_overrides)
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"expected key=value overrides after the config file, got {bad[0]!r}")
+    if getattr(args, "run_dir", None):
+        overrides.append(f"run_dir={args.run_dir}")
+    return load_config(path, overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tempering.train import train
+
+    train(_load(args), progress=not args.quiet)
+    return 0
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from tempering.pretrain import ensure_pretrained
+
+    config = _load(args)
+    path = ensure_pretrained(config.pretrain, progress=not args.quiet, force=args.force)
+    stats = json.loads((path / "pretrain.json").read_text())["stats"]
+    print(json.dumps({"model_dir": str(path), **stats}, indent=2))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tempering.evaluate import evaluate
+    from tempering.models.loading import load_policy
+    from tempering.rollout.hf import HFGenerator
+    from tempering.train import build_tasks
+
+    config = _load(args)
+    model, tokenizer, _ = load_policy(args.model or config.model.path, config.model.dtype, config.pretrain)
+    generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
+    result = evaluate(generator, build_tasks(config), config.eval.problems_per_task, config.eval.max_new_tokens)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "config_and_overrides", nargs="*", metavar="[CONFIG] [key=value ...]",
+        help="a YAML config (default: the built-in quickstart) and dotted overrides, e.g. rollout.group_size=8",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="temper", description="RL post-training with verifiable rewards")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="RL-train a model (default: the quickstart job)")
+    _add_config_args(train)
+    train.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
+    train.set_defaults(func=cmd_train)
+
+    pretrain = sub.add_parser("pretrain", help="pre-train the built-in tiny model into the cache")
+    _add_config_args(pretrain)
+    pretrain.add_argument("--force", action="store_true", help="pre-train again even if cached")
+    pretrain.set_defaults(func=cmd_pretrain)
+
+    evaluate = sub.add_parser("eval", help="greedy held-out accuracy of a model on the config's tasks")
+    _add_config_args(evaluate)
+    evaluate.add_argument("--model", help="model path (default: the config's model.path)")
+    evaluate.set_defaults(func=cmd_eval)
+
+    try:
+        from tempering.sandbox.cli import add_parser as add_sandbox_parser
+    except ImportError:
+        add_sandbox_parser = None
+    if add_sandbox_parser is not None:
+        add_sandbox_parser(sub)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
+    from tempering.models.loading import ModelLoadError
+
+    try:
+        status = args.func(args)
+    except (ConfigError, ModelLoadError) as exc:
+        print(f"temper {args.command}: {exc}", file=sys.stderr)
+        status = USER_ERROR
+    except KeyboardInterrupt:
+        print(f"temper {args.command}: interrupted", file=sys.stderr)
+        status = 130
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Typed configuration: YAML files plus dotted command-line overrides, validated in one place.
+
+Every field says what it means, its unit, and what 0 means where that matters. Components
+never see these classes: ``train.py`` maps them to plain arguments. A bad file, key or value
+raises :class:`ConfigError`, whose message names the key, the bad value and what is allowed;
+the CLI prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user can fix; the message says what and where."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class TaskSpec(Strict):
+    name: str = Field(description="task registry name (add, sub, mul, ...) or module:function")
+    weight: float = Field(1.0, ge=0, description="sampling weight in the mixture; 0 = evaluate only")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword options for the task")
+    rewards: Optional[dict[str, float]] = Field(
+        None, description="reward name -> weight; null keeps the task's own reward spec"
+    )
+
+
+def _arithmetic_tasks() -> list[TaskSpec]:
+    return [TaskSpec(name=op, options={"digits": [2]}) for op in ("add", "sub", "mul")]
+
+
+class PretrainConfig(Strict):
+    """The built-in tiny model and its pre-training; a change here makes a new cache entry."""
+
+    tasks: list[TaskSpec] = Field(default_factory=_arithmetic_tasks, description="corpus tasks, mixed evenly")
+    wrong_share: float = Field(0.6, ge=0, le=1, description="share of corpus solutions written with the task's classic mistake")
+    hidden_size: int = Field(256, ge=16, description="model width")
+    layers: int = Field(4, ge=1, description="transformer layers")
+    heads: int = Field(4, ge=1, description="attention heads")
+    max_positions: int = Field(256, ge=32, description="longest sequence the model handles, in tokens")
+    steps: int = Field(600, ge=1, description="optimizer steps")
+    batch_docs: int = Field(128, ge=1, description="documents per optimizer step")
+    lr: float = Field(2e-3, gt=0, description="peak learning rate")
+    warmup_steps: int = Field(30, ge=0, description="linear warm-up steps; 0 = none")
+    bf16: bool = Field(True, description="bfloat16 autocast for the forward pass")
+    seed: int = Field(0, description="seed for initialisation and the corpus")
+
+
+class ModelConfig(Strict):
+    path: str = Field(
+        "builtin:tiny",
+        description="builtin:tiny (pre-trained on first use, then cached), a model directory, a hub id, or a .gguf file",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="weight dtype")
+    chat_template: Optional[bool] = Field(
+        None, description="render chat-message prompts with the tokenizer's template; null = when it has one"
+    )
+
+
+class RolloutConfig(Strict):
+    prompts_per_step: int = Field(16, ge=1, description="problems sampled per RL step")
+    group_size: int = Field(8, ge=2, description="completions sampled per problem (G)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass; 1 = off")
+    max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
+    stop: list[str] = Field(default_factory=list, description="strings that end a completion (kept in it)")
+    batch_size: int = Field(256, ge=1, description="sequences generated together")
+
+
+class AlgorithmConfig(Strict):
+    advantage: str = Field("grpo", description="advantage estimator (tempering.algorithms.ADVANTAGES) or module:function")
+    loss: str = Field("ppo_clip", description="policy loss (tempering.algorithms.LOSSES) or module:function")
+    aggregation: str = Field("token_mean", description="how token losses become one number (tempering.algorithms.AGGREGATIONS)")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1 (1 - clip_low)")
+    clip_high: float = Field(0.2, ge=0, description="PPO ratio clip above 1 (1 + clip_high)")
+    kl_coef: float = Field(0.0, ge=0, description="weight of KL to the frozen initial policy; 0 = no reference model")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator")
+
+
+class LearnerConfig(Strict):
+    lr: float = Field(1e-4, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    grad_clip: float = Field(1.0, ge=0, description="max global gradient norm; 0 = no clipping")
+    warmup_steps: int = Field(5, ge=0, description="linear warm-up steps; 0 = none")
+    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="decay after warm-up")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a fraction of the peak, for linear/cosine")
+    micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward; gradients accumulate over the batch")
+    bf16: bool = Field(False, description="bfloat16 autocast for forward/backward (weights stay in their dtype)")
+
+
+class EvalConfig(Strict):
+    problems_per_task: int = Field(100, ge=1, description="held-out problems per task, graded greedily")
+    max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
+    batch_size: int = Field(256, ge=1, description="sequences generated together")
+
+
+class TrainConfig(Strict):
+    seed: int = Field(0, description="seed for sampling, data order and initialisation")
+    steps: int = Field(100, ge=0, description="RL steps; 0 = evaluate only")
+    run_dir: Optional[str] = Field(None, description="output folder; null = a new folder under runs/")
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = all cores")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    tasks: list[TaskSpec] = Field(default_factory=_arithmetic_tasks, min_length=1, description="the training mixture")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+
+def builtin_config(name: str) -> Path:
+    """Path of a config shipped with the package, e.g. ``quickstart``."""
+    return Path(str(resources.files("tempering") / "configs" / f"{name}.yaml"))
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists() and not path.suffix and builtin_config(str(path)).exists():
+        path = builtin_config(str(path))
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Set ``a.b.c=value`` in nested data; the value is parsed as YAML (``8``, ``[2, 3]``, ``null``)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {assignment!r} must look like key.path=value")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            node = node[_list_index(node, part, parts[: depth + 1])]
+        else:
+            node = node.setdefault(part, {})
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"{'.'.join(parts[:depth + 1])} is a value, not a section; cannot set {key}")
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, parts)] = value
+    else:
+        node[last] = value
+
+
+def _list_index(node: list, part: str, path: list[str]) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"{'.'.join(path)}: {part!r} is not an index of this list (0..{len(node) - 1})")
+    return int(part)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{key}: unknown key (allowed here: {', '.join(_allowed_keys(error['loc']))})"
+    return f"{key}={error['input']!r}: {error['msg']}{_field_help(error['loc'])}"
+
+
+def _field_at(loc: tuple) -> Any:
+    model: Any = TrainConfig
+    info = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return info if isinstance(part, int) else None
+        info = fields[part]
+        annotation = info.annotation
+        inner = getattr(annotation, "__args__", (annotation,))
+        model = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return info
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: Any = TrainConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(part)
+        annotation = getattr(info, "annotation", None)
+        inner = getattr(annotation, "__args__", (annotation,))
+        model = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), model)
+    return sorted(model.model_fields)
+
+
+def _field_help(loc: tuple) -> str:
+    info = _field_at(loc)
+    return f" ({info.description})" if info is not None and info.description else ""
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """Read a YAML config (the built-in quickstart when ``path`` is None) and apply overrides."""
+    data = load_yaml(path if path is not None else builtin_config("quickstart"))
+    for assignment in overrides:
+        apply_override(data, assignment)
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(e) for e in exc.errors()]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def save_resolved(config: TrainConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

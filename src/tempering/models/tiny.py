@@ -1,0 +1,67 @@
+"""The built-in tiny model: a few-million-parameter Llama with a character-level tokenizer.
+
+Characters keep the tokenizer trivial and the model honest on arithmetic (every digit is
+its own token). Both are ordinary transformers objects: ``save_pretrained`` writes a
+directory that ``AutoModelForCausalLM`` and ``AutoTokenizer`` load with no tempering code.
+"""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARACTERS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per printable ASCII character, plus pad/bos/eos/unk; encoding prepends <bos>."""
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    bos = vocab["<bos>"]
+    backend.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        model_max_length=4096,
+    )
+
+
+def build_model(
+    vocab_size: int,
+    hidden_size: int,
+    layers: int,
+    heads: int,
+    max_positions: int,
+    seed: int,
+    pad_token_id: int,
+    bos_token_id: int,
+    eos_token_id: int,
+) -> LlamaForCausalLM:
+    """A freshly initialised Llama; the MLP is 8/3 of the hidden size, as in Llama."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=int(hidden_size * 8 / 3) // 16 * 16,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+    )
+    import torch
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)

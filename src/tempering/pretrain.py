@@ -1,0 +1,146 @@
+"""``temper pretrain``: train the built-in tiny model from scratch on the procedural corpus.
+
+The result is cached in the user cache directory under a key derived from the
+pre-training config, so only the first run pays for it; a changed config is a new entry.
+Writing is atomic (a temporary folder renamed into place), so a killed pre-training never
+leaves a half-written model that a later run would pick up.
+
+Not done here: resuming an interrupted pre-training (it restarts; it takes minutes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from tqdm import tqdm
+
+from tempering.config import PretrainConfig
+from tempering.learner import lr_factor
+from tempering.models.tiny import build_model, build_tokenizer
+from tempering.tasks import build_task
+
+CORPUS_VERSION = 1
+"""Bump when the corpus or the model code changes, so stale cache entries are not reused."""
+
+
+def cache_root() -> Path:
+    """``$TEMPERING_CACHE``, else ``$XDG_CACHE_HOME/tempering``, else ``~/.cache/tempering``."""
+    if os.environ.get("TEMPERING_CACHE"):
+        return Path(os.environ["TEMPERING_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tempering"
+
+
+def cache_key(config: PretrainConfig) -> str:
+    payload = json.dumps({"v": CORPUS_VERSION, **config.model_dump(mode="json")}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def cached_model_dir(config: PretrainConfig) -> Path:
+    return cache_root() / f"tiny-{cache_key(config)}"
+
+
+def corpus(config: PretrainConfig) -> Iterator[str]:
+    """Documents from the corpus tasks in turn: task i % n, its training problem i // n."""
+    tasks = [build_task(spec.name, seed=config.seed, **spec.options) for spec in config.tasks]
+    for task in tasks:
+        if not hasattr(task, "corpus_document"):
+            raise ValueError(f"task {task.name!r} cannot write pre-training documents")
+    index = 0
+    while True:
+        task = tasks[index % len(tasks)]
+        yield task.corpus_document(index // len(tasks), config.wrong_share)
+        index += 1
+
+
+def document_batches(config: PretrainConfig, token_ids: Callable[[str], list[int]], pad_id: int
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(input_ids_BT, labels_BT)`` of ``batch_docs`` documents each, right-padded.
+
+    One document per row, rather than documents packed back to back, so that attention
+    never reaches into an unrelated problem: that matters for a model this small, whose
+    whole job is to copy digits from the right places.
+    """
+    documents = corpus(config)
+    while True:
+        rows = [token_ids(next(documents))[: config.max_positions] for _ in range(config.batch_docs)]
+        width = max(len(r) for r in rows)
+        input_ids_BT = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows])
+        labels_BT = torch.tensor([r + [-100] * (width - len(r)) for r in rows])
+        yield input_ids_BT, labels_BT
+
+
+def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True) -> dict:
+    """Train a fresh tiny model; save model and tokenizer to ``out_dir``; return statistics."""
+    tokenizer = build_tokenizer()
+    model = build_model(
+        vocab_size=len(tokenizer), hidden_size=config.hidden_size, layers=config.layers,
+        heads=config.heads, max_positions=config.max_positions, seed=config.seed,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    vocab = tokenizer.get_vocab()
+    unk, bos, eos = tokenizer.unk_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+
+    def token_ids(text: str) -> list[int]:
+        return [bos] + [vocab.get(c, unk) for c in text] + [eos]
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps, "cosine", 0.1)
+    )
+    model.train()
+    start, losses = time.perf_counter(), []
+    bar = tqdm(total=config.steps, desc="pretrain", disable=not progress, dynamic_ncols=True)
+    batches = document_batches(config, token_ids, tokenizer.pad_token_id)
+    tokens = 0
+    for step, (input_ids_BT, labels_BT) in zip(range(config.steps), batches):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+            loss = model(input_ids=input_ids_BT, labels=labels_BT).loss
+        tokens += int((labels_BT != -100).sum())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        bar.update()
+    bar.close()
+    stats = {
+        "steps": config.steps,
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "wall_s": time.perf_counter() - start,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "tokens": tokens,
+    }
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "pretrain.json").write_text(json.dumps(
+        {"config": config.model_dump(mode="json"), "stats": stats}, indent=2))
+    return stats
+
+
+def ensure_pretrained(config: PretrainConfig, progress: bool = True, force: bool = False) -> Path:
+    """The cached model directory for ``config``, pre-training it first if it is missing."""
+    target = cached_model_dir(config)
+    if target.exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        pretrain(config, staging, progress=progress)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -1,0 +1,41 @@
+"""Where metrics go: one JSON object per step in ``metrics.jsonl``, and tables for people."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    """Appends one JSON line per record and flushes it, so a killed run keeps every step."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def before_after_table(before: dict, after: dict) -> str:
+    """A plain-text table of held-out accuracy per task, before and after training.
+
+    >>> print(before_after_table({"accuracy": 0.25, "per_task": {"add": 0.25}},
+    ...                          {"accuracy": 0.75, "per_task": {"add": 0.75}}))
+    task        before   after   change
+    add          25.0%   75.0%   +50.0
+    mean         25.0%   75.0%   +50.0
+    """
+    rows = [("task", "before", "after", "change")]
+    names = list(before["per_task"]) + ["mean"]
+    for name in names:
+        b = before["accuracy"] if name == "mean" else before["per_task"][name]
+        a = after["accuracy"] if name == "mean" else after["per_task"].get(name, float("nan"))
+        rows.append((name, f"{100 * b:.1f}%", f"{100 * a:.1f}%", f"{100 * (a - b):+.1f}"))
+    width = max(len(r[0]) for r in rows) + 2
+    return "\n".join(f"{r[0]:<{width}}{r[1]:>8}{r[2]:>8}{r[3]:>9}".rstrip() for r in rows)

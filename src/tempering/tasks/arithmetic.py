@@ -1,0 +1,208 @@
+"""Built-in procedural arithmetic tasks: column addition, subtraction and multiplication.
+
+Each problem is solved column by column, one checkable line per column
+(``7+8=15``), then a final ``answer: N`` line. The same generator writes the pre-training
+corpus for the built-in tiny model, and that corpus deliberately contains a share of
+*buggy* worked solutions, the classic procedural mistakes of arithmetic learners: a dropped
+carry in addition and multiplication, "smaller from larger" in subtraction. A model
+pre-trained on it knows the procedure and the mistake, and on problems that need a
+carry or borrow it prefers the mistake: exactly the gap between knowing and doing that
+RL with a verifiable reward closes.
+
+The held-out split is a fixed hash partition of the problem space (one in
+``EVAL_EVERY`` problems), so no training problem, and no pre-training document, is ever
+an evaluation problem.
+
+Not done here: negative results, multi-digit multipliers, division.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tempering.tasks.base import register_task
+from tempering.types import Problem
+
+EVAL_EVERY = 8
+"""One problem in EVAL_EVERY (by a stable hash) is held out for evaluation."""
+
+Solver = Callable[[int, int, bool], tuple[list[str], int]]
+
+
+def _digits(n: int, width: int) -> list[int]:
+    """Digits of n, least significant first, padded to width."""
+    return [(n // 10**i) % 10 for i in range(width)]
+
+
+def _assemble(column_values: list[int]) -> int:
+    """Number written from per-column results: last digit of each, the top column in full."""
+    *low, top = column_values
+    return int(str(top) + "".join(str(v % 10) for v in reversed(low)))
+
+
+def solve_add(a: int, b: int, buggy: bool) -> tuple[list[str], int]:
+    """Column addition; the buggy variant forgets every carry.
+
+    >>> solve_add(47, 38, buggy=False)
+    (['7+8=15', '4+3+1=8'], 85)
+    >>> solve_add(47, 38, buggy=True)
+    (['7+8=15', '4+3=7'], 75)
+    """
+    width = max(len(str(a)), len(str(b)))
+    lines, values, carry = [], [], 0
+    for da, db in zip(_digits(a, width), _digits(b, width)):
+        total = da + db + carry
+        lines.append(f"{da}+{db}+1={total}" if carry else f"{da}+{db}={total}")
+        values.append(total)
+        carry = 0 if buggy else total // 10
+    return lines, _assemble(values)
+
+
+def solve_sub(a: int, b: int, buggy: bool) -> tuple[list[str], int]:
+    """Column subtraction of b <= a; the buggy variant subtracts the smaller digit from the larger.
+
+    >>> solve_sub(52, 17, buggy=False)
+    (['12-7=5', '4-1=3'], 35)
+    >>> solve_sub(52, 17, buggy=True)
+    (['7-2=5', '5-1=4'], 45)
+    """
+    width = len(str(a))
+    lines, out, borrow = [], [], 0
+    for da, db in zip(_digits(a, width), _digits(b, width)):
+        if buggy:
+            top, bottom = max(da, db), min(da, db)
+        else:
+            top, bottom = da - borrow, db
+            borrow = int(top < bottom)
+            top += 10 * borrow
+        lines.append(f"{top}-{bottom}={top - bottom}")
+        out.append(top - bottom)
+    return lines, int("".join(str(d) for d in reversed(out)))
+
+
+def solve_mul(a: int, b: int, buggy: bool) -> tuple[list[str], int]:
+    """Multiplication by one digit b; the buggy variant forgets every carry.
+
+    >>> solve_mul(47, 6, buggy=False)
+    (['7*6=42', '4*6+4=28'], 282)
+    >>> solve_mul(47, 6, buggy=True)
+    (['7*6=42', '4*6=24'], 242)
+    """
+    lines, values, carry = [], [], 0
+    for da in _digits(a, len(str(a))):
+        product = da * b + carry
+        lines.append(f"{da}*{b}+{carry}={product}" if carry else f"{da}*{b}={product}")
+        values.append(product)
+        carry = 0 if buggy else product // 10
+    return lines, _assemble(values)
+
+
+def _draw_add(rng: random.Random, digits: int) -> tuple[int, int]:
+    lo, hi = 10 ** (digits - 1), 10**digits - 1
+    return rng.randint(lo, hi), rng.randint(lo, hi)
+
+
+def _draw_sub(rng: random.Random, digits: int) -> tuple[int, int]:
+    a, b = _draw_add(rng, digits)
+    return max(a, b), min(a, b)
+
+
+def _draw_mul(rng: random.Random, digits: int) -> tuple[int, int]:
+    return rng.randint(10 ** (digits - 1), 10**digits - 1), rng.randint(2, 9)
+
+
+@dataclass(frozen=True)
+class Operation:
+    symbol: str
+    solve: Solver
+    draw: Callable[[random.Random, int], tuple[int, int]]
+    instruction: str
+
+
+OPERATIONS = {
+    "add": Operation("+", solve_add, _draw_add, "Add the numbers column by column"),
+    "sub": Operation("-", solve_sub, _draw_sub, "Subtract the numbers column by column"),
+    "mul": Operation("*", solve_mul, _draw_mul, "Multiply column by column"),
+}
+
+
+@dataclass
+class ArithmeticTask:
+    """Column arithmetic of ``digits``-digit numbers (one size drawn per problem).
+
+    ``style="raw"`` prompts are ``"47+38\\n"``, for the built-in character-level model;
+    ``style="chat"`` prompts are chat messages with an instruction, for chat models.
+    """
+
+    name: str
+    seed: int
+    operation: str = "add"
+    digits: list[int] = field(default_factory=lambda: [2])
+    style: str = "raw"
+    domain: str = ""
+    rewards: dict[str, float] = field(default_factory=lambda: {"exact_match": 1.0, "format": 0.1})
+    metric: str = "exact_match"
+
+    def __post_init__(self) -> None:
+        if self.operation not in OPERATIONS:
+            raise ValueError(f"operation must be one of {sorted(OPERATIONS)}, got {self.operation!r}")
+        if not self.digits or any(not 1 <= d <= 6 for d in self.digits):
+            raise ValueError(f"digits must be a non-empty list of sizes 1..6, got {self.digits!r}")
+        if self.style not in ("raw", "chat"):
+            raise ValueError(f"style must be 'raw' or 'chat', got {self.style!r}")
+        self.domain = self.domain or self.name
+        self._op = OPERATIONS[self.operation]
+
+    def _is_eval(self, a: int, b: int) -> bool:
+        return zlib.crc32(f"{self.operation}:{a}:{b}".encode()) % EVAL_EVERY == 0
+
+    def _draw(self, rng: random.Random, want_eval: bool) -> tuple[int, int]:
+        while True:
+            a, b = self._op.draw(rng, rng.choice(self.digits))
+            if self._is_eval(a, b) == want_eval:
+                return a, b
+
+    def _problem(self, a: int, b: int) -> Problem:
+        expression = f"{a}{self._op.symbol}{b}"
+        _, answer = self._op.solve(a, b, False)
+        if self.style == "raw":
+            prompt = f"{expression}\n"
+        else:
+            prompt = [{"role": "user", "content": (
+                f"{self._op.instruction}: {expression}. Write one line per column, "
+                "like 7+8=15, then finish with a line 'answer: N'."
+            )}]
+        return Problem(task=self.name, id=expression, prompt=prompt, answer=str(answer),
+                       domain=self.domain, meta={"a": a, "b": b})
+
+    def train_problem(self, index: int) -> Problem:
+        rng = random.Random(f"{self.seed}:{self.name}:{index}")
+        return self._problem(*self._draw(rng, want_eval=False))
+
+    def eval_problems(self, n: int) -> list[Problem]:
+        rng = random.Random(f"eval:{self.name}:{self.operation}")
+        seen: dict[tuple[int, int], None] = {}
+        for _ in range(50 * n):  # bounded: small problem spaces yield fewer than n
+            if len(seen) >= n:
+                break
+            seen.setdefault(self._draw(rng, want_eval=True))
+        return [self._problem(a, b) for a, b in seen]
+
+    def solution(self, problem: Problem, buggy: bool = False) -> str:
+        """The worked solution text for a problem (what the model should write after the prompt)."""
+        lines, answer = self._op.solve(problem.meta["a"], problem.meta["b"], buggy)
+        return "\n".join(lines + [f"answer: {answer}"])
+
+    def corpus_document(self, index: int, wrong_share: float) -> str:
+        """A pre-training document: a training problem and a worked solution that is buggy
+        with probability ``wrong_share`` (visible only where a carry or borrow is needed)."""
+        problem = self.train_problem(index)
+        rng = random.Random(f"corpus:{self.seed}:{self.name}:{index}")
+        return f"{problem.id}\n" + self.solution(problem, rng.random() < wrong_share)
+
+
+for _operation in OPERATIONS:
+    register_task(_operation)(lambda _op=_operation, **kw: ArithmeticTask(**{"operation": _op, **kw}))

@@ -1,0 +1,170 @@
+"""``temper train``: the RL loop, top to bottom.
+
+build (model, tasks, sampler, learner) -> evaluate -> repeat {sample groups -> reward ->
+advantages -> learner step -> log} -> evaluate -> save. Everything else is a function or
+object this file calls; reading this file should be enough to know what a step does.
+
+Deliberately left out here: asynchronous sampling, Ray placement, resume from a mid-run
+checkpoint, dynamic sampling and adaptive mixtures; each lives in its own module when added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES, AdvantageInputs
+from tempering.algorithms.advantages import AdvantageFn
+from tempering.config import ConfigError, TrainConfig, save_resolved
+from tempering.evaluate import evaluate
+from tempering.learner import Learner, LearnerSettings, collate, lr_factor
+from tempering.models.loading import load_policy
+from tempering.reporting import MetricsWriter, before_after_table
+from tempering.rewards import resolve_reward, score
+from tempering.rollout.hf import HFGenerator, SamplingParams
+from tempering.scheduler import StaticMixture
+from tempering.tasks import Task, build_task
+from tempering.tasks.base import resolve
+from tempering.types import Batch, Group
+
+
+def make_run_dir(run_dir: str | None) -> Path:
+    path = Path(run_dir) if run_dir else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_tasks(config: TrainConfig) -> list[Task]:
+    """The configured tasks; a bad name, option or reward is a ConfigError naming the entry."""
+    tasks = []
+    for i, spec in enumerate(config.tasks):
+        try:
+            task = build_task(spec.name, seed=config.seed, **spec.options)
+            if spec.rewards is not None:
+                task.rewards = dict(spec.rewards)
+            for reward in task.rewards:
+                resolve_reward(reward)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"tasks.{i} ({spec.name}): {exc}") from None
+        tasks.append(task)
+    if len({t.name for t in tasks}) != len(tasks):
+        raise ConfigError("tasks: each task may appear once; give repeated ones distinct names")
+    return tasks
+
+
+def resolve_algorithm(config: TrainConfig) -> dict:
+    """The configured advantage estimator, loss and aggregation, or a ConfigError naming the key."""
+    found = {}
+    for key, registry in (("advantage", ADVANTAGES), ("loss", LOSSES), ("aggregation", AGGREGATIONS)):
+        try:
+            found[key] = resolve(registry, getattr(config.algorithm, key), key)
+        except ValueError as exc:
+            raise ConfigError(f"algorithm.{key}: {exc}") from None
+    return found
+
+
+def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
+    lc, ac = config.learner, config.algorithm
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay)
+    settings = LearnerSettings(
+        loss=algorithm["loss"], aggregation=algorithm["aggregation"],
+        clip_low=ac.clip_low, clip_high=ac.clip_high, kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator,
+        temperature=config.rollout.temperature, micro_batch_size=lc.micro_batch_size,
+        grad_clip=lc.grad_clip, bf16=lc.bf16,
+    )
+    schedule = lambda step: lr_factor(step, lc.warmup_steps, config.steps, lc.schedule, lc.min_lr_ratio)  # noqa: E731
+    return Learner(model, optimizer, schedule, settings)
+
+
+def reward_groups(groups: list[Group], tasks: dict[str, Task]) -> dict[str, float]:
+    """Score every rollout in place; return the mean reward, its components and accuracy."""
+    sums: dict[str, float] = {}
+    for group in groups:
+        task = tasks[group.problem.task]
+        for rollout in group.rollouts:
+            rollout.reward, rollout.reward_components = score(group.problem, rollout.text, task.rewards)
+            sums["reward"] = sums.get("reward", 0.0) + rollout.reward
+            sums["accuracy"] = sums.get("accuracy", 0.0) + rollout.reward_components[task.metric]
+            for name, value in rollout.reward_components.items():
+                sums[f"reward/{name}"] = sums.get(f"reward/{name}", 0.0) + value
+    count = sum(len(g.rollouts) for g in groups)
+    return {key: value / count for key, value in sums.items()}
+
+
+def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int) -> Batch:
+    rollouts = [r for g in groups for r in g.rollouts]
+    batch = collate(rollouts, pad_id)
+    group_B = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts])
+    rewards_B = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+    batch.advantages_BT = estimator(AdvantageInputs(rewards_B, group_B, batch.loss_mask_BT))
+    return batch
+
+
+def train(config: TrainConfig, progress: bool = True) -> dict:
+    """Run RL training as configured; return the summary also written to ``summary.json``."""
+    start = time.perf_counter()
+    torch.set_num_threads(config.threads or os.cpu_count() or 1)
+    torch.manual_seed(config.seed)
+    tasks = build_tasks(config)
+    algorithm = resolve_algorithm(config)
+    run_dir = make_run_dir(config.run_dir)
+    save_resolved(config, run_dir / "config.yaml")
+
+    model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
+    by_name = {t.name: t for t in tasks}
+    mixture = StaticMixture(tasks, [s.weight for s in config.tasks], seed=config.seed)
+    generator = HFGenerator(model, tokenizer, config.model.chat_template, config.rollout.batch_size)
+    learner = build_learner(model, config, algorithm)
+    sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+                              max_new_tokens=config.rollout.max_new_tokens, stop=tuple(config.rollout.stop))
+    rng = torch.Generator().manual_seed(config.seed)
+    evaluation = lambda: evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens)  # noqa: E731
+
+    eval_before = evaluation()
+    metrics = MetricsWriter(run_dir / "metrics.jsonl")
+    bar = tqdm(total=config.steps, desc="train", disable=not progress, dynamic_ncols=True)
+    timings = {"generate_s": 0.0, "reward_s": 0.0, "learn_s": 0.0}
+    for step in range(config.steps):
+        t0 = time.perf_counter()
+        groups = generator.generate(mixture.next_problems(config.rollout.prompts_per_step),
+                                    config.rollout.group_size, sampling, learner.version, rng)
+        t1 = time.perf_counter()
+        record = reward_groups(groups, by_name)
+        t2 = time.perf_counter()
+        batch = make_batch(groups, algorithm["advantage"], tokenizer.pad_token_id)
+        record.update(learner.step(batch))
+        t3 = time.perf_counter()
+        completion_tokens = sum(len(r.completion_ids) for g in groups for r in g.rollouts)
+        record.update(step=step + 1, policy_version=learner.version, generate_s=t1 - t0, reward_s=t2 - t1,
+                      learn_s=t3 - t2, step_s=t3 - t0, completion_tokens=completion_tokens,
+                      generate_tok_s=completion_tokens / (t1 - t0),
+                      train_tok_s=int(batch.attention_mask_BT.sum()) / (t3 - t2))
+        for key in timings:
+            timings[key] += record[key]
+        metrics.write(record)
+        bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['accuracy']:.2f}",
+                        s_step=f"{record['step_s']:.2f}")
+        bar.update()
+    bar.close()
+    metrics.close()
+
+    eval_after = evaluation()
+    checkpoint = run_dir / "checkpoint-final"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    summary = {
+        "eval_before": eval_before, "eval_after": eval_after, "steps": config.steps,
+        "wall_s": time.perf_counter() - start, "model": model_path, "checkpoint": str(checkpoint),
+        "seconds_per_step": {k: v / max(config.steps, 1) for k, v in timings.items()},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if progress:
+        print(before_after_table(eval_before, eval_after))
+        print(f"run folder: {run_dir}  ({summary['wall_s']:.0f} s)")
+    return summary

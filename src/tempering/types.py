@@ -1,0 +1,123 @@
+"""The data that moves through one RL step, and the shape letters used in names.
+
+Shape letters (a tensor's name ends with its shape, e.g. ``logprobs_BT``):
+
+- ``B``: sequences in a batch (prompt + completion, one per rollout)
+- ``T``: token positions (time)
+- ``P``: prompts (problems) in a step
+- ``G``: samples per prompt (the group)
+- ``V``: vocabulary
+
+Token lists on a :class:`Rollout` are plain Python lists; tensors appear only once a
+:class:`Batch` is formed for the learner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+
+Messages = list[dict[str, str]]
+Prompt = Union[str, Messages]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One question a task asks, with everything needed to grade it.
+
+    ``prompt`` is raw text (fed to the model as is) or chat messages (rendered with the
+    tokenizer's chat template). ``answer`` is the reference the task's rewards compare to.
+    """
+
+    task: str
+    id: str
+    prompt: Prompt
+    answer: str
+    domain: str = ""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> str:
+        """Identifier unique across tasks."""
+        return f"{self.task}/{self.id}"
+
+
+@dataclass
+class Rollout:
+    """One sampled completion, exactly as the sampler produced it.
+
+    ``logprobs`` holds the sampler's log-probability of each completion token under the
+    temperature-scaled distribution (top-p truncation excluded), so the learner can form
+    importance ratios against it. ``loss_mask`` marks the completion tokens that are trained
+    on (1) or ignored (0). ``policy_version`` is the learner step whose weights sampled it.
+    """
+
+    problem: Problem
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    policy_version: int
+    loss_mask: list[int] = field(default_factory=list)
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.loss_mask:
+            self.loss_mask = [1] * len(self.completion_ids)
+        if not (len(self.completion_ids) == len(self.logprobs) == len(self.loss_mask)):
+            raise ValueError(
+                "completion_ids, logprobs and loss_mask must have one entry per completion token"
+            )
+
+
+@dataclass
+class Group:
+    """The G rollouts sampled for one problem; advantages are relative within a group."""
+
+    problem: Problem
+    rollouts: list[Rollout]
+
+    @property
+    def rewards_G(self) -> torch.Tensor:
+        return torch.tensor([r.reward for r in self.rollouts], dtype=torch.float32)
+
+
+@dataclass
+class Batch:
+    """Right-padded learner input: one row per rollout, prompt then completion.
+
+    ``loss_mask_BT`` is 1 exactly on trained completion tokens; ``old_logprobs_BT`` and
+    ``advantages_BT`` are aligned with ``input_ids_BT`` (position t holds the value for the
+    token at t, predicted from positions < t) and are 0 where the mask is 0.
+    """
+
+    input_ids_BT: torch.Tensor
+    attention_mask_BT: torch.Tensor
+    loss_mask_BT: torch.Tensor
+    old_logprobs_BT: torch.Tensor
+    advantages_BT: torch.Tensor
+    policy_versions_B: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.loss_mask_BT.sum().item())
+
+    def __len__(self) -> int:
+        return self.input_ids_BT.shape[0]
+
+    def select(self, rows: slice | torch.Tensor) -> "Batch":
+        """A sub-batch of the given rows (a micro-batch), trimmed of all-padding columns."""
+        mask = self.attention_mask_BT[rows]
+        width = int(mask.sum(dim=1).max().item()) if mask.numel() else 0
+        return Batch(
+            input_ids_BT=self.input_ids_BT[rows, :width],
+            attention_mask_BT=mask[:, :width],
+            loss_mask_BT=self.loss_mask_BT[rows, :width],
+            old_logprobs_BT=self.old_logprobs_BT[rows, :width],
+            advantages_BT=self.advantages_BT[rows, :width],
+            policy_versions_B=self.policy_versions_B[rows],
+        )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from tempering.config import ConfigError, load_config
+from tempering.sandbox.cli import add_parser as add_sandbox_parser
 
 USER_ERROR = 2
 
@@ -30,7 +31,8 @@ def _load(args: argparse.Namespace):
     if bad:
         raise ConfigError(f"expected key=value overrides after the config file, got {bad[0]!r}")
     if getattr(args, "run_dir", None):
-        overrides.append(f"run_dir={args.run_dir}")
+        # quoted, so that a folder named like 2024-06-01 or 'null' stays the string it is
+        overrides.append(f"run_dir={json.dumps(args.run_dir)}")
     return load_config(path, overrides)
 
 
@@ -92,12 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--model", help="model path (default: the config's model.path)")
     evaluate.set_defaults(func=cmd_eval)
 
-    try:
-        from tempering.sandbox.cli import add_parser as add_sandbox_parser
-    except ImportError:
-        add_sandbox_parser = None
-    if add_sandbox_parser is not None:
-        add_sandbox_parser(sub)
+    add_sandbox_parser(sub)
     return parser
 
 

@@ -101,6 +101,7 @@ class EvalConfig(Strict):
     problems_per_task: int = Field(100, ge=1, description="held-out problems per task, graded greedily")
     max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
     batch_size: int = Field(256, ge=1, description="sequences generated together")
+    every: int = Field(0, ge=0, description="also evaluate every this many RL steps, logged as eval/*; 0 = only before and after")
 
 
 class TrainConfig(Strict):
@@ -130,6 +131,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read as text: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -153,8 +156,8 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
             node = node[_list_index(node, part, parts[: depth + 1])]
         else:
             node = node.setdefault(part, {})
-            if not isinstance(node, (dict, list)):
-                raise ConfigError(f"{'.'.join(parts[:depth + 1])} is a value, not a section; cannot set {key}")
+        if not isinstance(node, (dict, list)):
+            raise ConfigError(f"{'.'.join(parts[:depth + 1])} is a value, not a section; cannot set {key}")
     last = parts[-1]
     if isinstance(node, list):
         node[_list_index(node, last, parts)] = value

@@ -27,9 +27,9 @@ def before_after_table(before: dict, after: dict) -> str:
 
     >>> print(before_after_table({"accuracy": 0.25, "per_task": {"add": 0.25}},
     ...                          {"accuracy": 0.75, "per_task": {"add": 0.75}}))
-    task        before   after   change
-    add          25.0%   75.0%   +50.0
-    mean         25.0%   75.0%   +50.0
+    task    before   after   change
+    add      25.0%   75.0%    +50.0
+    mean     25.0%   75.0%    +50.0
     """
     rows = [("task", "before", "after", "change")]
     names = list(before["per_task"]) + ["mean"]

@@ -141,12 +141,17 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
         record.update(learner.step(batch))
         t3 = time.perf_counter()
         completion_tokens = sum(len(r.completion_ids) for g in groups for r in g.rollouts)
+        train_tokens = int(batch.attention_mask_BT.sum())
         record.update(step=step + 1, policy_version=learner.version, generate_s=t1 - t0, reward_s=t2 - t1,
                       learn_s=t3 - t2, step_s=t3 - t0, completion_tokens=completion_tokens,
-                      generate_tok_s=completion_tokens / (t1 - t0),
-                      train_tok_s=int(batch.attention_mask_BT.sum()) / (t3 - t2))
+                      train_tokens=train_tokens, generate_tok_s=completion_tokens / (t1 - t0),
+                      train_tok_s=train_tokens / (t3 - t2))
         for key in timings:
             timings[key] += record[key]
+        if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
+            result = evaluation()
+            record["eval/accuracy"] = result["accuracy"]
+            record.update({f"eval/{name}": value for name, value in result["per_task"].items()})
         metrics.write(record)
         bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['accuracy']:.2f}",
                         s_step=f"{record['step_s']:.2f}")

@@ -8,7 +8,8 @@ from typing import Optional
 from tempering.rewards.base import register_reward
 from tempering.types import Problem
 
-ANSWER_LINE = re.compile(r"^\s*answer:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
+# [^\S\n] is whitespace other than a newline: an answer is read from its own line, never the next.
+ANSWER_LINE = re.compile(r"^[^\S\n]*answer:[^\S\n]*(.*?)[^\S\n]*$", re.IGNORECASE | re.MULTILINE)
 
 
 def extract_answer(completion: str) -> Optional[str]:

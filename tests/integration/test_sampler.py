@@ -1,0 +1,152 @@
+"""The HF sampler against the learner's log-prob computation, on the miniature built-in model.
+
+Prompts of different lengths make the sampler left-pad; the learner right-pads. The
+log-probs the sampler records must be what the learner recomputes with the same weights.
+"""
+
+import pytest
+import torch
+
+from tempering.algorithms import token_logprobs
+from tempering.learner import collate
+from tempering.rollout.hf import HFGenerator, SamplingParams
+from tempering.types import Problem
+
+PROMPTS = ["7+8\n", "47+38\n", "123+456\n", "12*3\n"]
+
+
+def _problems(prompts=PROMPTS):
+    return [Problem(task="add", id=str(i), prompt=p, answer="0") for i, p in enumerate(prompts)]
+
+
+def _rollouts(groups):
+    return [r for g in groups for r in g.rollouts]
+
+
+def _max_logprob_gap(model, rollouts, pad_id, temperature) -> float:
+    batch = collate(rollouts, pad_id)
+    with torch.no_grad():
+        recomputed_BT, _ = token_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT, temperature)
+    return float(((recomputed_BT - batch.old_logprobs_BT) * batch.loss_mask_BT).abs().max())
+
+
+@pytest.mark.parametrize("params, temperature", [
+    (SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=24), 0.7),
+    (SamplingParams(temperature=1.3, max_new_tokens=24), 1.3),
+    (SamplingParams(greedy=True, max_new_tokens=24), 1.0),
+])
+def test_sampler_logprobs_match_the_learners_recomputation(tiny_policy, params, temperature):
+    model, tokenizer = tiny_policy
+    generator = HFGenerator(model, tokenizer, batch_size=6)  # groups span two sampling batches
+    groups = generator.generate(_problems(), 3, params, generator=torch.Generator().manual_seed(0))
+    rollouts = _rollouts(groups)
+
+    assert len({len(r.prompt_ids) for r in rollouts}) == len(PROMPTS), "prompts of different lengths"
+    assert sum(len(r.completion_ids) for r in rollouts) > 2 * len(rollouts)
+    assert _max_logprob_gap(model, rollouts, tokenizer.pad_token_id, temperature) < 1e-4
+
+
+def test_the_recomputation_check_notices_a_temperature_mismatch(tiny_policy):
+    # The gap above is small because the numbers agree, not because every log-prob is alike.
+    model, tokenizer = tiny_policy
+    groups = HFGenerator(model, tokenizer).generate(
+        _problems(), 2, SamplingParams(temperature=0.7, max_new_tokens=12), generator=torch.Generator().manual_seed(0))
+    assert _max_logprob_gap(model, _rollouts(groups), tokenizer.pad_token_id, 1.0) > 1e-2
+
+
+def test_a_rows_greedy_completion_does_not_depend_on_its_batch(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = HFGenerator(model, tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=16)
+    together = _rollouts(generator.generate(_problems(), 1, params))
+    for problem, batched in zip(_problems(), together):
+        alone = generator.generate([problem], 1, params)[0].rollouts[0]
+        assert alone.completion_ids == batched.completion_ids
+        assert alone.logprobs == pytest.approx(batched.logprobs, abs=1e-5)
+
+
+def test_sampling_is_reproducible_from_a_seeded_generator(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = HFGenerator(model, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+
+    def sample(seed):
+        groups = generator.generate(_problems(), 4, params, generator=torch.Generator().manual_seed(seed))
+        return [r.completion_ids for r in _rollouts(groups)]
+
+    first = sample(0)
+    assert sample(0) == first
+    assert sample(1) != first
+    assert len({tuple(ids) for ids in first}) > 1, "samples within a group differ"
+
+
+def test_rollouts_keep_problem_order_group_size_and_policy_version(tiny_policy):
+    model, tokenizer = tiny_policy
+    problems = _problems()
+    groups = HFGenerator(model, tokenizer, batch_size=5).generate(
+        problems, 3, SamplingParams(max_new_tokens=4), policy_version=7, generator=torch.Generator().manual_seed(0))
+    assert [g.problem for g in groups] == problems
+    for group in groups:
+        assert len(group.rollouts) == 3
+        for rollout in group.rollouts:
+            assert rollout.problem == group.problem
+            assert rollout.prompt_ids == tokenizer(group.problem.prompt)["input_ids"]
+            assert rollout.policy_version == 7
+            assert rollout.text == tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
+
+
+def test_a_stop_string_ends_the_completion_where_it_first_appears(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = HFGenerator(model, tokenizer)
+    generator.eos_ids = set()  # only the stop string can end a row early
+    problems = _problems()[:1]
+    free = generator.generate(problems, 1, SamplingParams(max_new_tokens=12),
+                              generator=torch.Generator().manual_seed(3))[0].rollouts[0]
+    stop = free.text[2:4]  # two characters the model is known to write at this seed
+    assert len(stop) == 2
+    first = free.text.index(stop)
+
+    stopped = generator.generate(problems, 1, SamplingParams(max_new_tokens=12, stop=(stop,)),
+                                 generator=torch.Generator().manual_seed(3))[0].rollouts[0]
+
+    assert free.finish_reason == "length"
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free.text[: first + len(stop)], "the completion ends with the stop string, kept"
+    assert stopped.completion_ids == free.completion_ids[: len(stopped.completion_ids)]
+
+
+def test_the_length_limit_gives_finish_reason_length(tiny_policy):
+    model, tokenizer = tiny_policy
+    # with end-of-sequence unreachable (no token is eos), every row runs to the limit
+    generator = HFGenerator(model, tokenizer)
+    generator.eos_ids = set()
+    groups = generator.generate(_problems(), 2, SamplingParams(max_new_tokens=5),
+                                generator=torch.Generator().manual_seed(0))
+    for rollout in _rollouts(groups):
+        assert rollout.finish_reason == "length"
+        assert len(rollout.completion_ids) == 5
+
+
+def test_end_of_sequence_stops_a_row_and_is_kept_as_its_last_token(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = HFGenerator(model, tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=8)
+    free = generator.generate(_problems()[:1], 1, params)[0].rollouts[0]
+    # make the model's third greedy token an end-of-sequence token
+    generator.eos_ids = {free.completion_ids[2]}
+    first = free.completion_ids.index(free.completion_ids[2])
+
+    ended = generator.generate(_problems()[:1], 1, params)[0].rollouts[0]
+
+    assert ended.finish_reason == "stop"
+    assert ended.completion_ids == free.completion_ids[: first + 1]
+
+
+def test_chat_messages_without_a_template_are_sent_as_plain_lines(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = HFGenerator(model, tokenizer)
+    assert generator.chat_template is False, "the built-in tokenizer has no chat template"
+    messages = [{"role": "user", "content": "47+38"}]
+    assert generator.encode_prompt(messages) == tokenizer("47+38\n")["input_ids"]
+    with pytest.raises(ValueError, match="no chat template"):
+        HFGenerator(model, tokenizer, chat_template=True)

@@ -1,0 +1,120 @@
+"""A few real RL steps on the miniature built-in model: the run folder, its files, its checkpoint.
+
+Nothing is mocked: the model is pre-trained by tempering.pretrain (once per session, into a
+private cache), sampled by the HF sampler, scored by the task's rewards and trained by the
+learner, exactly as `temper train` does, only smaller.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tempering.config import TrainConfig, load_config
+from tempering.evaluate import evaluate
+from tempering.rollout.hf import HFGenerator
+from tempering.train import build_tasks, train
+
+TASK_NAMES = {"add", "sub", "mul"}
+SMALL_RUN = {
+    "steps": 3,
+    "threads": 1,
+    "tasks": [{"name": name, "options": {"digits": [2]}} for name in ("add", "sub", "mul")],
+    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 32},
+    "learner": {"lr": 1e-3, "warmup_steps": 0},
+    "eval": {"problems_per_task": 8, "max_new_tokens": 32},
+}
+
+
+def _pretrain_config(model_dir) -> dict:
+    """The pre-training config that made a cached model, as saved beside it."""
+    return json.loads((model_dir / "pretrain.json").read_text())["config"]
+
+
+def _weights(directory) -> dict[str, torch.Tensor]:
+    return load_file(str(directory / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def small_run(tiny_model_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run") / "run"
+    config = TrainConfig.model_validate({**SMALL_RUN, "pretrain": _pretrain_config(tiny_model_dir),
+                                         "run_dir": str(run_dir)})
+    return config, train(config, progress=False), run_dir
+
+
+def test_metrics_have_one_line_per_step_with_timings_and_learner_numbers(small_run):
+    _, _, run_dir = small_run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    for record in records:
+        assert {"reward", "accuracy", "loss", "generate_s", "reward_s", "learn_s", "step_s", "grad_norm", "lr",
+                "clip_fraction", "entropy", "completion_tokens", "reward/exact_match", "reward/format"} <= set(record)
+        assert 0.0 <= record["accuracy"] <= 1.0
+        assert all(record[k] >= 0 for k in ("generate_s", "reward_s", "learn_s"))
+        assert 0 < record["completion_tokens"] <= 4 * 4 * 32
+    assert any(r["grad_norm"] > 0 for r in records), "some group carried a reward signal"
+
+
+def test_summary_holds_both_evaluations_steps_and_wall_time(small_run):
+    _, summary, run_dir = small_run
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    for key in ("eval_before", "eval_after"):
+        evaluation = summary[key]
+        assert set(evaluation["per_task"]) == TASK_NAMES
+        assert all(0.0 <= v <= 1.0 for v in evaluation["per_task"].values())
+        assert evaluation["accuracy"] == pytest.approx(sum(evaluation["per_task"].values()) / 3)
+    assert summary["steps"] == 3
+    assert summary["wall_s"] > 0
+    assert set(summary["seconds_per_step"]) == {"generate_s", "reward_s", "learn_s"}
+
+
+def test_the_resolved_config_is_saved_and_reloads_to_the_same_config(small_run):
+    config, _, run_dir = small_run
+    assert load_config(run_dir / "config.yaml") == config
+
+
+def test_the_cached_pretrained_model_is_used(small_run, tiny_model_dir):
+    _, summary, _ = small_run
+    assert summary["model"] == str(tiny_model_dir)
+
+
+def test_the_final_checkpoint_loads_with_plain_transformers_and_holds_the_trained_weights(small_run, tiny_model_dir):
+    config, summary, run_dir = small_run
+    checkpoint = run_dir / "checkpoint-final"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+
+    trained, pretrained = _weights(checkpoint), _weights(tiny_model_dir)
+    assert trained.keys() == pretrained.keys()
+    assert any(not torch.equal(trained[k], pretrained[k]) for k in trained), "training changed the weights"
+
+    # The reloaded model is the one evaluated at the end of training: same greedy completions.
+    tasks = build_tasks(config)
+    again = evaluate(HFGenerator(model, tokenizer), tasks, config.eval.problems_per_task, config.eval.max_new_tokens)
+    assert again == summary["eval_after"]
+
+
+def test_temper_train_from_a_yaml_file_prints_the_before_after_table(tmp_path, tiny_model_dir, tempering_cache):
+    config_path = tmp_path / "small.yaml"
+    config_path.write_text(yaml.safe_dump({**SMALL_RUN, "pretrain": _pretrain_config(tiny_model_dir)}))
+    env = {**os.environ, "TEMPERING_CACHE": str(tempering_cache)}
+
+    result = subprocess.run(
+        # a folder name YAML would read as a date must stay a folder name
+        [sys.executable, "-m", "tempering.cli", "train", str(config_path), "--run-dir", "2024-06-01"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["task", "before", "after", "change"]
+    assert [line.split()[0] for line in lines[1:5]] == ["add", "sub", "mul", "mean"]
+    assert (tmp_path / "2024-06-01" / "summary.json").exists()
+    assert sorted(p.name for p in tempering_cache.iterdir()) == [tiny_model_dir.name], "no second pre-training"

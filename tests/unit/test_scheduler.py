@@ -1,0 +1,53 @@
+"""The static task mixture: weights, per-task cursors, and a state that resumes exactly."""
+
+import json
+
+import pytest
+
+from tempering.scheduler import StaticMixture
+from tempering.tasks import build_task
+
+
+def _tasks():
+    return [build_task(name, seed=0) for name in ("add", "sub", "mul")]
+
+
+def test_each_task_serves_its_training_stream_in_order():
+    tasks = _tasks()
+    mixture = StaticMixture(tasks, [1.0, 1.0, 1.0], seed=0)
+    problems = mixture.next_problems(30)
+    for task in tasks:
+        mine = [p for p in problems if p.task == task.name]
+        assert mine == [task.train_problem(i) for i in range(len(mine))]
+        assert mixture.cursors[task.name] == len(mine)
+    assert all(mixture.cursors.values()), "every task with weight is drawn"
+
+
+def test_a_task_with_weight_zero_is_never_trained_on():
+    mixture = StaticMixture(_tasks(), [1.0, 0.0, 2.0], seed=0)
+    assert {p.task for p in mixture.next_problems(200)} == {"add", "mul"}
+
+
+def test_the_same_seed_draws_the_same_problems():
+    assert StaticMixture(_tasks(), [1, 1, 1], seed=4).next_problems(20) == \
+        StaticMixture(_tasks(), [1, 1, 1], seed=4).next_problems(20)
+
+
+def test_a_restored_state_continues_with_the_same_problems():
+    mixture = StaticMixture(_tasks(), [1, 2, 3], seed=0)
+    mixture.next_problems(7)
+    state = json.loads(json.dumps(mixture.state_dict()))  # as a checkpoint would store it
+    expected = mixture.next_problems(10)
+
+    resumed = StaticMixture(_tasks(), [1, 2, 3], seed=99)
+    resumed.load_state_dict(state)
+    assert resumed.next_problems(10) == expected
+
+
+@pytest.mark.parametrize("weights, message", [
+    ([1.0, 1.0], "one weight per task"),
+    ([0.0, 0.0, 0.0], "at least one task needs a positive training weight"),
+])
+def test_bad_weights_are_refused(weights, message):
+    with pytest.raises(ValueError, match=message):
+        StaticMixture(_tasks(), weights, seed=0)

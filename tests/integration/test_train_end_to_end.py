@@ -28,7 +28,7 @@ SMALL_RUN = {
     "tasks": [{"name": name, "options": {"digits": [2]}} for name in ("add", "sub", "mul")],
     "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 32},
     "learner": {"lr": 1e-3, "warmup_steps": 0},
-    "eval": {"problems_per_task": 8, "max_new_tokens": 32},
+    "eval": {"problems_per_task": 8, "max_new_tokens": 32, "every": 2},
 }
 
 
@@ -61,6 +61,14 @@ def test_metrics_have_one_line_per_step_with_timings_and_learner_numbers(small_r
         assert all(record[k] >= 0 for k in ("generate_s", "reward_s", "learn_s"))
         assert 0 < record["completion_tokens"] <= 4 * 4 * 32
     assert any(r["grad_norm"] > 0 for r in records), "some group carried a reward signal"
+
+
+def test_periodic_evaluation_is_logged_at_its_steps_only(small_run):
+    _, _, run_dir = small_run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # every 2 steps, but not at the last step, which the final evaluation covers
+    assert ["eval/accuracy" in r for r in records] == [False, True, False]
+    assert {f"eval/{name}" for name in TASK_NAMES} <= set(records[1])
 
 
 def test_summary_holds_both_evaluations_steps_and_wall_time(small_run):

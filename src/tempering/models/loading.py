@@ -59,6 +59,8 @@ def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
         location, kwargs["gguf_file"] = str(Path(path).parent), Path(path).name
     elif Path(path).exists():
         kwargs["local_files_only"] = True
+    elif path.startswith(("/", ".", "~")):
+        raise ModelLoadError(f"model path {path} does not exist; give a model directory, a .gguf file or a hub id")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **{k: v for k, v in kwargs.items() if k != "dtype"})
         model = AutoModelForCausalLM.from_pretrained(location, **kwargs)

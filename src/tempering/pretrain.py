@@ -138,9 +138,14 @@ def ensure_pretrained(config: PretrainConfig, progress: bool = True, force: bool
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         pretrain(config, staging, progress=progress)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        if force and target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not target.exists():
+                raise
+            # Another process finished the same entry first; its model is as good as ours.
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

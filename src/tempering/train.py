@@ -113,18 +113,22 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
     torch.manual_seed(config.seed)
     tasks = build_tasks(config)
     algorithm = resolve_algorithm(config)
-    run_dir = make_run_dir(config.run_dir)
-    save_resolved(config, run_dir / "config.yaml")
+    try:
+        mixture = StaticMixture(tasks, [s.weight for s in config.tasks], seed=config.seed)
+    except ValueError as exc:
+        raise ConfigError(f"tasks: {exc} (tasks.N.weight)") from None
 
     model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
+    run_dir = make_run_dir(config.run_dir)
+    save_resolved(config, run_dir / "config.yaml")
     by_name = {t.name: t for t in tasks}
-    mixture = StaticMixture(tasks, [s.weight for s in config.tasks], seed=config.seed)
     generator = HFGenerator(model, tokenizer, config.model.chat_template, config.rollout.batch_size)
+    eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     learner = build_learner(model, config, algorithm)
     sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                               max_new_tokens=config.rollout.max_new_tokens, stop=tuple(config.rollout.stop))
     rng = torch.Generator().manual_seed(config.seed)
-    evaluation = lambda: evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens)  # noqa: E731
+    evaluation = lambda: evaluate(eval_generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens)  # noqa: E731
 
     eval_before = evaluation()
     metrics = MetricsWriter(run_dir / "metrics.jsonl")

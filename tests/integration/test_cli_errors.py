@@ -23,7 +23,7 @@ def _temper(args, cwd, cache):
     (["train", "nosuch.key=1"], "nosuch: unknown key (allowed here: algorithm, eval,"),
     (["train", "tasks.0.name=nosuch"], "tasks.0 (nosuch): unknown task 'nosuch'; known: add, mul, sub"),
     (["train", "tasks.0.rewards={nosuch: 1}"], "unknown reward 'nosuch'; known: exact_match, format"),
-    (["train", "algorithm.advantage=nosuch"], "algorithm.advantage: unknown advantage 'nosuch'; known: grpo"),
+    (["train", "algorithm.advantage=nosuch"], "algorithm.advantage: unknown advantage 'nosuch'; known: "),
     (["train", "nosuch.yaml", "steps=1"], "config file nosuch.yaml does not exist"),
     (["pretrain", "pretrain.hidden_size=abc"], "pretrain.hidden_size='abc'"),
 ])

@@ -54,8 +54,8 @@ def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
     kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
     location: str = path
     if path.endswith(".gguf"):
-        if importlib.util.find_spec("gguf") is None:
-            raise ModelLoadError(f"{path} is a GGUF file; loading it needs: pip install 'gguf>=0.10'")
+        if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None:
+            raise ModelLoadError(f"{path} is a GGUF file; loading it needs: pip install 'tempering[gguf]'")
         location, kwargs["gguf_file"] = str(Path(path).parent), Path(path).name
     elif Path(path).exists():
         kwargs["local_files_only"] = True

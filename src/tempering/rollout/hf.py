@@ -142,6 +142,8 @@ class HFGenerator:
         if token in self.eos_ids:
             reasons[row] = "stop"
         elif params.stop:
-            tail = self.tokenizer.decode(tokens[row][-16:], skip_special_tokens=True)
+            # Every token decodes to at least one character, so the last L tokens hold
+            # any stop string of length <= L that the newest token completed.
+            tail = self.tokenizer.decode(tokens[row][-max(map(len, params.stop)):], skip_special_tokens=True)
             if any(s in tail for s in params.stop):
                 reasons[row] = "stop"

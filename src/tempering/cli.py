@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from tempering.config import ConfigError, load_config
+from tempering.rewards.cli import add_parser as add_rm_parser
 from tempering.sandbox.cli import add_parser as add_sandbox_parser
 
 USER_ERROR = 2
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=cmd_eval)
 
     add_sandbox_parser(sub)
+    add_rm_parser(sub)
     return parser
 
 

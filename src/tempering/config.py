@@ -104,6 +104,37 @@ class EvalConfig(Strict):
     every: int = Field(0, ge=0, description="also evaluate every this many RL steps, logged as eval/*; 0 = only before and after")
 
 
+class NormalizeConfig(Strict):
+    """Reward-side normalization per domain (group mean/std is the advantage estimator's job)."""
+
+    mode: Literal["none", "ema"] = Field("none", description="ema: subtract the domain's running mean, divide by its running std")
+    decay: float = Field(0.99, gt=0, lt=1, description="running statistics' decay per step (0.99 remembers about 100 steps)")
+    clip: float = Field(0.0, ge=0, description="clamp rewards to [-clip, clip] after normalization; 0 = no clipping")
+    smoothing: float = Field(0.0, ge=0, lt=1, description="shrink each reward this far towards the domain's running mean; 0 = off")
+
+
+class MonitorConfig(Strict):
+    """Thresholds of the reward-hacking monitors; they only log (warning + monitor/* metrics)."""
+
+    window: int = Field(20, ge=1, description="steps per window when comparing recent length and reward with the window before")
+    heldout_gap: float = Field(0.15, ge=0, description="alert when train reward rose this much more than eval accuracy since the first evaluation (needs eval.every)")
+    length_growth: float = Field(0.3, ge=0, description="alert when mean completion length grew by this fraction between windows ...")
+    length_reward_gain: float = Field(0.02, description="... while mean reward grew by less than this")
+    harness: float = Field(0.0, ge=0, le=1, description="alert when more than this share of completions touch the grading harness")
+    same_completion: float = Field(0.3, ge=0, le=1, description="alert when one completion is given to more than this share of distinct prompts")
+    dominance: float = Field(0.6, ge=0, le=1, description="alert when a component other than the task metric holds more than this share of the weighted reward")
+
+
+class RewardsConfig(Strict):
+    """Options of the rewards the tasks name, normalization and monitors."""
+
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="reward name -> its keyword options, e.g. {length: {max_tokens: 48}, model: {path: DIR}}")
+    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="normalization for every task")
+    task_normalize: dict[str, NormalizeConfig] = Field(default_factory=dict, description="task name -> normalization replacing rewards.normalize for it")
+    monitors: MonitorConfig = Field(default_factory=MonitorConfig)
+
+
 class TrainConfig(Strict):
     seed: int = Field(0, description="seed for sampling, data order and initialisation")
     steps: int = Field(100, ge=0, description="RL steps; 0 = evaluate only")
@@ -116,6 +147,7 @@ class TrainConfig(Strict):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
 
 
 def builtin_config(name: str) -> Path:

@@ -26,7 +26,7 @@ from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, collate, lr_factor
 from tempering.models.loading import load_policy
 from tempering.reporting import MetricsWriter, before_after_table
-from tempering.rewards import resolve_reward, score
+from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.scheduler import StaticMixture
 from tempering.tasks import Task, build_task
@@ -82,19 +82,20 @@ def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
     return Learner(model, optimizer, schedule, settings)
 
 
-def reward_groups(groups: list[Group], tasks: dict[str, Task]) -> dict[str, float]:
-    """Score every rollout in place; return the mean reward, its components and accuracy."""
-    sums: dict[str, float] = {}
-    for group in groups:
-        task = tasks[group.problem.task]
-        for rollout in group.rollouts:
-            rollout.reward, rollout.reward_components = score(group.problem, rollout.text, task.rewards)
-            sums["reward"] = sums.get("reward", 0.0) + rollout.reward
-            sums["accuracy"] = sums.get("accuracy", 0.0) + rollout.reward_components[task.metric]
-            for name, value in rollout.reward_components.items():
-                sums[f"reward/{name}"] = sums.get(f"reward/{name}", 0.0) + value
-    count = sum(len(g.rollouts) for g in groups)
-    return {key: value / count for key, value in sums.items()}
+def build_rewarder(config: TrainConfig, tasks: list[Task]) -> Rewarder:
+    """The tasks' rewards with their options and normalization; a bad option is a ConfigError."""
+    rc = config.rewards
+    try:
+        return Rewarder(tasks, rc.options,
+                        {name: NormalizeSettings(**n.model_dump()) for name, n in rc.task_normalize.items()},
+                        NormalizeSettings(**rc.normalize.model_dump()))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def reward_groups(groups: list[Group], rewarder: Rewarder) -> dict[str, float]:
+    """Score every rollout in place, dropping those whose grader failed; return the step's means."""
+    return rewarder.score(groups)
 
 
 def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int) -> Batch:
@@ -113,6 +114,8 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
     torch.manual_seed(config.seed)
     tasks = build_tasks(config)
     algorithm = resolve_algorithm(config)
+    rewarder = build_rewarder(config, tasks)
+    monitors = RewardMonitors(rewarder.specs, rewarder.metrics, MonitorSettings(**config.rewards.monitors.model_dump()))
     try:
         mixture = StaticMixture(tasks, [s.weight for s in config.tasks], seed=config.seed)
     except ValueError as exc:
@@ -121,7 +124,6 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
     model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
     run_dir = make_run_dir(config.run_dir)
     save_resolved(config, run_dir / "config.yaml")
-    by_name = {t.name: t for t in tasks}
     generator = HFGenerator(model, tokenizer, config.model.chat_template, config.rollout.batch_size)
     eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     learner = build_learner(model, config, algorithm)
@@ -139,7 +141,7 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
         groups = generator.generate(mixture.next_problems(config.rollout.prompts_per_step),
                                     config.rollout.group_size, sampling, learner.version, rng)
         t1 = time.perf_counter()
-        record = reward_groups(groups, by_name)
+        record = reward_groups(groups, rewarder)
         t2 = time.perf_counter()
         batch = make_batch(groups, algorithm["advantage"], tokenizer.pad_token_id)
         record.update(learner.step(batch))
@@ -156,12 +158,14 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
             result = evaluation()
             record["eval/accuracy"] = result["accuracy"]
             record.update({f"eval/{name}": value for name, value in result["per_task"].items()})
+        record.update(monitors.update(groups, record))
         metrics.write(record)
         bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['accuracy']:.2f}",
                         s_step=f"{record['step_s']:.2f}")
         bar.update()
     bar.close()
     metrics.close()
+    rewarder.close()
 
     eval_after = evaluation()
     checkpoint = run_dir / "checkpoint-final"

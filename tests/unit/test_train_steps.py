@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tempering.algorithms.advantages import grpo
+from tempering.rewards import Rewarder
 from tempering.tasks import build_task
 from tempering.train import make_batch, reward_groups
 from tempering.types import Group, Rollout
@@ -23,12 +24,13 @@ def test_reward_groups_scores_rollouts_in_place_and_averages_over_all_of_them():
         _rollout(problem, "garbage", [7]),                    # 0
     ])
 
-    record = reward_groups([group], {task.name: task})
+    record = reward_groups([group], Rewarder([task]))
 
     assert [r.reward for r in group.rollouts] == pytest.approx([1.1, 0.1, 0.0])
     assert group.rollouts[1].reward_components == {"exact_match": 0.0, "format": 1.0}
     assert record == pytest.approx({
         "reward": 1.2 / 3, "accuracy": 1 / 3, "reward/exact_match": 1 / 3, "reward/format": 2 / 3,
+        "reward/dropped": 0,
     })
 
 

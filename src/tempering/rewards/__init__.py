@@ -1,11 +1,23 @@
-"""Rewards: small pure functions ``(problem, completion) -> float`` in a registry.
+"""Rewards: outcome, process and preference rewards in one registry, composed per task.
 
-A task names its rewards with weights; :func:`score` combines them into the scalar the
-advantage estimator sees and keeps each component for logging. A user's own reward plugs
-in as ``module:function`` with the same signature.
+A task names its rewards with weights (``Task.rewards``, overridable per task in the
+config); :class:`Rewarder` scores a step's rollouts with them, every reward at once, and
+keeps each component for logging; :class:`RewardMonitors` watches for reward hacking. A
+reward is a plain function ``(problem, completion) -> float`` or a batch-scoring class (see
+:mod:`tempering.rewards.base`); a user's own plugs in as ``module:function``.
+
+Built in: ``exact_match``, ``match``, ``math`` (outcome); ``code`` (unit tests in the
+sandbox); ``steps``, ``repetition``, ``format``, ``length`` (process); ``model`` (a reward
+model, trained by ``temper rm train``).
 """
 
-from tempering.rewards.base import REWARDS, RewardFn, register_reward, resolve_reward, score
-from tempering.rewards import basic  # noqa: F401  (registers the built-in rewards)
+from tempering.rewards.base import (REWARDS, BatchReward, RewardFn, RewardResult, build_reward,
+                                    register_reward, resolve_reward, score)
+from tempering.rewards import basic, code, maths, model, process  # noqa: F401  (register the built-ins)
+from tempering.rewards.compose import Rewarder
+from tempering.rewards.monitors import MonitorSettings, RewardMonitors
+from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer
 
-__all__ = ["REWARDS", "RewardFn", "register_reward", "resolve_reward", "score"]
+__all__ = ["REWARDS", "BatchReward", "MonitorSettings", "NormalizeSettings", "RewardFn", "RewardMonitors",
+           "RewardResult", "Rewarder", "RunningNormalizer", "build_reward", "register_reward",
+           "resolve_reward", "score"]

@@ -1,38 +1,143 @@
-"""The reward registry and the weighted combination of a task's rewards."""
+"""The reward protocol, the registry, and the weighted combination of a task's rewards.
+
+Two shapes of reward live in one registry, :data:`REWARDS`:
+
+- a plain function ``fn(problem, completion) -> float`` (or ``-> RewardResult`` when it
+  has named sub-scores or diagnostics). Decorate it with ``@register_reward(name,
+  needs_rollout=True)`` to receive the :class:`~tempering.types.Rollout` instead of its
+  text (for token counts). Keyword-only parameters are its options.
+- a class whose instances have ``score_batch(problems, rollouts) -> list[RewardResult]``:
+  for expensive rewards (the sandbox, a reward model) that hold resources and want the
+  whole batch at once. Its constructor's keyword arguments are its options.
+
+:func:`build_reward` turns either into a :class:`BatchReward`, so the composer treats
+them alike and can run several at the same time. A user's own reward of either shape
+plugs in as ``module:function`` (or ``module:Class``).
+
+A :class:`RewardResult` with ``error`` set means the *grader* failed (a sandbox fault, a
+verifier crash), not the answer: such a rollout is dropped from the batch and counted,
+never scored as wrong.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 from tempering.tasks.base import resolve
-from tempering.types import Problem
+from tempering.types import Problem, Rollout
 
-RewardFn = Callable[[Problem, str], float]
-REWARDS: dict[str, RewardFn] = {}
+Number = Union[int, float]
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    def decorator(fn: RewardFn) -> RewardFn:
+@dataclass
+class RewardResult:
+    """One rollout's score from one reward.
+
+    ``components`` are named sub-scores (logged as ``reward/<reward>/<name>``);
+    ``diagnostics`` are counts or labels for people (``{"extracted": "85"}``); ``error``
+    names an infrastructure fault, in which case ``score`` means nothing.
+    """
+
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    error: Optional[str] = None
+
+
+RewardFn = Callable[[Problem, str], Union[Number, RewardResult]]
+
+
+class BatchReward(Protocol):
+    def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]: ...
+
+
+REWARDS: dict[str, Any] = {}
+
+
+def register_reward(name: str, needs_rollout: bool = False) -> Callable[[Any], Any]:
+    """Register a reward function or batch-reward class under ``name``."""
+
+    def decorator(reward: Any) -> Any:
         if name in REWARDS:
             raise ValueError(f"reward {name!r} is registered twice")
-        REWARDS[name] = fn
-        return fn
+        if needs_rollout:
+            reward.needs_rollout = True
+        REWARDS[name] = reward
+        return reward
 
     return decorator
 
 
-def resolve_reward(name: str) -> RewardFn:
+def resolve_reward(name: str) -> Any:
     return resolve(REWARDS, name, "reward")
 
 
+def as_result(value: Union[Number, RewardResult]) -> RewardResult:
+    return value if isinstance(value, RewardResult) else RewardResult(float(value))
+
+
+class FunctionReward:
+    """A plain reward function with its options bound, scored one rollout at a time."""
+
+    def __init__(self, fn: Callable, name: str, options: dict[str, Any]):
+        _check_options(fn, name, options)
+        self.fn, self.options = fn, dict(options)
+        self.needs_rollout = getattr(fn, "needs_rollout", False)
+
+    def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]:
+        return [as_result(self.fn(p, r if self.needs_rollout else r.text, **self.options))
+                for p, r in zip(problems, rollouts)]
+
+
+def _check_options(fn: Callable, name: str, options: dict[str, Any]) -> None:
+    """Refuse unknown options up front, naming the reward and what it accepts."""
+    parameters = inspect.signature(fn).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    allowed = sorted(k for k, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown and not accepts_any:
+        raise ValueError(f"reward {name!r} has no option {unknown[0]!r}; its options: {', '.join(allowed) or 'none'}")
+    missing = [k for k in allowed if parameters[k].default is inspect.Parameter.empty and k not in options]
+    if missing:
+        raise ValueError(f"reward {name!r} needs the option {missing[0]!r} (rewards.options.{name}.{missing[0]})")
+
+
+def build_reward(name: str, options: Optional[dict[str, Any]] = None) -> BatchReward:
+    """The reward ``name`` with ``options`` bound, as something with ``score_batch``.
+
+    A bad name or option is a ValueError that names it.
+    """
+    reward = resolve_reward(name)
+    options = options or {}
+    if inspect.isclass(reward):
+        _check_options(reward.__init__, name, options)
+        try:
+            return reward(**options)
+        except TypeError as exc:
+            raise ValueError(f"reward {name!r}: {exc}") from None
+    if not callable(reward):
+        raise ValueError(f"reward {name!r} is neither a function nor a class")
+    return FunctionReward(reward, name, options)
+
+
 def score(problem: Problem, completion: str, spec: dict[str, float]) -> tuple[float, dict[str, float]]:
-    """The weighted sum of the rewards in ``spec`` and each unweighted component.
+    """The weighted sum of the plain-function rewards in ``spec`` and each unweighted component.
+
+    For one completion without options or batching; training goes through
+    :class:`tempering.rewards.compose.Rewarder`.
 
     >>> from tempering.types import Problem
     >>> p = Problem(task="add", id="2+2", prompt="2+2\\n", answer="4")
     >>> score(p, "2+2=4\\nanswer: 4", {"exact_match": 1.0, "format": 0.1})
     (1.1, {'exact_match': 1.0, 'format': 1.0})
     """
-    components = {name: float(resolve_reward(name)(problem, completion)) for name in spec}
+    components = {}
+    for name in spec:
+        reward = resolve_reward(name)
+        if inspect.isclass(reward) or getattr(reward, "needs_rollout", False):
+            raise ValueError(f"reward {name!r} needs a rollout or a batch; score it with a Rewarder")
+        components[name] = as_result(reward(problem, completion)).score
     total = sum(spec[name] * value for name, value in components.items())
     return total, components

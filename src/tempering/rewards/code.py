@@ -1,0 +1,126 @@
+"""The ``code`` outcome reward: run the completion's program against unit tests in the sandbox.
+
+A problem carries its tests in ``problem.meta["tests"]``: a :class:`~tempering.sandbox.Tests`
+or its JSON form (``{"kind": "stdio", "cases": [{"stdin": "1 2\\n", "stdout": "3\\n"}]}`` or
+``{"kind": "call", "entry_point": "add", "cases": [{"args": [1, 2], "expected": 3}]}``),
+and optionally ``meta["code_prefix"]`` (e.g. a HumanEval prompt the completion continues)
+and ``meta["language"]``. Verdicts come from the sandbox's trusted parent, never from the
+program; see :mod:`tempering.sandbox` for the threat model.
+
+A sandbox fault (``TestResult.status == "error"``) says nothing about the program: it is
+retried, and if it persists the rollout's result carries ``error="sandbox_error"`` so the
+loop drops it from the batch and counts it, instead of scoring a right answer as wrong.
+
+Not done here: compiling once per problem, partial credit by test weight.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Literal, Optional, Sequence
+
+from tempering.rewards.base import RewardResult, register_reward
+from tempering.sandbox.spec import Tests, TestSpec
+from tempering.types import Problem, Rollout
+
+_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_ALIASES = {"py": "python", "python3": "python", "c++": "cpp", "js": "javascript", "sh": "bash"}
+
+
+def extract_code(completion: str, language: str = "python") -> Optional[str]:
+    """The last fenced block in ``language`` (or untagged), else the last fenced block of any
+    tag, else None. An unclosed final fence (a completion cut off mid-block) counts.
+
+    >>> extract_code("Here:\\n```python\\nprint(1)\\n```\\nand\\n```\\nprint(2)\\n```")
+    'print(2)\\n'
+    >>> extract_code("```cpp\\nint main(){}\\n```\\n```py\\nx = 1\\n```")
+    'x = 1\\n'
+    >>> extract_code("no code here") is None, extract_code("```python\\nprint(3)\\n")
+    (True, 'print(3)\\n')
+    """
+    text = completion if completion.count("```") % 2 == 0 else completion + "```"
+    blocks = [(_ALIASES.get(tag.lower(), tag.lower()), body) for tag, body in _FENCE.findall(text)]
+    for tag, body in reversed(blocks):
+        if tag in (language, ""):
+            return body
+    return blocks[-1][1] if blocks else None
+
+
+def problem_tests(problem: Problem) -> Tests:
+    tests = problem.meta.get("tests")
+    if isinstance(tests, Tests):
+        return tests
+    if tests is None:
+        raise ValueError(f"problem {problem.key} has no meta['tests'] for the code reward")
+    return TestSpec.from_dict({"code": "", "tests": tests}).tests
+
+
+@register_reward("code")
+class CodeReward:
+    """Score programs by the share of test cases they pass, a batch at a time.
+
+    ``credit``: ``all`` (1 only when every case passes) or ``fraction`` (cases passed /
+    cases). ``url``: a ``temper sandbox serve`` address to use instead of a local pool of
+    ``workers`` slots (0 = one per core) with ``isolation``. ``retries``: extra rounds for
+    rollouts whose run hit a sandbox fault, on top of the executor's own retries.
+    """
+
+    def __init__(self, *, credit: Literal["all", "fraction"] = "all", language: str = "python",
+                 timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 0,
+                 isolation: str = "auto", url: str = "", token: str = "", retries: int = 1):
+        if credit not in ("all", "fraction"):
+            raise ValueError(f"credit must be 'all' or 'fraction', got {credit!r}")
+        self.credit, self.language, self.retries = credit, language, retries
+        self.timeout_s, self.memory_mb = timeout_s, memory_mb
+        self._connect = (url, token, workers, isolation)
+        self._sandbox = None
+        self._lock = threading.Lock()
+
+    def sandbox(self):
+        """The executor or client, started on first use (so building a config costs nothing)."""
+        with self._lock:
+            if self._sandbox is None:
+                url, token, workers, isolation = self._connect
+                if url:
+                    from tempering.sandbox import SandboxClient
+
+                    self._sandbox = SandboxClient(url, token or None)
+                else:
+                    from tempering.sandbox import Executor
+
+                    self._sandbox = Executor(workers or None, isolation)
+            return self._sandbox
+
+    def spec(self, problem: Problem, code: str) -> TestSpec:
+        language = problem.meta.get("language", self.language)
+        return TestSpec(language, problem.meta.get("code_prefix", "") + code, problem_tests(problem),
+                        self.timeout_s, self.memory_mb)
+
+    def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]:
+        results: list[Optional[RewardResult]] = [None] * len(problems)
+        runnable = {}
+        for i, (problem, rollout) in enumerate(zip(problems, rollouts)):
+            code = extract_code(rollout.text, problem.meta.get("language", self.language))
+            if code is None:
+                results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"no_code": 1})
+            else:
+                runnable[i] = self.spec(problem, code)
+        for _ in range(self.retries + 1):
+            if not runnable:
+                break
+            indices = list(runnable)
+            for i, outcome in zip(indices, self.sandbox().test_many([runnable[i] for i in indices])):
+                if outcome.status != "error":
+                    fraction = outcome.passed / outcome.total if outcome.total else float(outcome.status == "passed")
+                    value = fraction if self.credit == "fraction" else float(outcome.status == "passed")
+                    results[i] = RewardResult(value, {"pass_fraction": fraction},
+                                              {"status": outcome.status, "verdict": outcome.verdict})
+                    del runnable[i]
+        for i in runnable:
+            results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error="sandbox_error")
+        return results
+
+    def close(self) -> None:
+        if self._sandbox is not None and hasattr(self._sandbox, "close"):
+            self._sandbox.close()

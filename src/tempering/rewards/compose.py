@@ -1,0 +1,154 @@
+"""The composer: score a step's rollouts with each task's rewards, all rewards at once.
+
+Every reward named by any task is built once (with its options) and scored on the batch of
+rollouts that need it; different rewards run at the same time on a thread pool, so a slow
+one (the sandbox, a reward model) does not hold up the others, and :meth:`Rewarder.ascore`
+lets an event loop await a whole step's scoring. Per rollout the weighted sum of its task's
+rewards becomes ``rollout.reward`` (after the optional per-domain normalization), and every
+component is kept unweighted in ``rollout.reward_components``.
+
+A rollout whose grader failed (``RewardResult.error``) is removed from its group and
+counted in ``reward/dropped``; a group left empty is removed from the step.
+
+The task's ``metric`` reward is always scored (weight 0 when the spec leaves it out), so
+accuracy is measured whatever the training rewards are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional, Sequence
+
+from tempering.rewards.base import BatchReward, RewardResult, build_reward
+from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer
+from tempering.tasks import Task
+from tempering.types import Group, Problem, Rollout
+
+Items = list[tuple[int, int]]  # (group index, rollout index) pairs a reward scores
+
+
+class Rewarder:
+    """Scores groups in place for a fixed set of tasks; see the module docstring.
+
+    ``options``: reward name -> keyword options. ``normalize``: task name -> settings
+    (statistics are kept per domain). ``threads``: rewards scored at the same time.
+    """
+
+    def __init__(self, tasks: Sequence[Task], options: Optional[dict[str, dict[str, Any]]] = None,
+                 normalize: Optional[dict[str, NormalizeSettings]] = None,
+                 default_normalize: NormalizeSettings = NormalizeSettings(), threads: int = 4):
+        options = options or {}
+        self.specs = {t.name: {**dict(t.rewards), **({} if t.metric in t.rewards else {t.metric: 0.0})}
+                      for t in tasks}
+        self.metrics = {t.name: t.metric for t in tasks}
+        names = list(dict.fromkeys(name for spec in self.specs.values() for name in spec))
+        unused = sorted(set(options) - set(names))
+        if unused:
+            raise ValueError(f"rewards.options.{unused[0]}: no task uses the reward {unused[0]!r}")
+        self.rewards: dict[str, BatchReward] = {}
+        for name in names:
+            try:
+                self.rewards[name] = build_reward(name, options.get(name))
+            except ValueError as exc:
+                raise ValueError(f"rewards.options.{name}: {exc}") from None
+        domains = {t.name: t.domain or t.name for t in tasks}
+        for name in normalize or {}:
+            if name not in domains:
+                raise ValueError(f"rewards.task_normalize.{name}: no such task (tasks: {', '.join(domains)})")
+        self.normalizer = RunningNormalizer(
+            {domains[name]: s for name, s in (normalize or {}).items()}, default_normalize)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="reward")
+
+    def _items(self, groups: list[Group]) -> dict[str, Items]:
+        items: dict[str, Items] = {name: [] for name in self.rewards}
+        for g, group in enumerate(groups):
+            for name in self.specs[group.problem.task]:
+                items[name] += [(g, r) for r in range(len(group.rollouts))]
+        return {name: found for name, found in items.items() if found}
+
+    def _run(self, name: str, groups: list[Group], items: Items) -> list[RewardResult]:
+        problems: list[Problem] = [groups[g].problem for g, _ in items]
+        rollouts: list[Rollout] = [groups[g].rollouts[r] for g, r in items]
+        results = self.rewards[name].score_batch(problems, rollouts)
+        if len(results) != len(items):
+            raise RuntimeError(f"reward {name!r} returned {len(results)} results for {len(items)} rollouts")
+        return results
+
+    def score(self, groups: list[Group]) -> dict[str, float]:
+        """Score ``groups`` in place (see the module docstring); return the step's means."""
+        jobs = self._items(groups)
+        futures = {name: self._pool.submit(self._run, name, groups, items) for name, items in jobs.items()}
+        return self._combine(groups, jobs, {name: f.result() for name, f in futures.items()})
+
+    async def ascore(self, groups: list[Group]) -> dict[str, float]:
+        """:meth:`score` for an event loop: rewards run on the pool while the loop keeps going."""
+        jobs = self._items(groups)
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(*(loop.run_in_executor(self._pool, self._run, name, groups, items)
+                                         for name, items in jobs.items()))
+        return self._combine(groups, jobs, dict(zip(jobs, results)))
+
+    def _combine(self, groups: list[Group], jobs: dict[str, Items],
+                 results: dict[str, list[RewardResult]]) -> dict[str, float]:
+        per_rollout: dict[tuple[int, int], dict[str, RewardResult]] = {}
+        for name, items in jobs.items():
+            for item, result in zip(items, results[name]):
+                per_rollout.setdefault(item, {})[name] = result
+        sums: Counter = Counter()
+        kept_by_domain: dict[str, list[Rollout]] = {}
+        dropped = 0
+        for g, group in enumerate(groups):
+            spec, metric = self.specs[group.problem.task], self.metrics[group.problem.task]
+            kept = []
+            for r, rollout in enumerate(group.rollouts):
+                found = per_rollout[(g, r)]
+                if any(result.error for result in found.values()):
+                    dropped += 1
+                    continue
+                rollout.reward = sum(spec[name] * found[name].score for name in spec)
+                rollout.reward_components = {}
+                for name, result in found.items():
+                    rollout.reward_components[name] = result.score
+                    rollout.reward_components.update({f"{name}/{k}": v for k, v in result.components.items()})
+                    for key, value in result.diagnostics.items():
+                        if isinstance(value, (int, float)):  # labels stay out of the metrics
+                            sums[f"diag/{name}/{key}"] += value
+                sums["reward"] += rollout.reward
+                sums["accuracy"] += rollout.reward_components[metric]
+                for key, value in rollout.reward_components.items():
+                    sums[f"reward/{key}"] += value
+                kept.append(rollout)
+                kept_by_domain.setdefault(group.problem.domain or group.problem.task, []).append(rollout)
+            group.rollouts = kept
+        groups[:] = [group for group in groups if group.rollouts]
+        count = max(sum(len(g.rollouts) for g in groups), 1)
+        record = {key: value / count for key, value in sums.items()}
+        record["reward/dropped"] = dropped
+        self._normalize(kept_by_domain, record, count)
+        return record
+
+    def _normalize(self, by_domain: dict[str, list[Rollout]], record: dict[str, float], count: int) -> None:
+        active = False
+        total = 0.0
+        for domain, rollouts in by_domain.items():
+            active |= self.normalizer.settings_for(domain).active
+            for rollout, value in zip(rollouts, self.normalizer(domain, [r.reward for r in rollouts])):
+                rollout.reward = value
+                total += value
+        if active:
+            record["reward/normalized"] = total / count
+
+    def state_dict(self) -> dict:
+        return {"normalizer": self.normalizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.normalizer.load_state_dict(state["normalizer"])
+
+    def close(self) -> None:
+        """Stop the threads and any resources rewards hold (sandbox pools, models)."""
+        self._pool.shutdown(wait=True)
+        for reward in self.rewards.values():
+            if hasattr(reward, "close"):
+                reward.close()

@@ -1,0 +1,107 @@
+"""The ``match`` and ``code`` outcome rewards on right, wrong, malformed and hostile completions.
+
+The code reward's own logic (extraction, credit, retries, dropping sandbox faults) runs here
+against a scripted sandbox; tests/integration/test_rewards_code.py runs it in the real one.
+"""
+
+import pytest
+
+from tempering.rewards import build_reward
+from tempering.rewards.basic import match
+from tempering.rewards.code import CodeReward, extract_code
+from tempering.sandbox import CaseResult, TestResult
+from tempering.types import Problem, Rollout
+
+
+@pytest.mark.parametrize("answer, completion, options, expected", [
+    ("85", "answer: 85", {}, 1.0),
+    ("85", "answer: 85.0", {}, 1.0),                      # numerically equal
+    ("0.25", "answer: 1/4", {}, 1.0),
+    ("1,024", "answer: 1024", {}, 1.0),
+    ("Paris", r"answer: $\text{paris}$.", {}, 1.0),        # text normalised: case, $, \text, full stop
+    ("-3", "answer: −3", {}, 1.0),                          # unicode minus
+    ("85", "answer: 86", {}, 0.0),
+    ("100", "answer: 101", {"tolerance": 0.01}, 1.0),        # 1% relative
+    ("100", "answer: 102", {"tolerance": 0.01}, 0.0),
+    ("0", "answer: 0.001", {"tolerance": 0.01}, 0.0),        # relative to 0 is exact
+    ("0", "answer: 0.001", {"tolerance": 0.01, "relative": False}, 1.0),
+    ("85", "85", {}, 0.0),                                  # malformed: no answer line or box
+    ("85", "85", {"last_number": True}, 1.0),
+    ("85", "answer: ", {}, 0.0),
+    ("85", "answer: 85 or 86", {}, 0.0),                    # hedging is not an answer
+    ("85", "answer: 9" * 500, {}, 0.0),                     # hostile: huge text
+    ("85", "answer: 1/0", {}, 0.0),
+    ("85", r"\boxed{85", {}, 0.0),                          # unclosed box
+])
+def test_match_golden_values(answer, completion, options, expected):
+    problem = Problem(task="t", id="0", prompt="", answer=answer)
+    assert match(problem, completion, **options) == expected
+
+
+def test_code_extraction_prefers_the_requested_language_and_tolerates_a_cut_off_fence():
+    text = "first\n```python\ndef f(): return 1\n```\nthen\n```bash\necho hi\n```"
+    assert extract_code(text) == "def f(): return 1\n"
+    assert extract_code(text, "bash") == "echo hi\n"
+    assert extract_code("```python3\nx = 1\n") == "x = 1\n"
+    assert extract_code("x = 1") is None
+
+
+class ScriptedSandbox:
+    """Answers test_many from a queue of TestResult statuses per call, recording the specs."""
+
+    def __init__(self, rounds):
+        self.rounds, self.calls = list(rounds), []
+
+    def test_many(self, specs):
+        self.calls.append(specs)
+        statuses = self.rounds.pop(0)
+        return [TestResult.from_cases([CaseResult(s, 0.0) for s in status]) for status in statuses]
+
+
+def _code_problem(i=0):
+    tests = {"kind": "call", "entry_point": "add",
+             "cases": [{"args": [1, 2], "expected": 3}, {"args": [2, 2], "expected": 4}]}
+    return Problem(task="code", id=str(i), prompt="write add", answer="", meta={"tests": tests})
+
+
+def _rollouts(texts):
+    return [Rollout(None, [1], [2], [0.0], text, "stop", 0) for text in texts]
+
+
+def test_code_credit_all_or_fraction_and_no_code_scores_zero_without_running():
+    code = "```python\ndef add(a, b):\n    return a + b\n```"
+    for credit, expected in (("all", [1.0, 0.0, 0.0]), ("fraction", [1.0, 0.5, 0.0])):
+        reward = CodeReward(credit=credit)
+        reward._sandbox = ScriptedSandbox([[["passed", "passed"], ["passed", "wrong_answer"]]])
+        results = reward.score_batch([_code_problem()] * 3, _rollouts([code, code, "no code, sorry"]))
+        assert [r.score for r in results] == expected
+        assert len(reward._sandbox.calls[0]) == 2          # the one without code never ran
+        assert results[2].diagnostics == {"no_code": 1}
+
+
+def test_a_sandbox_fault_is_retried_then_reported_as_an_error_never_as_a_wrong_answer():
+    code = "```python\ndef add(a, b):\n    return a + b\n```"
+    reward = CodeReward(retries=1)
+    reward._sandbox = ScriptedSandbox([
+        [["passed", "passed"], ["sandbox_error", "passed"], ["sandbox_error"]],
+        [["passed", "passed"], ["sandbox_error"]],  # retry: the first recovers, the second does not
+    ])
+    results = reward.score_batch([_code_problem()] * 3, _rollouts([code] * 3))
+    assert [len(specs) for specs in reward._sandbox.calls] == [3, 2]
+    assert [r.score for r in results[:2]] == [1.0, 1.0]
+    assert results[2].error == "sandbox_error"
+
+
+def test_a_code_problem_without_tests_is_an_error_naming_it():
+    reward = CodeReward()
+    reward._sandbox = ScriptedSandbox([])
+    problem = Problem(task="code", id="7", prompt="", answer="")
+    with pytest.raises(ValueError, match=r"problem code/7 has no meta\['tests'\]"):
+        reward.score_batch([problem], _rollouts(["```python\nx=1\n```"]))
+
+
+def test_code_options_are_checked_when_built():
+    with pytest.raises(ValueError, match="credit must be 'all' or 'fraction'"):
+        build_reward("code", {"credit": "most"})
+    with pytest.raises(ValueError, match="reward 'code' has no option 'nosuch'"):
+        build_reward("code", {"nosuch": 1})

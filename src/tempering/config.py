@@ -76,13 +76,35 @@ class RolloutConfig(Strict):
 
 
 class AlgorithmConfig(Strict):
-    advantage: str = Field("grpo", description="advantage estimator (tempering.algorithms.ADVANTAGES) or module:function")
-    loss: str = Field("ppo_clip", description="policy loss (tempering.algorithms.LOSSES) or module:function")
-    aggregation: str = Field("token_mean", description="how token losses become one number (tempering.algorithms.AGGREGATIONS)")
-    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1 (1 - clip_low)")
-    clip_high: float = Field(0.2, ge=0, description="PPO ratio clip above 1 (1 + clip_high)")
+    """What is optimised: advantages, loss, aggregation, KL, critic and DAPO's data techniques.
+
+    The defaults are GRPO with PPO clipping, token-mean aggregation, no KL and no data
+    filtering. Names are looked up in the registries of ``tempering.algorithms``.
+    """
+
+    advantage: str = Field("grpo", description="advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae (a critic is built), or module:function")
+    loss: str = Field("ppo_clip", description="policy loss: ppo_clip, dual_clip, gspo, cispo, reinforce, or module:function")
+    aggregation: str = Field("token_mean", description="how token losses become one number: token_mean, seq_mean_token_mean, seq_mean_token_sum, token_sum_norm, or module:function")
+    norm_length: int = Field(0, ge=0, description="token_sum_norm's divisor per sequence, in tokens; 0 = rollout.max_new_tokens")
+    clip_low: float = Field(0.2, ge=0, le=1, description="ratio clip below 1 (1 - clip_low), for ppo_clip, dual_clip, gspo, cispo")
+    clip_high: float = Field(0.2, ge=0, description="ratio clip above 1 (1 + clip_high); above clip_low is DAPO's clip-higher")
+    dual_clip: float = Field(3.0, gt=1, description="dual_clip's bound c: with a negative advantage the loss is at most -A * c")
+    entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus subtracted from the loss; 0 = none")
     kl_coef: float = Field(0.0, ge=0, description="weight of KL to the frozen initial policy; 0 = no reference model")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator")
+    kl_in_reward: bool = Field(False, description="subtract kl_coef * KL per token from the reward instead of adding it to the loss")
+    kl_target: float = Field(0.0, ge=0, description="adapt kl_coef towards this KL per token; 0 = fixed coefficient")
+    kl_horizon: int = Field(100, ge=1, description="adaptive KL: a 20% deviation from the target changes kl_coef by 0.2/kl_horizon per step")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount per token, for reinforce_pp and gae")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda: 1 = Monte-Carlo return minus value, 0 = one-step TD error")
+    critic: Literal["head", "model"] = Field("head", description="gae's critic: a linear value head on the policy, or a separate copy of the model with one")
+    value_coef: float = Field(0.5, ge=0, description="weight of the critic's value loss")
+    value_clip: float = Field(0.2, ge=0, description="how far a value may move from its old estimate before the value loss stops pulling; 0 = no clipping")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and sample again until the batch is full")
+    max_extra_rounds: int = Field(3, ge=0, le=100, description="dynamic sampling: extra sampling rounds per step at most, each of rollout.prompts_per_step problems")
+    overlong_filter: bool = Field(False, description="DAPO: exclude completions cut off at rollout.max_new_tokens from the loss")
+    overlong_buffer: int = Field(0, ge=0, description="DAPO soft overlong punishment: the reward falls over the last this many tokens before the limit; 0 = off")
+    overlong_penalty: float = Field(1.0, ge=0, description="soft overlong punishment at the limit (subtracted from the reward)")
 
 
 class LearnerConfig(Strict):
@@ -94,6 +116,8 @@ class LearnerConfig(Strict):
     schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="decay after warm-up")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a fraction of the peak, for linear/cosine")
     micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward; gradients accumulate over the batch")
+    ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each batch; later passes are off-policy, corrected by the importance ratio")
+    mini_batches: int = Field(1, ge=1, le=1024, description="optimizer updates per pass, each on a random share of the batch; 1 = one update on the whole batch")
     bf16: bool = Field(False, description="bfloat16 autocast for forward/backward (weights stay in their dtype)")
 
 

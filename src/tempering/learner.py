@@ -1,11 +1,20 @@
-"""One optimisation step on a batch: recompute log-probs, loss, optional KL, step the optimizer.
+"""One learner step on a batch: ``ppo_epochs`` passes of ``mini_batches`` optimizer updates.
 
-The learner owns the policy's trainable state (model, optimizer, LR schedule, policy
-version) and nothing else: batches arrive with advantages already computed. Micro-batches
-accumulate gradients; aggregation is normalised by whole-batch counts, so the step does not
-depend on the micro-batch size beyond floating-point summation order.
+The learner owns the trainable state (policy, optional critic, optimizer, LR schedule, KL
+coefficient, policy version) and nothing else: batches arrive with advantages already
+computed. Before they are computed, it supplies what estimators may need from models: the
+critic's values (:meth:`Learner.values`) and a KL penalty folded into the reward
+(:meth:`Learner.reward_penalty`).
 
-Not done here: several updates per batch, value heads, packing and chunked log-probs.
+Each update's loss is the policy loss, minus the entropy bonus, plus the KL term (when in
+the loss) and the clipped value loss (with a critic), aggregated over the mini-batch.
+Micro-batches accumulate gradients; aggregation is normalised by mini-batch counts, so an
+update does not depend on the micro-batch size beyond floating-point summation order.
+Importance ratios are always against the sampler's log-probs, so later updates of a batch
+are corrected for having moved away from the sampling policy.
+
+The LR schedule and the policy version advance once per batch, however many updates it
+takes. Not done here: packing and chunked log-probs.
 """
 
 from __future__ import annotations
@@ -19,6 +28,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from tempering.algorithms import kl_estimate, token_logprobs
+from tempering.algorithms.critic import Critic, clipped_value_loss
+from tempering.algorithms.kl import KLCoefficient
+from tempering.algorithms.logprobs import logprobs_from_logits
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean
 from tempering.types import Batch, Rollout
 
@@ -66,8 +78,21 @@ class LearnerSettings:
     aggregation: AggregationFn
     clip_low: float = 0.2
     clip_high: float = 0.2
+    dual_clip: float = 3.0
+    entropy_coef: float = 0.0
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_in_reward: bool = False
+    kl_target: float = 0.0
+    kl_horizon: int = 10000
+    critic: Optional[str] = None
+    """None, "head" (a value head on the policy) or "model" (a separate critic model)."""
+    value_coef: float = 0.5
+    value_clip: float = 0.2
+    norm_length: int = 1
+    """The aggregation's constant (``token_sum_norm``)."""
+    ppo_epochs: int = 1
+    mini_batches: int = 1
     temperature: float = 1.0
     micro_batch_size: int = 64
     grad_clip: float = 1.0
@@ -80,39 +105,86 @@ class Learner:
         self.model = model
         self.optimizer = optimizer
         self.settings = settings
+        self.critic: Optional[Critic] = None
+        if settings.critic is not None:
+            self.critic = Critic(model, shared=settings.critic == "head")
+            optimizer.add_param_group({"params": self.critic.parameters()})
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         self.reference: Optional[Any] = None
         if settings.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.kl = KLCoefficient(settings.kl_coef, settings.kl_target, settings.kl_horizon)
+        self._reward_kl: Optional[float] = None
         self.version = 0
 
     def _autocast(self):
         return torch.autocast("cpu", dtype=torch.bfloat16) if self.settings.bf16 else nullcontext()
 
+    def _per_row(self, batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+        """``fn`` over micro-batches without gradient, reassembled to the batch's full width."""
+        out_BT = torch.zeros(batch.loss_mask_BT.shape)
+        size = self.settings.micro_batch_size
+        for start in range(0, len(batch), size):
+            micro = batch.select(slice(start, start + size))
+            with torch.no_grad(), self._autocast():
+                part_BT = fn(micro).float()
+            out_BT[start : start + len(micro), : part_BT.shape[1]] = part_BT
+        return out_BT * batch.loss_mask_BT
+
+    def values(self, batch: Batch) -> Optional[torch.Tensor]:
+        """The critic's values on the batch's trained tokens, or None without a critic."""
+        if self.critic is None:
+            return None
+        return self._per_row(batch, lambda micro: self.critic.values(micro.input_ids_BT, micro.attention_mask_BT))
+
+    def reward_penalty(self, batch: Batch) -> Optional[torch.Tensor]:
+        """``kl_coef * KL(sampler || reference)`` per trained token, to subtract from the reward,
+        or None unless the KL is folded into the reward. Uses the sampler's log-probs, so only
+        the reference runs."""
+        s = self.settings
+        if self.reference is None or not s.kl_in_reward:
+            return None
+        ref_BT = self._per_row(batch, lambda micro: token_logprobs(
+            self.reference, micro.input_ids_BT, micro.attention_mask_BT, s.temperature)[0])
+        kl_BT = kl_estimate(batch.old_logprobs_BT, ref_BT, s.kl_estimator) * batch.loss_mask_BT
+        self._reward_kl = masked_mean(kl_BT, batch.loss_mask_BT)
+        return self.kl.value * kl_BT
+
     def _micro_step(self, micro: Batch, tokens: int, sequences: int) -> dict[str, float]:
         s = self.settings
+        shared_critic = self.critic is not None and self.critic.shared
         with self._autocast():
-            logprobs_BT, entropy_BT = token_logprobs(
-                self.model, micro.input_ids_BT, micro.attention_mask_BT, s.temperature, with_entropy=True)
+            out = self.model(input_ids=micro.input_ids_BT, attention_mask=micro.attention_mask_BT,
+                             output_hidden_states=shared_critic)
+            logprobs_BT, entropy_BT = logprobs_from_logits(
+                out.logits, micro.input_ids_BT, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0)
         mask_BT = micro.loss_mask_BT
         loss_BT, metrics = s.loss(LossInputs(
-            logprobs_BT=logprobs_BT, old_logprobs_BT=micro.old_logprobs_BT,
-            advantages_BT=micro.advantages_BT, mask_BT=mask_BT, clip_low=s.clip_low, clip_high=s.clip_high))
-        if self.reference is not None:
+            logprobs_BT=logprobs_BT, old_logprobs_BT=micro.old_logprobs_BT, advantages_BT=micro.advantages_BT,
+            mask_BT=mask_BT, clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip))
+        if s.entropy_coef > 0:
+            loss_BT = loss_BT - s.entropy_coef * entropy_BT
+        if self.reference is not None and not s.kl_in_reward:
             with torch.no_grad(), self._autocast():
                 ref_BT, _ = token_logprobs(self.reference, micro.input_ids_BT, micro.attention_mask_BT, s.temperature)
             kl_BT = kl_estimate(logprobs_BT, ref_BT, s.kl_estimator)
-            loss_BT = loss_BT + s.kl_coef * kl_BT
+            loss_BT = loss_BT + self.kl.value * kl_BT
             metrics["kl"] = masked_mean(kl_BT.detach(), mask_BT)
-        loss = s.aggregation(loss_BT, mask_BT, tokens, sequences)
+        if self.critic is not None:
+            with self._autocast():
+                values_BT = (self.critic.values_from_hidden(out.hidden_states[-1]) if shared_critic
+                             else self.critic.values(micro.input_ids_BT, micro.attention_mask_BT))
+            value_loss_BT = clipped_value_loss(values_BT.float(), micro.values_BT, micro.returns_BT, s.value_clip)
+            loss_BT = loss_BT + s.value_coef * value_loss_BT
+            metrics["value_loss"] = masked_mean(value_loss_BT.detach(), mask_BT)
+        loss = s.aggregation(loss_BT, mask_BT, tokens, sequences, s.norm_length)
         loss.backward()
         metrics["loss"] = float(loss.detach())
-        metrics["entropy"] = masked_mean(entropy_BT, mask_BT)
+        metrics["entropy"] = masked_mean(entropy_BT.detach(), mask_BT)
         return metrics
 
-    def step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step over the whole batch; returns metrics (token-weighted means)."""
-        self.model.train()
+    def _update(self, batch: Batch) -> dict[str, float]:
+        """One optimizer update on a (mini-)batch, accumulated over micro-batches."""
         tokens, sequences = batch.num_tokens, len(batch)
         totals: dict[str, float] = {}
         for start in range(0, sequences, self.settings.micro_batch_size):
@@ -121,12 +193,35 @@ class Learner:
             for key, value in self._micro_step(micro, tokens, sequences).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "loss" else value * weight)
         clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        totals["grad_norm"] = float(grad_norm)
-        totals["lr"] = self.optimizer.param_groups[0]["lr"]
+        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+        totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(parameters, clip))
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return totals
+
+    def _mini_batches(self, size: int, epoch: int) -> list[torch.Tensor | slice]:
+        """Rows of each mini-batch: the batch in order when there is one, else a permutation
+        that depends only on the policy version and the epoch (so a resumed run repeats it)."""
+        if self.settings.mini_batches == 1:
+            return [slice(0, size)]
+        order = torch.randperm(size, generator=torch.Generator().manual_seed(self.version * 1000 + epoch))
+        return [rows for rows in torch.tensor_split(order, self.settings.mini_batches) if len(rows)]
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        """Learn from one batch; returns metrics averaged over its updates."""
+        self.model.train()
+        lr = self.optimizer.param_groups[0]["lr"]
+        updates = [self._update(batch.select(rows))
+                   for epoch in range(self.settings.ppo_epochs)
+                   for rows in self._mini_batches(len(batch), epoch)]
+        totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
+        self.scheduler.step()
         self.model.eval()
         self.version += 1
+        if self.reference is not None:
+            totals["kl_coef"] = self.kl.value
+            if self.settings.kl_in_reward:
+                totals["kl"] = self._reward_kl
+            self.kl.update(totals["kl"])
+        totals["lr"] = lr
         return totals

@@ -5,7 +5,8 @@ advantages -> learner step -> log} -> evaluate -> save. Everything else is a fun
 object this file calls; reading this file should be enough to know what a step does.
 
 Deliberately left out here: asynchronous sampling, Ray placement, resume from a mid-run
-checkpoint, dynamic sampling and adaptive mixtures; each lives in its own module when added.
+checkpoint and adaptive mixtures; each lives in its own module when added. DAPO's dynamic
+sampling and overlong shaping are in ``tempering.algorithms.dapo``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import torch
 from tqdm import tqdm
 
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES, AdvantageInputs
-from tempering.algorithms.advantages import AdvantageFn
-from tempering.config import ConfigError, TrainConfig, save_resolved
+from tempering.algorithms.advantages import AdvantageFn, needs_values
+from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_penalty
+from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_resolved
 from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, collate, lr_factor
 from tempering.models.loading import load_policy
@@ -59,13 +61,22 @@ def build_tasks(config: TrainConfig) -> list[Task]:
 
 
 def resolve_algorithm(config: TrainConfig) -> dict:
-    """The configured advantage estimator, loss and aggregation, or a ConfigError naming the key."""
+    """The configured advantage estimator, loss and aggregation, or a ConfigError naming the key.
+
+    Also refuses settings that are valid alone but not together.
+    """
     found = {}
+    ac = config.algorithm
     for key, registry in (("advantage", ADVANTAGES), ("loss", LOSSES), ("aggregation", AGGREGATIONS)):
         try:
-            found[key] = resolve(registry, getattr(config.algorithm, key), key)
+            found[key] = resolve(registry, getattr(ac, key), key)
         except ValueError as exc:
             raise ConfigError(f"algorithm.{key}: {exc}") from None
+    if ac.overlong_buffer > config.rollout.max_new_tokens:
+        raise ConfigError(f"algorithm.overlong_buffer={ac.overlong_buffer}: must not exceed "
+                          f"rollout.max_new_tokens={config.rollout.max_new_tokens}")
+    if ac.kl_target > 0 and ac.kl_coef == 0:
+        raise ConfigError("algorithm.kl_target: an adaptive KL coefficient needs a starting algorithm.kl_coef > 0")
     return found
 
 
@@ -74,7 +85,13 @@ def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay)
     settings = LearnerSettings(
         loss=algorithm["loss"], aggregation=algorithm["aggregation"],
-        clip_low=ac.clip_low, clip_high=ac.clip_high, kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator,
+        clip_low=ac.clip_low, clip_high=ac.clip_high, dual_clip=ac.dual_clip, entropy_coef=ac.entropy_coef,
+        kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator, kl_in_reward=ac.kl_in_reward,
+        kl_target=ac.kl_target, kl_horizon=ac.kl_horizon,
+        critic=ac.critic if needs_values(algorithm["advantage"]) else None,
+        value_coef=ac.value_coef, value_clip=ac.value_clip,
+        norm_length=ac.norm_length or config.rollout.max_new_tokens,
+        ppo_epochs=lc.ppo_epochs, mini_batches=lc.mini_batches,
         temperature=config.rollout.temperature, micro_batch_size=lc.micro_batch_size,
         grad_clip=lc.grad_clip, bf16=lc.bf16,
     )
@@ -98,12 +115,37 @@ def reward_groups(groups: list[Group], rewarder: Rewarder) -> dict[str, float]:
     return rewarder.score(groups)
 
 
-def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int) -> Batch:
+def shape_overlong(groups: list[Group], ac: AlgorithmConfig, max_new_tokens: int) -> dict[str, float]:
+    """DAPO's overlong shaping, as configured: the soft penalty on rewards, then the filter.
+
+    Runs after dynamic sampling, which therefore judges groups on their task rewards.
+    """
+    rollouts = [r for g in groups for r in g.rollouts]
+    penalty = 0.0
+    for rollout in rollouts:
+        shift = overlong_penalty(len(rollout.completion_ids), max_new_tokens, ac.overlong_buffer, ac.overlong_penalty)
+        rollout.reward += shift
+        penalty -= shift
+    truncated = sum(r.finish_reason == "length" for r in rollouts)
+    if ac.overlong_filter:
+        mask_truncated(rollouts)
+    return {"truncated_fraction": truncated / len(rollouts), "overlong_penalty": penalty / len(rollouts)}
+
+
+def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner: Learner | None = None,
+               gamma: float = 1.0, lam: float = 1.0) -> Batch:
+    """The learner's batch with advantages; the learner (when given) supplies the critic's
+    values and a KL penalty folded into the reward, where configured."""
     rollouts = [r for g in groups for r in g.rollouts]
     batch = collate(rollouts, pad_id)
     group_B = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts])
     rewards_B = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
-    batch.advantages_BT = estimator(AdvantageInputs(rewards_B, group_B, batch.loss_mask_BT))
+    values_BT = learner.values(batch) if learner is not None else None
+    penalty_BT = learner.reward_penalty(batch) if learner is not None else None
+    batch.advantages_BT = estimator(AdvantageInputs(rewards_B, group_B, batch.loss_mask_BT, values_BT, penalty_BT,
+                                                    gamma=gamma, lam=lam))
+    if values_BT is not None:
+        batch.values_BT, batch.returns_BT = values_BT, (batch.advantages_BT + values_BT) * batch.loss_mask_BT
     return batch
 
 
@@ -136,21 +178,22 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     bar = tqdm(total=config.steps, desc="train", disable=not progress, dynamic_ncols=True)
     timings = {"generate_s": 0.0, "reward_s": 0.0, "learn_s": 0.0}
+    ac = config.algorithm
+    sample = lambda n: generator.generate(mixture.next_problems(n), config.rollout.group_size,  # noqa: E731
+                                          sampling, learner.version, rng)
+    score_groups = lambda groups: reward_groups(groups, rewarder)  # noqa: E731
     for step in range(config.steps):
         t0 = time.perf_counter()
-        groups = generator.generate(mixture.next_problems(config.rollout.prompts_per_step),
-                                    config.rollout.group_size, sampling, learner.version, rng)
-        t1 = time.perf_counter()
-        record = reward_groups(groups, rewarder)
+        groups, record = collect_groups(sample, score_groups, config.rollout.prompts_per_step,
+                                        ac.dynamic_sampling, ac.max_extra_rounds)
+        record.update(shape_overlong(groups, ac, config.rollout.max_new_tokens))
         t2 = time.perf_counter()
-        batch = make_batch(groups, algorithm["advantage"], tokenizer.pad_token_id)
+        batch = make_batch(groups, algorithm["advantage"], tokenizer.pad_token_id, learner, ac.gamma, ac.lam)
         record.update(learner.step(batch))
         t3 = time.perf_counter()
-        completion_tokens = sum(len(r.completion_ids) for g in groups for r in g.rollouts)
         train_tokens = int(batch.attention_mask_BT.sum())
-        record.update(step=step + 1, policy_version=learner.version, generate_s=t1 - t0, reward_s=t2 - t1,
-                      learn_s=t3 - t2, step_s=t3 - t0, completion_tokens=completion_tokens,
-                      train_tokens=train_tokens, generate_tok_s=completion_tokens / (t1 - t0),
+        record.update(step=step + 1, policy_version=learner.version, learn_s=t3 - t2, step_s=t3 - t0,
+                      train_tokens=train_tokens, generate_tok_s=record["completion_tokens"] / record["generate_s"],
                       train_tok_s=train_tokens / (t3 - t2))
         for key in timings:
             timings[key] += record[key]

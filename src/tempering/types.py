@@ -15,7 +15,7 @@ Token lists on a :class:`Rollout` are plain Python lists; tensors appear only on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -92,7 +92,9 @@ class Batch:
 
     ``loss_mask_BT`` is 1 exactly on trained completion tokens; ``old_logprobs_BT`` and
     ``advantages_BT`` are aligned with ``input_ids_BT`` (position t holds the value for the
-    token at t, predicted from positions < t) and are 0 where the mask is 0.
+    token at t, predicted from positions < t) and are 0 where the mask is 0. ``values_BT``
+    (the critic's estimates when the advantages were computed) and ``returns_BT`` (its
+    targets) are set only when a critic is trained.
     """
 
     input_ids_BT: torch.Tensor
@@ -101,6 +103,8 @@ class Batch:
     old_logprobs_BT: torch.Tensor
     advantages_BT: torch.Tensor
     policy_versions_B: torch.Tensor
+    values_BT: Optional[torch.Tensor] = None
+    returns_BT: Optional[torch.Tensor] = None
 
     @property
     def num_tokens(self) -> int:
@@ -120,4 +124,6 @@ class Batch:
             old_logprobs_BT=self.old_logprobs_BT[rows, :width],
             advantages_BT=self.advantages_BT[rows, :width],
             policy_versions_B=self.policy_versions_B[rows],
+            values_BT=None if self.values_BT is None else self.values_BT[rows, :width],
+            returns_BT=None if self.returns_BT is None else self.returns_BT[rows, :width],
         )

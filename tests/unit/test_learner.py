@@ -84,14 +84,20 @@ def _batch(model):
     return batch
 
 
+def _learner(model, **settings) -> Learner:
+    """A learner with plain SGD(lr=1) and a constant schedule; ``settings`` override the defaults."""
+    defaults = dict(loss=LOSSES["ppo_clip"], aggregation=AGGREGATIONS["token_mean"], temperature=TEMPERATURE,
+                    grad_clip=0.0)
+    return Learner(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda step: 1.0,
+                   LearnerSettings(**{**defaults, **settings}))
+
+
 def _sgd_step(micro_batch_size, aggregation="token_mean", kl_coef=0.0, grad_clip=0.0):
     """Parameter change (= minus the gradient) and metrics of one SGD(lr=1) learner step."""
     model = _model()
     batch = _batch(model)
-    settings = LearnerSettings(loss=LOSSES["ppo_clip"], aggregation=AGGREGATIONS[aggregation],
-                               kl_coef=kl_coef, temperature=TEMPERATURE,
-                               micro_batch_size=micro_batch_size, grad_clip=grad_clip)
-    learner = Learner(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda step: 1.0, settings)
+    learner = _learner(model, aggregation=AGGREGATIONS[aggregation], kl_coef=kl_coef,
+                       micro_batch_size=micro_batch_size, grad_clip=grad_clip)
     if kl_coef:
         # move the policy away from its frozen reference, so that the KL term has a gradient
         gen = torch.Generator().manual_seed(2)

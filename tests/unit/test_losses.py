@@ -1,19 +1,19 @@
-"""The PPO-clip loss and the loss aggregations, on inputs whose results are worked out by hand."""
+"""The policy losses, on inputs whose results are worked out by hand."""
 
 import pytest
 import torch
 
 from tempering.algorithms import AGGREGATIONS, LOSSES, LossInputs
-from tempering.algorithms.losses import ppo_clip, seq_mean_token_mean, token_mean
+from tempering.algorithms.losses import cispo, dual_clip, gspo, ppo_clip, reinforce, seq_mean_token_mean, token_mean
 
 
-def _inputs(ratios_BT, advantages_BT, mask_BT, clip_low=0.2, clip_high=0.2) -> LossInputs:
+def _inputs(ratios_BT, advantages_BT, mask_BT, clip_low=0.2, clip_high=0.2, dual=3.0) -> LossInputs:
     """Old log-probs of -1 and current ones chosen so that exp(logp - old) is the given ratio."""
     old_BT = torch.full((len(ratios_BT), len(ratios_BT[0])), -1.0)
     logprobs_BT = (old_BT + torch.tensor(ratios_BT, dtype=torch.float64).log().float()).requires_grad_()
     return LossInputs(logprobs_BT=logprobs_BT, old_logprobs_BT=old_BT,
                       advantages_BT=torch.tensor(advantages_BT), mask_BT=torch.tensor(mask_BT),
-                      clip_low=clip_low, clip_high=clip_high)
+                      clip_low=clip_low, clip_high=clip_high, dual_clip=dual)
 
 
 def test_ppo_clip_golden_values_gradients_and_metrics():
@@ -83,37 +83,114 @@ def test_ppo_clip_at_the_sampling_policy_is_minus_the_advantage():
     assert metrics["clip_fraction"] == 0.0
 
 
-LOSS_BT = torch.tensor([[1.0, 2.0, 3.0],
-                        [4.0, 5.0, 6.0],
-                        [7.0, 8.0, 9.0]])
-MASK_BT = torch.tensor([[1.0, 1.0, 0.0],
-                        [1.0, 0.0, 0.0],
-                        [0.0, 0.0, 0.0]])
+def test_dual_clip_caps_the_loss_of_negative_advantages_at_minus_a_times_c():
+    inputs = _inputs(
+        ratios_BT=[[4.0, 2.0, 4.0],
+                   [0.5, 1.0, 5.0]],
+        advantages_BT=[[-1.0, -1.0, 1.0],
+                       [-2.0, -0.5, -1.0]],
+        mask_BT=[[1.0, 1.0, 1.0],
+                 [1.0, 1.0, 0.0]],
+    )
+
+    loss_BT, metrics = dual_clip(inputs)
+
+    # ppo = max(-A * r, -A * clip(r, 0.8, 1.2)); for A < 0 the result is min(ppo, -A * 3)
+    # r=4   A=-1: ppo max(4, 1.2) = 4, cap 3     -> 3    (dual clip holds: gradient 0)
+    # r=2   A=-1: ppo max(2, 1.2) = 2, cap 3     -> 2    (gradient -A * r = 2)
+    # r=4   A=1:  ppo max(-4, -1.2) = -1.2        -> -1.2 (positive advantage: plain PPO clip)
+    # r=0.5 A=-2: ppo max(1, 1.6) = 1.6, cap 6   -> 1.6  (clipped below: gradient 0)
+    # r=1   A=-0.5: ppo 0.5, cap 1.5              -> 0.5  (gradient 0.5)
+    # r=5   A=-1: ppo 5, cap 3                    -> 3    (masked out of the metrics)
+    expected_BT = torch.tensor([[3.0, 2.0, -1.2],
+                                [1.6, 0.5, 3.0]])
+    torch.testing.assert_close(loss_BT.detach(), expected_BT, atol=1e-6, rtol=0)
+    loss_BT.sum().backward()
+    torch.testing.assert_close(inputs.logprobs_BT.grad, torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.5, 0.0]]),
+                               atol=1e-6, rtol=0)
+    # of 5 trained tokens: dual clip holds on 1 (r=4, A=-1); PPO's clip on 2 (r=4 A=1, r=0.5 A=-2)
+    assert metrics["dual_clip_fraction"] == pytest.approx(1 / 5, abs=1e-6)
+    assert metrics["clip_fraction"] == pytest.approx(2 / 5, abs=1e-6)
 
 
-def test_token_mean_divides_the_masked_sum_by_the_whole_batchs_token_count():
-    # masked sum 1 + 2 + 4 = 7 over this batch's 3 tokens
-    assert token_mean(LOSS_BT, MASK_BT, 3, 3).item() == pytest.approx(7 / 3, abs=1e-6)
-    # a micro-batch of a larger batch of 6 tokens contributes its share only
-    assert token_mean(LOSS_BT, MASK_BT, 6, 3).item() == pytest.approx(7 / 6, abs=1e-6)
+def test_gspo_clips_one_geometric_mean_ratio_per_sequence():
+    log_ratio_BT = torch.tensor([[0.1, -0.2, 0.4, 5.0],
+                                 [0.5, 0.3, 9.0, 9.0],
+                                 [-0.3, -0.3, -0.3, -0.3]])
+    mask_BT = torch.tensor([[1.0, 1.0, 1.0, 0.0],
+                            [1.0, 1.0, 0.0, 0.0],
+                            [1.0, 1.0, 1.0, 1.0]])
+    old_BT = torch.full((3, 4), -2.0)
+    logprobs_BT = (old_BT + log_ratio_BT).requires_grad_()
+    advantages_BT = torch.tensor([[1.0], [2.0], [-1.0]]) * torch.ones(3, 4)
+    inputs = LossInputs(logprobs_BT=logprobs_BT, old_logprobs_BT=old_BT, advantages_BT=advantages_BT,
+                        mask_BT=mask_BT)
+
+    loss_BT, metrics = gspo(inputs)
+
+    # row 0: mean log-ratio over trained tokens (0.1 - 0.2 + 0.4) / 3 = 0.1, s = e^0.1 = 1.10517092,
+    #        inside [0.8, 1.2]: loss -1 * 1.10517092 on every token; gradient -A * s / 3 = -0.36839031
+    # row 1: (0.5 + 0.3) / 2 = 0.4, s = e^0.4 = 1.49182470 > 1.2 with A = 2: loss -2 * 1.2 = -2.4, gradient 0
+    # row 2: s = e^-0.3 = 0.74081822 < 0.8 with A = -1: loss max(0.74081822, 0.8) = 0.8, gradient 0
+    s0 = 1.1051709180756477
+    expected_BT = torch.tensor([[-s0] * 4, [-2.4] * 4, [0.8] * 4])
+    torch.testing.assert_close(loss_BT.detach(), expected_BT, atol=1e-6, rtol=0)
+    (loss_BT * mask_BT).sum().backward()
+    # each trained token of row 0 receives the gradient of all three: 3 * (-s0 / 3) = -s0
+    torch.testing.assert_close(logprobs_BT.grad, torch.tensor([[-s0, -s0, -s0, 0.0], [0.0] * 4, [0.0] * 4]),
+                               atol=1e-6, rtol=0)
+    # clipped tokens: 2 of row 1 and 4 of row 2, of 9 trained tokens
+    assert metrics["clip_fraction"] == pytest.approx(6 / 9, abs=1e-6)
+    assert metrics["ratio_mean"] == pytest.approx((3 * s0 + 2 * 1.4918246976412703 + 4 * 0.7408182206817179) / 9,
+                                                  abs=1e-6)
 
 
-def test_seq_mean_token_mean_weighs_sequences_equally():
-    # row means (1 + 2) / 2 = 1.5 and 4 / 1 = 4; the all-masked row contributes 0 but counts
-    assert seq_mean_token_mean(LOSS_BT, MASK_BT, 3, 3).item() == pytest.approx((1.5 + 4.0) / 3, abs=1e-6)
-    # as a micro-batch of a batch of 5 sequences
-    assert seq_mean_token_mean(LOSS_BT, MASK_BT, 3, 5).item() == pytest.approx(5.5 / 5, abs=1e-6)
+def test_cispo_keeps_a_gradient_on_clipped_tokens_weighted_by_the_clipped_ratio():
+    inputs = _inputs(
+        ratios_BT=[[1.5, 0.5, 1.1, 2.0]],
+        advantages_BT=[[1.0, -1.0, 2.0, -1.0]],
+        mask_BT=[[1.0, 1.0, 1.0, 1.0]],
+        clip_low=0.2, clip_high=0.3,
+    )
+
+    loss_BT, metrics = cispo(inputs)
+
+    # weight clip(r, 0.8, 1.3): 1.3, 0.8, 1.1, 1.3; value and gradient -A * weight:
+    # -1.3, 0.8, -2.2, 1.3 (PPO would give the first, second and fourth tokens no gradient)
+    expected_BT = torch.tensor([[-1.3, 0.8, -2.2, 1.3]])
+    torch.testing.assert_close(loss_BT.detach(), expected_BT, atol=1e-6, rtol=0)
+    loss_BT.sum().backward()
+    torch.testing.assert_close(inputs.logprobs_BT.grad, expected_BT, atol=1e-6, rtol=0)
+    assert metrics["clip_fraction"] == pytest.approx(3 / 4, abs=1e-6)
 
 
-def test_aggregations_of_micro_batches_add_up_to_the_full_batch():
-    for name in ("token_mean", "seq_mean_token_mean"):
-        aggregate = AGGREGATIONS[name]
-        full = aggregate(LOSS_BT, MASK_BT, 3, 3)
-        parts = sum(aggregate(LOSS_BT[rows], MASK_BT[rows], 3, 3) for rows in (slice(0, 1), slice(1, 3)))
-        assert parts.item() == pytest.approx(full.item(), abs=1e-6), name
+def test_reinforce_is_minus_advantage_times_logprob():
+    logprobs_BT = torch.tensor([[-0.5, -2.0]], requires_grad=True)
+    inputs = LossInputs(logprobs_BT=logprobs_BT, old_logprobs_BT=torch.tensor([[-0.5, -1.0]]),
+                        advantages_BT=torch.tensor([[1.0, -0.5]]), mask_BT=torch.ones(1, 2))
+
+    loss_BT, metrics = reinforce(inputs)
+
+    # -1 * -0.5 = 0.5 and 0.5 * -2 = -1; gradient -A = -1, 0.5; no importance ratio
+    torch.testing.assert_close(loss_BT.detach(), torch.tensor([[0.5, -1.0]]), atol=1e-6, rtol=0)
+    loss_BT.sum().backward()
+    torch.testing.assert_close(logprobs_BT.grad, torch.tensor([[-1.0, 0.5]]), atol=1e-6, rtol=0)
+    # ratios exp(0) = 1 and exp(-1) = 0.36787944, reported only
+    assert metrics["ratio_mean"] == pytest.approx((1 + 0.36787944117144233) / 2, abs=1e-6)
 
 
-def test_registries_name_the_loss_and_aggregations():
+@pytest.mark.parametrize("name", ["ppo_clip", "dual_clip", "gspo", "cispo", "reinforce"])
+def test_every_loss_at_the_sampling_policy_has_the_policy_gradient_minus_a(name):
+    # ratio 1 everywhere: each loss's gradient is -A per token (GSPO's too: three tokens of one row
+    # share its advantage, each getting -A * s / 3 from each of the three)
+    inputs = _inputs(ratios_BT=[[1.0, 1.0, 1.0]], advantages_BT=[[0.5, 0.5, 0.5]], mask_BT=[[1.0, 1.0, 1.0]])
+    loss_BT, _ = LOSSES[name](inputs)
+    loss_BT.sum().backward()
+    torch.testing.assert_close(inputs.logprobs_BT.grad, torch.tensor([[-0.5, -0.5, -0.5]]), atol=1e-6, rtol=0)
+
+
+def test_registries_name_the_losses_and_aggregations():
     assert LOSSES["ppo_clip"] is ppo_clip
+    assert {"dual_clip", "gspo", "cispo", "reinforce"} <= set(LOSSES)
     assert AGGREGATIONS["token_mean"] is token_mean
     assert AGGREGATIONS["seq_mean_token_mean"] is seq_mean_token_mean

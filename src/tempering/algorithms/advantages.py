@@ -2,7 +2,17 @@
 
 Every estimator returns a per-token advantage aligned with ``mask_BT`` and zero where the
 mask is zero, so outcome-level estimators (one number per rollout) and token-level ones
-(GAE) share one interface.
+(REINFORCE++, GAE) share one interface.
+
+A KL penalty folded into the reward arrives as ``penalty_BT`` (already multiplied by its
+coefficient). Outcome estimators subtract its sum from each rollout's reward
+(:func:`sequence_rewards`); token-level ones subtract it token by token
+(:func:`token_rewards`).
+
+An estimator that needs a critic says so with ``needs_values = True`` on the function
+(``register_advantage(name, needs_values=True)``); the loop then builds a value model and
+fills ``values_BT``. Estimators take their hyper-parameters from the inputs, so every entry
+has the same signature.
 """
 
 from __future__ import annotations
@@ -22,21 +32,35 @@ class AdvantageInputs:
     mask_BT: torch.Tensor
     """1 on trained completion tokens."""
     values_BT: Optional[torch.Tensor] = None
-    """Value-head estimates, for estimators that use a critic."""
+    """Critic estimates V(state before token t), for estimators that use a critic."""
+    penalty_BT: Optional[torch.Tensor] = None
+    """Per-token penalty subtracted from the reward (a KL to the reference, times its coefficient)."""
+    gamma: float = 1.0
+    """Discount per token (REINFORCE++, GAE)."""
+    lam: float = 1.0
+    """GAE's lambda: 1 gives Monte-Carlo returns minus values, 0 one-step TD errors."""
+    eps: float = 1e-6
+    """Added to standard deviations before dividing, so flat groups give 0, not NaN."""
 
 
 AdvantageFn = Callable[[AdvantageInputs], torch.Tensor]
 ADVANTAGES: dict[str, AdvantageFn] = {}
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+def register_advantage(name: str, needs_values: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
     def decorator(fn: AdvantageFn) -> AdvantageFn:
         if name in ADVANTAGES:
             raise ValueError(f"advantage estimator {name!r} is registered twice")
+        fn.needs_values = needs_values  # type: ignore[attr-defined]
         ADVANTAGES[name] = fn
         return fn
 
     return decorator
+
+
+def needs_values(estimator: AdvantageFn) -> bool:
+    """Whether the estimator reads ``values_BT`` (so a critic must be built)."""
+    return bool(getattr(estimator, "needs_values", False))
 
 
 def group_statistics(rewards_B: torch.Tensor, group_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,12 +77,129 @@ def group_statistics(rewards_B: torch.Tensor, group_B: torch.Tensor) -> tuple[to
     return mean_G[group_B], std_G[group_B]
 
 
+def sequence_rewards(inputs: AdvantageInputs) -> torch.Tensor:
+    """Each rollout's reward minus the sum of its per-token penalty over trained tokens."""
+    rewards_B = inputs.rewards_B.float()
+    if inputs.penalty_BT is None:
+        return rewards_B
+    return rewards_B - (inputs.penalty_BT * inputs.mask_BT).sum(-1)
+
+
+def token_rewards(inputs: AdvantageInputs) -> torch.Tensor:
+    """The outcome reward on each row's last trained token, minus the per-token penalty.
+
+    A row with no trained token gets no reward (its advantages are masked anyway).
+    """
+    mask_BT = inputs.mask_BT
+    positions_BT = torch.arange(mask_BT.shape[1]).expand_as(mask_BT)
+    last_B = torch.where(mask_BT > 0, positions_BT, -1).max(-1).values
+    rewards_BT = torch.zeros(mask_BT.shape)
+    rows_B = torch.nonzero(last_B >= 0)[:, 0]
+    rewards_BT[rows_B, last_B[rows_B]] = inputs.rewards_B.float()[rows_B]
+    if inputs.penalty_BT is not None:
+        rewards_BT = rewards_BT - inputs.penalty_BT * mask_BT
+    return rewards_BT
+
+
+def discounted_returns(rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``G_t = r_t + gamma * G_next`` over each row's trained tokens, skipping masked ones."""
+    returns_BT = torch.zeros_like(rewards_BT)
+    running_B = torch.zeros(rewards_BT.shape[0])
+    for t in reversed(range(rewards_BT.shape[1])):
+        on_B = mask_BT[:, t] > 0
+        running_B = torch.where(on_B, rewards_BT[:, t] + gamma * running_B, running_B)
+        returns_BT[:, t] = running_B * on_B
+    return returns_BT
+
+
+def whiten(values_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` with mean and unbiased std over the masked tokens of the batch."""
+    count = mask_BT.sum()
+    mean = (values_BT * mask_BT).sum() / count.clamp(min=1)
+    variance = (((values_BT - mean) * mask_BT) ** 2).sum() / (count - 1).clamp(min=1)
+    return (values_BT - mean) / (variance.sqrt() + eps) * mask_BT
+
+
 @register_advantage("grpo")
-def grpo(inputs: AdvantageInputs, eps: float = 1e-6) -> torch.Tensor:
+def grpo(inputs: AdvantageInputs) -> torch.Tensor:
     """GRPO: reward minus its group's mean, divided by the group's std (+eps), on every token.
 
     Groups whose rewards are all equal get advantage 0: they carry no signal.
     """
-    mean_B, std_B = group_statistics(inputs.rewards_B.float(), inputs.group_B)
-    advantage_B = (inputs.rewards_B - mean_B) / (std_B + eps)
+    rewards_B = sequence_rewards(inputs)
+    mean_B, std_B = group_statistics(rewards_B, inputs.group_B)
+    advantage_B = (rewards_B - mean_B) / (std_B + inputs.eps)
     return advantage_B[:, None] * inputs.mask_BT
+
+
+@register_advantage("dr_grpo")
+def dr_grpo(inputs: AdvantageInputs) -> torch.Tensor:
+    """Dr. GRPO: reward minus its group's mean, not divided by the std.
+
+    Dividing by the std up-weights groups that are almost all right or all wrong; Dr. GRPO
+    drops it. Its other half, no division by each sequence's length, is the aggregation
+    ``token_sum_norm``, chosen separately.
+    """
+    rewards_B = sequence_rewards(inputs)
+    mean_B, _ = group_statistics(rewards_B, inputs.group_B)
+    return (rewards_B - mean_B)[:, None] * inputs.mask_BT
+
+
+@register_advantage("rloo")
+def rloo(inputs: AdvantageInputs) -> torch.Tensor:
+    """RLOO: reward minus the mean of the *other* rollouts of its group.
+
+    Equal to ``n / (n - 1) * (r - group mean)`` for a group of n; the baseline does not
+    depend on the rollout itself, so the estimate is unbiased. A group of one gets 0.
+    """
+    rewards_B = sequence_rewards(inputs)
+    mean_B, _ = group_statistics(rewards_B, inputs.group_B)
+    count_B = torch.bincount(inputs.group_B).float()[inputs.group_B]
+    advantage_B = (rewards_B - mean_B) * count_B / (count_B - 1).clamp(min=1)
+    return advantage_B[:, None] * inputs.mask_BT
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp(inputs: AdvantageInputs) -> torch.Tensor:
+    """REINFORCE++: discounted per-token returns, whitened over all trained tokens of the batch.
+
+    No group baseline: the batch-wide mean is the baseline, so it works with groups of one.
+    Longer sequences contribute more tokens to the mean and std.
+    """
+    returns_BT = discounted_returns(token_rewards(inputs), inputs.mask_BT, inputs.gamma)
+    return whiten(returns_BT, inputs.mask_BT, inputs.eps)
+
+
+@register_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline(inputs: AdvantageInputs) -> torch.Tensor:
+    """REINFORCE++ with a group baseline: reward minus its group's mean, then whitened over
+    all trained tokens of the batch (the batch std, not each group's, sets the scale)."""
+    rewards_B = sequence_rewards(inputs)
+    mean_B, _ = group_statistics(rewards_B, inputs.group_B)
+    return whiten((rewards_B - mean_B)[:, None] * inputs.mask_BT, inputs.mask_BT, inputs.eps)
+
+
+@register_advantage("gae", needs_values=True)
+def gae(inputs: AdvantageInputs) -> torch.Tensor:
+    """PPO's generalised advantage estimation over each row's trained tokens.
+
+    ``delta_t = r_t + gamma * V_next - V_t`` and ``A_t = delta_t + gamma * lam * A_next``,
+    where "next" is the row's next trained token and the value after the last one is 0.
+    The reward sits on the last trained token (see :func:`token_rewards`).
+
+    The advantages are not whitened: ``advantages + values`` are then the value targets.
+    """
+    if inputs.values_BT is None:
+        raise ValueError("gae needs values_BT from a critic")
+    rewards_BT, values_BT, mask_BT = token_rewards(inputs), inputs.values_BT, inputs.mask_BT
+    advantages_BT = torch.zeros_like(rewards_BT)
+    next_value_B = torch.zeros(rewards_BT.shape[0])
+    next_advantage_B = torch.zeros(rewards_BT.shape[0])
+    for t in reversed(range(rewards_BT.shape[1])):
+        on_B = mask_BT[:, t] > 0
+        delta_B = rewards_BT[:, t] + inputs.gamma * next_value_B - values_BT[:, t]
+        advantage_B = delta_B + inputs.gamma * inputs.lam * next_advantage_B
+        advantages_BT[:, t] = advantage_B * on_B
+        next_value_B = torch.where(on_B, values_BT[:, t], next_value_B)
+        next_advantage_B = torch.where(on_B, advantage_B, next_advantage_B)
+    return advantages_BT

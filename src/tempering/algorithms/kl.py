@@ -27,3 +27,27 @@ def kl_estimate(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, estima
     0.0
     """
     return KL_ESTIMATORS[estimator](ref_logprobs_BT - logprobs_BT)
+
+
+class KLCoefficient:
+    """The KL coefficient: fixed, or adapted towards a target KL (Ziegler et al., 2019).
+
+    With ``target > 0``, after each step that measured ``kl`` (mean per token) the
+    coefficient is multiplied by ``1 + clip(kl / target - 1, -0.2, 0.2) / horizon``: it grows
+    while the policy drifts further than the target and shrinks while it stays closer.
+    ``target = 0`` keeps the coefficient fixed.
+
+    >>> c = KLCoefficient(0.1, target=0.01, horizon=10)
+    >>> c.update(0.05); round(c.value, 6)  # error clipped to 0.2: 0.1 * 1.02
+    0.102
+    """
+
+    def __init__(self, initial: float, target: float = 0.0, horizon: int = 10000):
+        self.value = initial
+        self.target = target
+        self.horizon = horizon
+
+    def update(self, kl: float) -> None:
+        if self.target > 0:
+            error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error / self.horizon

@@ -2,8 +2,12 @@
 
 A loss maps :class:`LossInputs` to a per-token loss and a dict of metrics; an aggregation
 turns per-token losses into the scalar that is differentiated. Aggregations are told the
-whole batch's token and sequence counts, so summing the contributions of micro-batches
-gives exactly the full-batch value (gradient accumulation changes nothing).
+whole (mini-)batch's token and sequence counts, so summing the contributions of
+micro-batches gives exactly the full-batch value (gradient accumulation changes nothing).
+
+Every loss sees one row per sequence, so a sequence-level loss (GSPO) reduces over ``T``.
+Losses return ``-advantage * something``: minimising them raises the probability of tokens
+with positive advantage. The entropy bonus, KL term and value loss are added by the learner.
 """
 
 from __future__ import annotations
@@ -23,11 +27,16 @@ class LossInputs:
     advantages_BT: torch.Tensor
     mask_BT: torch.Tensor
     clip_low: float = 0.2
+    """Ratio clip below 1: ratios under ``1 - clip_low`` stop pulling (PPO, GSPO, CISPO)."""
     clip_high: float = 0.2
+    """Ratio clip above 1: ``1 + clip_high``; larger than clip_low is DAPO's clip-higher."""
+    dual_clip: float = 3.0
+    """Dual clip's bound c > 1: with a negative advantage the loss is at most ``-A * c``."""
 
 
 LossFn = Callable[[LossInputs], tuple[torch.Tensor, dict[str, float]]]
-AggregationFn = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+AggregationFn = Callable[..., torch.Tensor]
+"""``fn(loss_BT, mask_BT, batch_tokens, batch_sequences, norm_length) -> scalar``."""
 LOSSES: dict[str, LossFn] = {}
 AGGREGATIONS: dict[str, AggregationFn] = {}
 
@@ -56,31 +65,121 @@ def masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
     return float((values_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1))
 
 
-@register_loss("ppo_clip")
-def ppo_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped surrogate, per token: ``max(-A * r, -A * clip(r, 1 - low, 1 + high))``
-    with ``r = exp(logp - old_logp)``. Separate low/high ranges allow DAPO's clip-higher."""
-    ratio_BT = torch.exp(inputs.logprobs_BT - inputs.old_logprobs_BT)
+def _clipped_surrogate(inputs: LossInputs, ratio_BT: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """``max(-A * r, -A * clip(r, 1 - low, 1 + high))`` and its clip fraction and mean ratio."""
     unclipped_BT = -inputs.advantages_BT * ratio_BT
     clipped_BT = -inputs.advantages_BT * ratio_BT.clamp(1 - inputs.clip_low, 1 + inputs.clip_high)
-    loss_BT = torch.maximum(unclipped_BT, clipped_BT)
     with torch.no_grad():
         metrics = {
             "clip_fraction": masked_mean((clipped_BT > unclipped_BT).float(), inputs.mask_BT),
             "ratio_mean": masked_mean(ratio_BT, inputs.mask_BT),
         }
+    return torch.maximum(unclipped_BT, clipped_BT), metrics
+
+
+@register_loss("ppo_clip")
+def ppo_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate, per token: ``max(-A * r, -A * clip(r, 1 - low, 1 + high))``
+    with ``r = exp(logp - old_logp)``. Separate low/high ranges allow DAPO's clip-higher."""
+    ratio_BT = torch.exp(inputs.logprobs_BT - inputs.old_logprobs_BT)
+    return _clipped_surrogate(inputs, ratio_BT)
+
+
+@register_loss("dual_clip")
+def dual_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clip plus a second bound for negative advantages: ``min(ppo, -A * c)``.
+
+    With A < 0 and a ratio far above 1 (a token the policy now likes much more than the
+    sampler did), PPO's loss ``-A * r`` grows without bound; dual clip caps it at ``-A * c``,
+    where its gradient is 0. Positive advantages are treated exactly as by ``ppo_clip``.
+    """
+    ratio_BT = torch.exp(inputs.logprobs_BT - inputs.old_logprobs_BT)
+    loss_BT, metrics = _clipped_surrogate(inputs, ratio_BT)
+    capped_BT = torch.minimum(loss_BT, -inputs.advantages_BT * inputs.dual_clip)
+    negative_BT = inputs.advantages_BT < 0
+    with torch.no_grad():
+        metrics["dual_clip_fraction"] = masked_mean((negative_BT & (capped_BT < loss_BT)).float(), inputs.mask_BT)
+    return torch.where(negative_BT, capped_BT, loss_BT), metrics
+
+
+@register_loss("gspo")
+def gspo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO: PPO clipping on one ratio per sequence, the geometric mean of its token ratios.
+
+    ``s = exp(mean over trained tokens of (logp - old_logp))``; every trained token of the
+    row gets ``max(-A * s, -A * clip(s, 1 - low, 1 + high))``, with gradient
+    ``-A * s / |y|`` per token while unclipped. Sequence ratios stay near 1, so GSPO wants
+    much smaller clip ranges than token-level PPO (the paper uses 3e-4 and 4e-4) and the
+    aggregation ``seq_mean_token_mean`` to weigh sequences equally. The clip fraction counts
+    tokens, not sequences.
+    """
+    mask_BT = inputs.mask_BT
+    log_ratio_B = ((inputs.logprobs_BT - inputs.old_logprobs_BT) * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1)
+    ratio_BT = torch.exp(log_ratio_B)[:, None].expand_as(mask_BT)
+    return _clipped_surrogate(inputs, ratio_BT)
+
+
+@register_loss("cispo")
+def cispo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO: REINFORCE weighted by the clipped importance ratio, held constant.
+
+    Gradient per token ``-A * clip(r, 1 - low, 1 + high)``: unlike PPO, a clipped token
+    still gets a gradient (only its weight is bounded), so rare, high-ratio tokens keep
+    learning. Written as ``-A * sg(clip(r) / r) * r``, whose value is ``-A * clip(r)`` and
+    whose gradient in ``logp`` is the one above.
+    """
+    ratio_BT = torch.exp(inputs.logprobs_BT - inputs.old_logprobs_BT)
+    clipped_BT = ratio_BT.clamp(1 - inputs.clip_low, 1 + inputs.clip_high)
+    loss_BT = -inputs.advantages_BT * (clipped_BT / ratio_BT).detach() * ratio_BT
+    with torch.no_grad():
+        metrics = {
+            "clip_fraction": masked_mean((clipped_BT != ratio_BT).float(), inputs.mask_BT),
+            "ratio_mean": masked_mean(ratio_BT, inputs.mask_BT),
+        }
     return loss_BT, metrics
 
 
+@register_loss("reinforce")
+def reinforce(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """Plain REINFORCE: ``-A * logp``, gradient ``-A`` per token, no importance ratio.
+
+    Unbiased only for on-policy data (one update per batch from fresh samples); with several
+    updates per batch prefer a ratio-based loss. The value of the loss depends on ``logp``
+    and is not comparable with the ratio-based losses.
+    """
+    with torch.no_grad():
+        ratio_BT = torch.exp(inputs.logprobs_BT - inputs.old_logprobs_BT)
+        metrics = {"ratio_mean": masked_mean(ratio_BT, inputs.mask_BT)}
+    return -inputs.advantages_BT * inputs.logprobs_BT, metrics
+
+
 @register_aggregation("token_mean")
-def token_mean(loss_BT: torch.Tensor, mask_BT: torch.Tensor, batch_tokens: int, batch_sequences: int) -> torch.Tensor:
+def token_mean(loss_BT: torch.Tensor, mask_BT: torch.Tensor, batch_tokens: int, batch_sequences: int,
+               norm_length: int = 1) -> torch.Tensor:
     """Every trained token of the batch weighs the same."""
     return (loss_BT * mask_BT).sum() / max(batch_tokens, 1)
 
 
 @register_aggregation("seq_mean_token_mean")
 def seq_mean_token_mean(loss_BT: torch.Tensor, mask_BT: torch.Tensor, batch_tokens: int,
-                        batch_sequences: int) -> torch.Tensor:
+                        batch_sequences: int, norm_length: int = 1) -> torch.Tensor:
     """Every sequence weighs the same; tokens weigh the same within a sequence."""
     per_sequence_B = (loss_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1)
     return per_sequence_B.sum() / max(batch_sequences, 1)
+
+
+@register_aggregation("seq_mean_token_sum")
+def seq_mean_token_sum(loss_BT: torch.Tensor, mask_BT: torch.Tensor, batch_tokens: int,
+                       batch_sequences: int, norm_length: int = 1) -> torch.Tensor:
+    """Each sequence's token losses are summed, then sequences averaged: longer sequences
+    weigh more, in proportion to their length."""
+    return (loss_BT * mask_BT).sum() / max(batch_sequences, 1)
+
+
+@register_aggregation("token_sum_norm")
+def token_sum_norm(loss_BT: torch.Tensor, mask_BT: torch.Tensor, batch_tokens: int,
+                   batch_sequences: int, norm_length: int = 1) -> torch.Tensor:
+    """Dr. GRPO's aggregation: the token sum divided by ``sequences * norm_length``, a
+    constant (the generation budget), so neither a sequence's length nor the batch's token
+    count rescales its tokens' gradients."""
+    return (loss_BT * mask_BT).sum() / max(batch_sequences * norm_length, 1)

@@ -1,0 +1,64 @@
+"""A critic for PPO with GAE: a linear value head, on the policy's trunk or on its own copy.
+
+``values_BT[:, t]`` estimates the return from the state just before token ``t``, so it is
+read from the hidden state at ``t - 1``, the same position whose logits give the log-prob
+of token ``t`` (``tempering.algorithms.logprobs``). Position 0 is 0.
+
+Two placements:
+
+- ``shared=True``: the head sits on the policy's last hidden state; the value loss trains
+  the head and, through it, the policy's trunk (weighted by the value coefficient). One
+  forward pass gives both log-probs and values.
+- ``shared=False``: the head sits on a separate copy of the initial policy (a critic model);
+  the value loss never touches the policy.
+
+The head starts at zero (every value 0), so the first advantages are plain returns. Not
+done: saving the critic with the final checkpoint (it is only needed to keep training).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+
+class Critic:
+    """A value head on a trunk: the policy itself (``shared``) or a copy of it."""
+
+    def __init__(self, policy: Any, shared: bool):
+        self.shared = shared
+        self.trunk = policy if shared else copy.deepcopy(policy)
+        self.head = torch.nn.Linear(policy.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the critic adds to the optimizer (a shared trunk's are the policy's)."""
+        own = list(self.head.parameters())
+        return own if self.shared else own + list(self.trunk.parameters())
+
+    def values_from_hidden(self, hidden_BTH: torch.Tensor) -> torch.Tensor:
+        """Values aligned with token positions from the trunk's last hidden states."""
+        values_BT = self.head(hidden_BTH[:, :-1].float())[..., 0]
+        return torch.nn.functional.pad(values_BT, (1, 0))
+
+    def values(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
+        """Values of a batch, running the trunk."""
+        out = self.trunk(input_ids=input_ids_BT, attention_mask=attention_mask_BT, output_hidden_states=True)
+        return self.values_from_hidden(out.hidden_states[-1])
+
+
+def clipped_value_loss(values_BT: torch.Tensor, old_values_BT: torch.Tensor, returns_BT: torch.Tensor,
+                       clip: float) -> torch.Tensor:
+    """Per-token ``0.5 * max((v - R)^2, (v_clipped - R)^2)``, ``v_clipped`` within ``clip`` of the old value.
+
+    As PPO's ratio clip, the clipped term stops the value from moving far from the value
+    the advantages were computed with in one batch; ``clip = 0`` means no clipping.
+    """
+    unclipped_BT = (values_BT - returns_BT) ** 2
+    if clip <= 0:
+        return 0.5 * unclipped_BT
+    moved_BT = old_values_BT + (values_BT - old_values_BT).clamp(-clip, clip)
+    return 0.5 * torch.maximum(unclipped_BT, (moved_BT - returns_BT) ** 2)

@@ -1,0 +1,116 @@
+"""DAPO's data techniques: dynamic sampling, overlong filtering and soft overlong punishment."""
+
+import pytest
+
+from tempering.algorithms.dapo import collect_groups, has_signal, mask_truncated, overlong_penalty
+from tempering.config import AlgorithmConfig
+from tempering.train import shape_overlong
+from tempering.types import Group, Problem, Rollout
+
+PROBLEM = Problem(task="t", id="0", prompt="", answer="")
+
+
+def _rollout(reward=0.0, length=2, finish_reason="stop"):
+    return Rollout(PROBLEM, [1], [5] * length, [-0.5] * length, "", finish_reason, 0, reward=reward)
+
+
+class Source:
+    """Hands out pre-made rounds of groups, given as rewards per group, and scores nothing."""
+
+    def __init__(self, rounds):
+        self.rounds = [[Group(PROBLEM, [_rollout(r) for r in rewards]) for rewards in groups] for groups in rounds]
+        self.asked = []
+
+    def sample(self, n):
+        self.asked.append(n)
+        return self.rounds[len(self.asked) - 1][:n]
+
+    @staticmethod
+    def score(groups):
+        rollouts = [r for g in groups for r in g.rollouts]
+        return {"reward": sum(r.reward for r in rollouts) / len(rollouts)}
+
+
+def test_without_dynamic_sampling_one_round_is_kept_whole_and_flat_groups_are_counted():
+    source = Source([[[1, 1], [1, 0], [0, 0]]])
+    groups, record = collect_groups(source.sample, source.score, 3, dynamic=False, max_extra_rounds=5)
+    assert source.asked == [3]
+    assert len(groups) == 3
+    # two of three groups are flat; none dropped; mean reward (2 + 1 + 0) / 6
+    assert record["zero_signal_fraction"] == pytest.approx(2 / 3)
+    assert (record["dropped_groups"], record["dropped_fraction"], record["sampling_rounds"]) == (0, 0.0, 1)
+    assert record["reward"] == pytest.approx(0.5)
+    assert record["completion_tokens"] == 6 * 2
+
+
+def test_dynamic_sampling_drops_flat_groups_and_samples_until_the_batch_is_full():
+    source = Source([
+        [[1, 1], [1, 0], [0, 0]],  # round 1: one group with signal
+        [[0, 0], [0, 0], [0, 0]],  # round 2: none
+        [[0, 1], [1, 1], [1, 0]],  # round 3: two more; the batch of 3 is full, the surplus unused
+        [[0, 1], [0, 1], [0, 1]],  # never asked for
+    ])
+    groups, record = collect_groups(source.sample, source.score, 3, dynamic=True, max_extra_rounds=5)
+    assert source.asked == [3, 3, 3]
+    assert [[r.reward for r in g.rollouts] for g in groups] == [[1, 0], [0, 1], [1, 0]]
+    # 9 groups sampled; flat, so dropped: 2 in round 1, 3 in round 2, 1 in round 3
+    assert record["dropped_groups"] == 2 + 3 + 1
+    assert record["dropped_fraction"] == pytest.approx(6 / 9)
+    assert record["zero_signal_fraction"] == pytest.approx(6 / 9)
+    assert record["sampling_rounds"] == 3
+    # mean reward over all 18 sampled rollouts: (2 + 1 + 0) + 0 + (1 + 2 + 1) = 7
+    assert record["reward"] == pytest.approx(7 / 18)
+
+
+def test_dynamic_sampling_stops_after_the_extra_rounds_with_a_smaller_batch():
+    source = Source([[[1, 0], [1, 1]], [[0, 0], [1, 1]], [[0, 0], [0, 0]]])
+    groups, record = collect_groups(source.sample, source.score, 2, dynamic=True, max_extra_rounds=1)
+    assert source.asked == [2, 2], "one first round and one extra round"
+    assert len(groups) == 1
+    assert record["dropped_groups"] == 3 and record["dropped_fraction"] == pytest.approx(3 / 4)
+
+
+def test_when_no_group_has_signal_the_last_round_is_trained_on_as_it_is():
+    source = Source([[[1, 1]], [[0, 0]]])
+    groups, record = collect_groups(source.sample, source.score, 1, dynamic=True, max_extra_rounds=1)
+    assert [[r.reward for r in g.rollouts] for g in groups] == [[0, 0]]
+    # the first round's group was dropped; the last round's is used, so not counted as dropped
+    assert record["dropped_groups"] == 1 and record["dropped_fraction"] == pytest.approx(1 / 2)
+
+
+def test_has_signal_needs_two_different_rewards():
+    assert not has_signal(Group(PROBLEM, [_rollout(0.3)]))
+    assert has_signal(Group(PROBLEM, [_rollout(0.3), _rollout(0.3), _rollout(0.31)]))
+
+
+def test_mask_truncated_zeroes_the_loss_mask_of_length_limited_completions_only():
+    rollouts = [_rollout(length=3, finish_reason="length"), _rollout(length=2, finish_reason="stop")]
+    assert mask_truncated(rollouts) == 1
+    assert [r.loss_mask for r in rollouts] == [[0, 0, 0], [1, 1]]
+
+
+def test_overlong_penalty_falls_linearly_over_the_buffer():
+    # limit 20, buffer 8: no penalty up to 12 tokens, then -(length - 12) / 8 * 0.5 down to -0.5
+    assert [overlong_penalty(n, 20, 8, 0.5) for n in (5, 12, 13, 16, 20, 25)] == pytest.approx(
+        [0.0, 0.0, -0.0625, -0.25, -0.5, -0.5])
+    assert overlong_penalty(20, 20, 0) == 0.0, "buffer 0 turns it off"
+
+
+def test_shape_overlong_penalises_rewards_then_masks_truncated_completions():
+    rollouts = [_rollout(1.0, length=10, finish_reason="length"), _rollout(1.0, length=7), _rollout(0.0, length=4)]
+    groups = [Group(PROBLEM, rollouts)]
+    config = AlgorithmConfig(overlong_filter=True, overlong_buffer=4, overlong_penalty=1.0)
+
+    record = shape_overlong(groups, config, max_new_tokens=10)
+
+    # limit 10, buffer 4: length 10 -> -1, length 7 -> -(7 - 6) / 4 = -0.25, length 4 -> 0
+    assert [r.reward for r in rollouts] == pytest.approx([0.0, 0.75, 0.0])
+    assert [sum(r.loss_mask) for r in rollouts] == [0, 7, 4]
+    assert record == pytest.approx({"truncated_fraction": 1 / 3, "overlong_penalty": 1.25 / 3})
+
+
+def test_shape_overlong_is_a_no_op_by_default():
+    rollouts = [_rollout(1.0, length=10, finish_reason="length")]
+    record = shape_overlong([Group(PROBLEM, rollouts)], AlgorithmConfig(), max_new_tokens=10)
+    assert rollouts[0].reward == 1.0 and rollouts[0].loss_mask == [1] * 10
+    assert record == {"truncated_fraction": 1.0, "overlong_penalty": 0.0}

@@ -221,7 +221,11 @@ class Learner:
         if self.reference is not None:
             totals["kl_coef"] = self.kl.value
             if self.settings.kl_in_reward:
-                totals["kl"] = self._reward_kl
-            self.kl.update(totals["kl"])
+                # measured by reward_penalty() when this batch's advantages were computed
+                kl, self._reward_kl = self._reward_kl, None
+                if kl is not None:
+                    totals["kl"] = kl
+            if "kl" in totals:
+                self.kl.update(totals["kl"])
         totals["lr"] = lr
         return totals

@@ -12,8 +12,10 @@ Two placements:
 - ``shared=False``: the head sits on a separate copy of the initial policy (a critic model);
   the value loss never touches the policy.
 
-The head starts at zero (every value 0), so the first advantages are plain returns. Not
-done: saving the critic with the final checkpoint (it is only needed to keep training).
+The head starts at zero (every value 0), so the first advantages are plain returns, and
+the first update sends no gradient into a shared trunk (the head's weights are 0). The
+critic trains with the policy's optimizer and learning rate. Not done: saving the critic
+with the final checkpoint (it is only needed to keep training).
 """
 
 from __future__ import annotations

@@ -1,33 +1,176 @@
-"""Which problems to train on next: a weighted mixture over tasks with per-task cursors.
+"""Which problems to train on next: a weighted mixture over tasks that can adapt as the model learns.
 
-Each task's training stream is indexable (``task.train_problem(i)``), so the scheduler's
-whole state is one cursor per task plus its random generator: ``state_dict()`` captures
-it and a resumed run draws exactly the same problems.
+Each task's training stream is indexable (``task.train_problem(i)``), so the mixture's
+state is one cursor per task, its random generator, and the per-task statistics the
+adaptive strategies read: ``state_dict()`` captures all of it and a resumed run draws
+exactly the same problems.
 
-Not done here: adaptive weights and curricula (the mixture is static).
+A task is a domain here: the mixture keeps statistics, weights and curricula per task name
+(a reasoning-gym type, ``add``, a user dataset). The loop feeds back what it sampled with
+:meth:`Mixture.observe` (every sampled group, dropped ones included, so success rates are the
+sampler's) and closes a step with :meth:`Mixture.update`, which returns per-task metrics.
+
+Weight strategies are plain functions in :data:`STRATEGIES` that map the configured weights and
+the statistics to new weights:
+
+- ``static``: the configured weights (the default; draws exactly what it always drew);
+- ``temperature``: weight x dataset size ** (1 / T), the multilingual-pretraining recipe;
+  tasks without a ``size`` (procedural ones are unbounded) count as ``unbounded_size``;
+- ``learnability``: prefer tasks whose success rate p is near 1/2, by p(1 - p): a group of
+  an always-solved or never-solved task has no reward variance and teaches nothing;
+- ``learning_progress``: prefer tasks whose success rate is changing, by |fast EMA - slow EMA|.
+
+Adaptive strategies mix in ``floor`` of the static weights, so no task starves and a task
+whose rate later moves is noticed. A task the mixture has not yet seen scores as the best
+seen so far (optimism), so every task is tried early.
+
+Curricula: a task with ``levels`` (a count) and a settable ``level`` moves up one level when
+its success rate passes ``promote_at`` over at least ``min_samples`` rollouts at the level.
+
+Not done here: per-domain loss balancing (that is the learner's and the advantage
+estimator's), predicting slow-to-generate tasks' cost, demoting a level.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 
 from tempering.tasks import Task
-from tempering.types import Problem
+from tempering.types import Group, Problem
 
 
-class StaticMixture:
-    """Draws each problem's task with probability proportional to its weight."""
+@dataclass
+class TaskStats:
+    """What the mixture knows of one task: exponential averages of its success rate, counts."""
 
-    def __init__(self, tasks: Sequence[Task], weights: Sequence[float], seed: int):
+    fast: float = 0.0
+    """Success rate, exponential average over recent steps (weight ``fast_rate`` on the newest)."""
+    slow: float = 0.0
+    """The same with ``slow_rate``: the learning-progress baseline."""
+    seen: int = 0
+    """Rollouts observed at the current level."""
+    groups: int = 0
+    """Groups observed, all levels."""
+    dropped: int = 0
+    """Groups without reward variance (no signal for group-relative advantages), all levels."""
+    level: int = 0
+
+
+@dataclass
+class Settings:
+    """How an adaptive mixture reads its statistics (see the module docstring)."""
+
+    floor: float = 0.1
+    """Share of the static weights mixed into adaptive weights; 1 = static, 0 = no exploration."""
+    temperature: float = 2.0
+    """For ``temperature``: 1 = proportional to size, larger = flatter."""
+    unbounded_size: float = 10_000.0
+    """For ``temperature``: the size assumed for tasks without one."""
+    fast_rate: float = 0.3
+    slow_rate: float = 0.05
+    promote_at: float = 0.8
+    """Curricula: success rate above which a task moves up a level; > 1 = never."""
+    min_samples: int = 64
+    """Curricula: rollouts at a level before it may be left."""
+
+
+Strategy = Callable[[Sequence[Task], Sequence[float], Sequence[TaskStats], Settings], list[float]]
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register_strategy(name: str) -> Callable[[Strategy], Strategy]:
+    def decorator(fn: Strategy) -> Strategy:
+        if name in STRATEGIES:
+            raise ValueError(f"scheduler strategy {name!r} is registered twice")
+        STRATEGIES[name] = fn
+        return fn
+
+    return decorator
+
+
+def _normalized(values: Sequence[float]) -> list[float]:
+    total = sum(values)
+    return [v / total for v in values] if total > 0 else [0.0] * len(values)
+
+
+def _with_floor(base: Sequence[float], scores: Sequence[float], floor: float) -> list[float]:
+    """``floor`` of the base shares plus the rest by score x base; all base if no score is positive."""
+    base_p = _normalized(base)
+    scored = _normalized([s * b for s, b in zip(scores, base)])
+    if not any(scored):
+        return base_p
+    return [floor * b + (1 - floor) * s for b, s in zip(base_p, scored)]
+
+
+def _optimistic(scores: list[float], stats: Sequence[TaskStats]) -> list[float]:
+    """Scores with every unseen task raised to the best seen score (or 1 if none is seen)."""
+    best = max((s for s, st in zip(scores, stats) if st.seen), default=1.0) or 1.0
+    return [s if st.seen else best for s, st in zip(scores, stats)]
+
+
+@register_strategy("static")
+def static(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[TaskStats], settings: Settings) -> list[float]:
+    """The configured weights, unchanged."""
+    return list(base)
+
+
+@register_strategy("temperature")
+def temperature(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[TaskStats],
+                settings: Settings) -> list[float]:
+    """Weight x size ** (1/T): large datasets get more, but less than in proportion.
+
+    >>> class T: size = 100
+    >>> class U: size = 1
+    >>> [round(w, 3) for w in temperature([T(), U()], [1, 1], [], Settings(temperature=2.0))]
+    [0.909, 0.091]
+    """
+    sizes = [float(getattr(task, "size", None) or settings.unbounded_size) for task in tasks]
+    return _normalized([b * s ** (1 / settings.temperature) for b, s in zip(base, sizes)])
+
+
+@register_strategy("learnability")
+def learnability(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[TaskStats],
+                 settings: Settings) -> list[float]:
+    """p(1 - p) of each task's recent success rate p, with the exploration floor."""
+    scores = _optimistic([st.fast * (1 - st.fast) for st in stats], stats)
+    return _with_floor(base, scores, settings.floor)
+
+
+@register_strategy("learning_progress")
+def learning_progress(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[TaskStats],
+                      settings: Settings) -> list[float]:
+    """|fast - slow| success averages: where the model's skill is moving, either way."""
+    scores = _optimistic([abs(st.fast - st.slow) for st in stats], stats)
+    return _with_floor(base, scores, settings.floor)
+
+
+class Mixture:
+    """Draws each problem's task with probability proportional to the strategy's weights."""
+
+    def __init__(self, tasks: Sequence[Task], weights: Sequence[float], seed: int,
+                 strategy: str | Strategy = "static", settings: Settings | None = None):
         if len(tasks) != len(weights):
             raise ValueError("one weight per task is needed")
         if not any(w > 0 for w in weights):
             raise ValueError("at least one task needs a positive training weight")
+        if isinstance(strategy, str) and strategy not in STRATEGIES:
+            raise ValueError(f"unknown scheduler strategy {strategy!r}; known: {', '.join(sorted(STRATEGIES))}")
         self.tasks = list(tasks)
-        self.weights = list(weights)
+        self.base = list(weights)
+        self.strategy = STRATEGIES[strategy] if isinstance(strategy, str) else strategy
+        self.settings = settings or Settings()
         self.cursors = {task.name: 0 for task in tasks}
+        self.stats = {task.name: TaskStats(level=getattr(task, "level", 0)) for task in tasks}
+        self._pending: dict[str, list[float]] = {}
         self.rng = random.Random(seed)
+        self.weights = self._weights()
+
+    def _weights(self) -> list[float]:
+        weights = self.strategy(self.tasks, self.base, [self.stats[t.name] for t in self.tasks], self.settings)
+        # a weight of 0 in the config means evaluate-only: no strategy may train on it
+        return [w if b > 0 else 0.0 for w, b in zip(weights, self.base)]
 
     def next_problems(self, n: int) -> list[Problem]:
         chosen = self.rng.choices(self.tasks, weights=self.weights, k=n)
@@ -37,10 +180,78 @@ class StaticMixture:
             self.cursors[task.name] += 1
         return problems
 
+    def observe(self, groups: Sequence[Group]) -> None:
+        """Record the success (the task's metric, 0..1) of every rollout of sampled groups.
+
+        Call it on every sampled group, including those dynamic sampling drops: the
+        strategies need the sampler's success rate, and the drop count is per task.
+        """
+        by_name = {t.name: t for t in self.tasks}
+        for group in groups:
+            task = by_name.get(group.problem.task)
+            if task is None or not group.rollouts:
+                continue
+            successes = [r.reward_components.get(task.metric, 0.0) for r in group.rollouts]
+            self._pending.setdefault(task.name, []).extend(successes)
+            stats = self.stats[task.name]
+            stats.groups += 1
+            stats.dropped += len({r.reward for r in group.rollouts}) == 1
+
+    def update(self) -> dict[str, float]:
+        """Fold this step's observations into the statistics, move curricula, re-weigh;
+        return per-task metrics (``domain/<task>/...``) for the step's record."""
+        s = self.settings
+        record: dict[str, float] = {}
+        for task in self.tasks:
+            stats, successes = self.stats[task.name], self._pending.pop(task.name, [])
+            if successes:
+                rate = sum(successes) / len(successes)
+                if stats.seen == 0:
+                    stats.fast = stats.slow = rate
+                else:
+                    stats.fast += s.fast_rate * (rate - stats.fast)
+                    stats.slow += s.slow_rate * (rate - stats.slow)
+                stats.seen += len(successes)
+                record[f"domain/{task.name}/success"] = rate
+            self._promote(task, stats)
+        self._pending.clear()
+        self.weights = self._weights()
+        total = sum(self.weights)
+        for task, weight in zip(self.tasks, self.weights):
+            stats = self.stats[task.name]
+            record[f"domain/{task.name}/weight"] = weight / total
+            record[f"domain/{task.name}/dropped_groups"] = stats.dropped
+            if getattr(task, "levels", 0):
+                record[f"domain/{task.name}/level"] = stats.level
+        return record
+
+    def _promote(self, task: Task, stats: TaskStats) -> None:
+        levels = getattr(task, "levels", 0)
+        if stats.level + 1 < levels and stats.seen >= self.settings.min_samples \
+                and stats.fast >= self.settings.promote_at:
+            stats.level += 1
+            task.level = stats.level
+            stats.seen = 0  # the new level's rate is unknown: the strategies treat it as unseen
+
     def state_dict(self) -> dict:
-        return {"cursors": dict(self.cursors), "rng": self.rng.getstate()}
+        return {"cursors": dict(self.cursors), "rng": self.rng.getstate(),
+                "stats": {name: asdict(st) for name, st in self.stats.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.cursors = dict(state["cursors"])
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
+        for name, saved in state.get("stats", {}).items():
+            if name in self.stats:
+                self.stats[name] = TaskStats(**saved)
+        for task in self.tasks:
+            if getattr(task, "levels", 0):
+                task.level = self.stats[task.name].level
+        self.weights = self._weights()
+
+
+class StaticMixture(Mixture):
+    """The configured weights, never changed: the default mixture."""
+
+    def __init__(self, tasks: Sequence[Task], weights: Sequence[float], seed: int):
+        super().__init__(tasks, weights, seed, "static")

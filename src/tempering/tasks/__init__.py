@@ -1,9 +1,10 @@
 """Tasks: each owns its data, its prompt rendering and its reward spec.
 
-Importing this package registers the built-in tasks.
+Importing this package registers the built-in tasks; ``rg:<type>`` names any reasoning-gym
+type (see :mod:`tempering.tasks.reasoning_gym`).
 """
 
-from tempering.tasks.base import TASKS, Task, build_task, register_task
 from tempering.tasks import arithmetic  # noqa: F401  (registers the built-in tasks)
+from tempering.tasks.base import TASKS, Task, build_task, register_task
 
 __all__ = ["TASKS", "Task", "build_task", "register_task"]

@@ -9,7 +9,8 @@ it, with weights, so mixtures of tasks need no per-task code in the loop.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from tempering.types import Problem
 
@@ -56,6 +57,13 @@ def resolve(registry: dict[str, Any], name: str, kind: str) -> Any:
     raise ValueError(f"unknown {kind} {name!r}; known: {known}, or module:function")
 
 
+PREFIXES: dict[str, str] = {"rg:": "tempering.tasks.reasoning_gym:build_rg_task"}
+"""``prefix:`` -> ``module:factory`` for task families named on the fly (``rg:<type>``): the
+module, and the package behind it, is imported when the first member is built."""
+
+
 def build_task(name: str, seed: int, **options: Any) -> Task:
-    factory = resolve(TASKS, name, "task")
+    prefix, colon, _ = name.partition(":")
+    family = PREFIXES.get(prefix + colon) if colon else None
+    factory = resolve({}, family, "task family") if family else resolve(TASKS, name, "task")
     return factory(name=name, seed=seed, **options)

@@ -1,0 +1,116 @@
+"""Adaptive mixtures on synthetic tasks whose success rates are fixed by the test."""
+
+import json
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from tempering.scheduler import Mixture, Settings, StaticMixture
+from tempering.tasks import build_task
+from tempering.types import Group, Problem, Rollout
+
+
+@dataclass
+class FakeTask:
+    name: str
+    rate: float
+    size: int | None = None
+    levels: int = 0
+    level: int = 0
+    domain: str = ""
+    metric: str = "correct"
+
+    def __post_init__(self):
+        self.rewards = {"correct": 1.0}
+
+    def train_problem(self, index: int) -> Problem:
+        return Problem(task=self.name, id=f"{self.level}:{index}", prompt="", answer="")
+
+    def eval_problems(self, n: int) -> list[Problem]:
+        return []
+
+
+def _run(mixture: Mixture, steps: int, rng: random.Random, group_size: int = 8) -> dict:
+    """Sample, grade each rollout as correct with its task's rate, feed it back."""
+    record = {}
+    by_name = {t.name: t for t in mixture.tasks}
+    for _ in range(steps):
+        groups = []
+        for problem in mixture.next_problems(16):
+            rate = by_name[problem.task].rate
+            rollouts = []
+            for _ in range(group_size):
+                x = float(rng.random() < rate)
+                rollouts.append(Rollout(problem, [], [], [], "", "stop", 0, reward=x, reward_components={"correct": x}))
+            groups.append(Group(problem, rollouts))
+        mixture.observe(groups)
+        record = mixture.update()
+    return record
+
+
+def _tasks():
+    return [FakeTask("never", 0.0), FakeTask("half", 0.5), FakeTask("always", 1.0)]
+
+
+@pytest.mark.parametrize("strategy", ["learnability"])
+def test_most_weight_goes_to_the_learnable_task_and_the_floor_stays(strategy):
+    mixture = Mixture(_tasks(), [1, 1, 1], seed=0, strategy=strategy, settings=Settings(floor=0.15))
+    record = _run(mixture, 30, random.Random(0))
+    assert record["domain/half/weight"] > 0.8
+    for name in ("never", "always"):
+        assert record[f"domain/{name}/weight"] == pytest.approx(0.05, abs=0.01)  # floor 0.15 / 3 tasks
+    assert record["domain/never/dropped_groups"] > 0 and record["domain/always/dropped_groups"] > 0
+
+
+@pytest.mark.parametrize("strategy", ["learnability", "learning_progress"])
+def test_weights_follow_a_change_in_a_tasks_success_rate(strategy):
+    tasks = _tasks()
+    mixture = Mixture(tasks, [1, 1, 1], seed=0, strategy=strategy, settings=Settings(floor=0.1))
+    rng = random.Random(1)
+    _run(mixture, 20, rng)
+    before = mixture.weights[0] / sum(mixture.weights)
+    tasks[0].rate = 0.5  # 'never' starts being solved half the time
+    tasks[1].rate = 1.0 if strategy == "learnability" else 0.5
+    _run(mixture, 5, rng)
+    after = mixture.weights[0] / sum(mixture.weights)
+    assert after > 2 * before and after > 0.3
+
+
+def test_temperature_flattens_dataset_sizes():
+    tasks = [FakeTask("big", 0.5, size=10_000), FakeTask("small", 0.5, size=100)]
+    weights = Mixture(tasks, [1, 1], seed=0, strategy="temperature", settings=Settings(temperature=2.0)).weights
+    assert weights[0] / weights[1] == pytest.approx(10.0)  # 100x the data, sqrt -> 10x the draws
+
+
+def test_a_curriculum_moves_up_when_a_level_is_mastered():
+    task = FakeTask("climb", 1.0, levels=3)
+    mixture = Mixture([task], [1], seed=0, strategy="static", settings=Settings(promote_at=0.8, min_samples=64))
+    record = _run(mixture, 1, random.Random(0))  # 16 x 8 = 128 rollouts at level 0
+    assert record["domain/climb/level"] == 1 and task.level == 1
+    _run(mixture, 3, random.Random(0))
+    assert task.level == 2, "stops at the top level"
+    assert mixture.next_problems(1)[0].id.startswith("2:")
+
+
+def test_an_adaptive_state_resumes_exactly():
+    mixture = Mixture(_tasks(), [1, 1, 1], seed=3, strategy="learnability")
+    _run(mixture, 4, random.Random(0))
+    state = json.loads(json.dumps(mixture.state_dict()))
+    expected = mixture.next_problems(20)
+    resumed = Mixture(_tasks(), [1, 1, 1], seed=99, strategy="learnability")
+    resumed.load_state_dict(state)
+    assert resumed.weights == pytest.approx(mixture.weights)
+    assert resumed.next_problems(20) == expected
+
+
+def test_the_static_mixture_draws_what_it_always_drew():
+    tasks = [build_task(name, seed=0) for name in ("add", "sub", "mul")]
+    rng = random.Random(0)  # the draw before adaptive strategies existed: rng.choices over the weights
+    expected = [t.name for t in rng.choices(tasks, weights=[1, 2, 3], k=50)]
+    assert [p.task for p in StaticMixture(tasks, [1, 2, 3], seed=0).next_problems(50)] == expected
+
+
+def test_an_unknown_strategy_names_the_known_ones():
+    with pytest.raises(ValueError, match="known: learnability, learning_progress, static, temperature"):
+        Mixture(_tasks(), [1, 1, 1], seed=0, strategy="bandit")

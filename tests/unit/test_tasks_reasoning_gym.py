@@ -1,0 +1,72 @@
+"""reasoning-gym task types: every one loads, and its reference answer scores 1 through the reward."""
+
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from tempering.rewards import build_reward
+from tempering.tasks import build_task
+from tempering.tasks.reasoning_gym import NO_REFERENCE, rg_types
+from tempering.types import Rollout
+
+
+def _score(problem, text: str) -> float:
+    rollout = Rollout(problem, [], [], [], text, "stop", 0)
+    return build_reward("reasoning_gym").score_batch([problem], [rollout])[0].score
+
+
+def test_there_is_a_domain_for_every_reasoning_gym_type():
+    assert len(rg_types()) >= 100 and "composite" not in rg_types()
+
+
+VALIDATED = ["graph_color", "rubiks_cube", "propositional_logic", "boxnet", "rush_hour"]
+
+
+@pytest.mark.parametrize("rg_type", [pytest.param(t, marks=pytest.mark.slow) for t in rg_types() if t not in VALIDATED + ["basic_arithmetic"]]
+                         + ["basic_arithmetic"] + VALIDATED)
+def test_each_types_reference_answer_scores_one(rg_type):
+    """All types under -m slow (about 20 s); the validated ones and one compared one always."""
+    task = build_task(f"rg:{rg_type}", seed=0, eval_size=2)
+    problem = task.train_problem(0)
+    assert problem.task == f"rg:{rg_type}" and problem.domain == f"rg:{rg_type}"
+    if rg_type in NO_REFERENCE:  # validated by a planner; reasoning-gym keeps no solution
+        assert problem.answer == "" and _score(problem, "<answer>no idea</answer>") < 1.0
+    else:
+        assert _score(problem, f"reasoning first\n<answer>{problem.answer}</answer>") == 1.0
+
+
+def test_the_answer_line_is_read_when_there_are_no_tags():
+    problem = build_task("rg:basic_arithmetic", seed=0, eval_size=2).train_problem(3)
+    assert _score(problem, f"answer: {problem.answer}") == 1.0
+    assert _score(problem, "answer: not a number") < 1.0
+
+
+@pytest.mark.parametrize("rg_type", ["basic_arithmetic", "coin_flip", "acre"])
+def test_training_stream_is_deterministic_and_never_repeats_a_held_out_question(rg_type):
+    task = build_task(f"rg:{rg_type}", seed=0, eval_size=32)
+    stream = [task.train_problem(i) for i in range(60)]
+    held_out = {p.meta["entry"]["question"] for p in task.eval_problems(32)}
+    assert not held_out & {p.meta["entry"]["question"] for p in stream}
+    again = build_task(f"rg:{rg_type}", seed=0, eval_size=32)
+    assert [again.train_problem(i).prompt for i in (59, 0, 7)] == [stream[i].prompt for i in (59, 0, 7)]
+    other_seed = build_task(f"rg:{rg_type}", seed=1, eval_size=32)
+    assert other_seed.eval_problems(32) == task.eval_problems(32), "the held-out split is the same for every run"
+
+
+def test_a_curriculum_level_makes_harder_items():
+    task = build_task("rg:basic_arithmetic", seed=0, curriculum=True, eval_size=2)
+    assert task.levels > 1
+    easy = task.train_problem(0).meta["entry"]["metadata"]["num_terms"]
+    task.level = task.levels - 1
+    hard = task.train_problem(0).meta["entry"]["metadata"]["num_terms"]
+    assert hard > easy
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"type": "no_such_type"}, "unknown reasoning-gym type 'no_such_type'"),
+    ({"type": "basic_arithmetic", "style": "xml"}, "style must be"),
+    ({"type": "basic_arithmetic", "config": {"no_such_field": 1}}, "bad config"),
+])
+def test_bad_options_are_refused_by_name(options, message):
+    with pytest.raises(ValueError, match=message):
+        build_task("rg:custom", seed=0, **options).train_problem(0)

@@ -4,7 +4,7 @@ Importing this package registers the built-in tasks; ``rg:<type>`` names any rea
 type (see :mod:`tempering.tasks.reasoning_gym`).
 """
 
-from tempering.tasks import arithmetic  # noqa: F401  (registers the built-in tasks)
+from tempering.tasks import arithmetic, dataset  # noqa: F401  (register the built-in tasks)
 from tempering.tasks.base import TASKS, Task, build_task, register_task
 
 __all__ = ["TASKS", "Task", "build_task", "register_task"]

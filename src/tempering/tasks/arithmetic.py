@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from tempering.tasks.base import register_task
 from tempering.types import Problem

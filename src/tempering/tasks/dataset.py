@@ -29,7 +29,7 @@ import json
 import random
 import zlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from tempering.sandbox.spec import SpecError, TestSpec
 from tempering.tasks.base import register_task
@@ -105,8 +105,8 @@ class DatasetTask:
     """Records from a user file; see the module docstring for the fields and the split."""
 
     def __init__(self, name: str, seed: int, path: str = "", kind: str = "math", reward: str = "match",
-                 eval_fraction: float = 0.1, eval_path: Optional[str] = None, style: str = "chat",
-                 domain: str = "", rewards: Optional[dict[str, float]] = None):
+                 eval_fraction: float = 0.1, eval_path: str | None = None, style: str = "chat",
+                 domain: str = "", rewards: dict[str, float] | None = None):
         if not path:
             raise ValueError("a dataset task needs options.path (a .jsonl or .parquet file)")
         if kind not in KINDS:

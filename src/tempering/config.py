@@ -159,6 +159,20 @@ class RewardsConfig(Strict):
     monitors: MonitorConfig = Field(default_factory=MonitorConfig)
 
 
+class SchedulerConfig(Strict):
+    """How the mixture picks each problem's task (see ``tempering.scheduler``)."""
+
+    strategy: Literal["static", "temperature", "learnability", "learning_progress"] = Field(
+        "static", description="static: tasks.N.weight as given; temperature: weight x size**(1/T); "
+        "learnability: prefer success rates near 0.5; learning_progress: prefer changing success rates")
+    floor: float = Field(0.1, ge=0, le=1, description="share of the static weights kept under adaptive strategies, so no task starves; 1 = static")
+    temperature: float = Field(2.0, gt=0, description="temperature strategy: 1 = proportional to dataset size, larger = flatter")
+    fast_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest step in the recent success average")
+    slow_rate: float = Field(0.05, gt=0, le=1, description="the same for the slow average that learning progress compares against")
+    promote_at: float = Field(0.8, ge=0, description="curricula: success rate that moves a task with levels up one; above 1 = never")
+    min_samples: int = Field(64, ge=1, description="curricula: rollouts at a level before it may be left")
+
+
 class TrainConfig(Strict):
     seed: int = Field(0, description="seed for sampling, data order and initialisation")
     steps: int = Field(100, ge=0, description="RL steps; 0 = evaluate only")
@@ -172,6 +186,7 @@ class TrainConfig(Strict):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
 
 
 def builtin_config(name: str) -> Path:

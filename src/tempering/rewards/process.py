@@ -14,6 +14,7 @@ import re
 from fractions import Fraction
 from typing import Literal, Optional
 
+from tempering.algorithms.dapo import overlong_penalty
 from tempering.rewards.arith import try_evaluate
 from tempering.rewards.base import RewardResult, register_reward
 from tempering.rewards.basic import ANSWER_LINE, final_answer, parse_number
@@ -135,9 +136,10 @@ def length(problem: Problem, rollout: Rollout, *, max_tokens: int, buffer_tokens
            target_tokens: int = 0) -> RewardResult:
     """A length penalty in [-2, 0]: DAPO's soft overlong term plus optional target shaping.
 
-    Overlong (DAPO): 0 up to ``max_tokens - buffer_tokens`` completion tokens, then falling
-    linearly to -1 at ``max_tokens`` (a completion cut off by the limit gets -1);
-    ``buffer_tokens=0`` turns it off. Target:
+    Overlong: DAPO's soft penalty, :func:`tempering.algorithms.dapo.overlong_penalty` (0 up
+    to ``max_tokens - buffer_tokens`` completion tokens, then falling linearly to -1 at
+    ``max_tokens``; ``buffer_tokens=0`` turns it off), here as a reward a task can weigh
+    (``algorithm.overlong_buffer`` applies it to every task instead). Target:
     ``-|n - target_tokens| / target_tokens``, floored at -1; 0 turns it off.
 
     >>> from tempering.types import Rollout
@@ -148,6 +150,6 @@ def length(problem: Problem, rollout: Rollout, *, max_tokens: int, buffer_tokens
     {'overlong': 0.0, 'target': -0.5}
     """
     n = len(rollout.completion_ids)
-    overlong = -min(max(n - (max_tokens - buffer_tokens), 0), buffer_tokens) / buffer_tokens if buffer_tokens else 0.0
+    overlong = overlong_penalty(n, max_tokens, buffer_tokens)
     target = -min(1.0, abs(n - target_tokens) / target_tokens) if target_tokens else 0.0
     return RewardResult(overlong + target, {"overlong": overlong, "target": target}, {"tokens": n})

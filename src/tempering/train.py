@@ -143,8 +143,10 @@ def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner
     rewards_B = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
     values_BT = learner.values(batch) if learner is not None else None
     penalty_BT = learner.reward_penalty(batch) if learner is not None else None
+    domains = {d: i for i, d in enumerate(dict.fromkeys(r.problem.domain or r.problem.task for r in rollouts))}
+    domain_B = torch.tensor([domains[r.problem.domain or r.problem.task] for r in rollouts])
     batch.advantages_BT = estimator(AdvantageInputs(rewards_B, group_B, batch.loss_mask_BT, values_BT, penalty_BT,
-                                                    gamma=gamma, lam=lam))
+                                                    gamma=gamma, lam=lam, domain_B=domain_B))
     if values_BT is not None:
         batch.values_BT, batch.returns_BT = values_BT, (batch.advantages_BT + values_BT) * batch.loss_mask_BT
     return batch

@@ -41,6 +41,8 @@ class AdvantageInputs:
     """GAE's lambda: 1 gives Monte-Carlo returns minus values, 0 one-step TD errors."""
     eps: float = 1e-6
     """Added to standard deviations before dividing, so flat groups give 0, not NaN."""
+    domain_B: Optional[torch.Tensor] = None
+    """Index of each rollout's domain (task), for estimators that normalise within a domain."""
 
 
 AdvantageFn = Callable[[AdvantageInputs], torch.Tensor]
@@ -203,3 +205,25 @@ def gae(inputs: AdvantageInputs) -> torch.Tensor:
         next_value_B = torch.where(on_B, values_BT[:, t], next_value_B)
         next_advantage_B = torch.where(on_B, advantage_B, next_advantage_B)
     return advantages_BT
+
+
+@register_advantage("grpo_domain")
+def grpo_domain(inputs: AdvantageInputs) -> torch.Tensor:
+    """Reward minus its group's mean, divided by the std of those differences over its domain.
+
+    GRPO divides by each group's own std, so a nearly solved group's small differences are
+    blown up to unit scale; dividing per domain keeps each domain's advantages at unit scale
+    (a domain with rewards in [0, 10] does not outweigh one in [0, 1]) while groups within a
+    domain keep their relative sizes. Without ``domain_B`` the batch is one domain.
+
+    >>> inputs = AdvantageInputs(torch.tensor([0., 1., 0., 10.]), torch.tensor([0, 0, 1, 1]),
+    ...                          torch.ones(4, 1), domain_B=torch.tensor([0, 0, 1, 1]))
+    >>> grpo_domain(inputs)[:, 0]
+    tensor([-0.7071,  0.7071, -0.7071,  0.7071])
+    """
+    rewards_B = sequence_rewards(inputs)
+    mean_B, _ = group_statistics(rewards_B, inputs.group_B)
+    centred_B = rewards_B - mean_B
+    domain_B = inputs.domain_B if inputs.domain_B is not None else torch.zeros_like(inputs.group_B)
+    _, spread_B = group_statistics(centred_B, domain_B)
+    return (centred_B / (spread_B + inputs.eps))[:, None] * inputs.mask_BT

@@ -58,11 +58,12 @@ def resolve(registry: dict[str, Any], name: str, kind: str) -> Any:
 
 
 LAZY_TASKS: dict[str, str] = {"rg:": "tempering.tasks.reasoning_gym:build_rg_task",
-                              "humaneval": "tempering.tasks.humaneval:HumanEvalTask"}
+                              "humaneval": "tempering.tasks.humaneval:HumanEvalTask",
+                              "long_context": "tempering.tasks.long_context:LongContextTask"}
 """Task name, or ``prefix:`` for a family named on the fly (``rg:<type>``) -> ``module:factory``.
-The module is imported when the first such task is built: these tasks pull in heavy packages
-and register their own rewards, which ``tempering.rewards`` cannot import at start-up without
-a cycle (it imports this module)."""
+The module is imported when the first such task is built: some pull in heavy packages or
+register their own rewards, which ``tempering.rewards`` cannot import at start-up without a
+cycle (it imports this module)."""
 
 
 def build_task(name: str, seed: int, **options: Any) -> Task:

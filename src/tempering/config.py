@@ -171,6 +171,8 @@ class SchedulerConfig(Strict):
     slow_rate: float = Field(0.05, gt=0, le=1, description="the same for the slow average that learning progress compares against")
     promote_at: float = Field(0.8, ge=0, description="curricula: success rate that moves a task with levels up one; above 1 = never")
     min_samples: int = Field(64, ge=1, description="curricula: rollouts at a level before it may be left")
+    balance_tokens: bool = Field(False, description="scale advantages so each domain's share of a token-mean loss is its share of rollouts, not of tokens")
+    max_domain_token_share: float = Field(1.0, gt=0, le=1, description="drop a domain's groups while it holds more than this share of a batch's completion tokens; 1 = no cap")
 
 
 class TrainConfig(Strict):

@@ -27,15 +27,23 @@ seen so far (optimism), so every task is tried early.
 Curricula: a task with ``levels`` (a count) and a settable ``level`` moves up one level when
 its success rate passes ``promote_at`` over at least ``min_samples`` rollouts at the level.
 
-Not done here: per-domain loss balancing (that is the learner's and the advantage
-estimator's), predicting slow-to-generate tasks' cost, demoting a level.
+Balance inside a batch (used by the loop, optional): :func:`cap_domain_tokens` drops groups of
+a domain holding more than a set share of the batch's completion tokens, and
+:func:`domain_token_weights_B` scales advantages so that under a token-mean loss each domain's
+share of the gradient follows its share of rollouts (what the mixture drew), not its share of
+tokens. Reward scale is the ``grpo_domain`` advantage estimator's part.
+
+Not done here: predicting slow-to-generate tasks' cost, demoting a level.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+
+import torch
 
 from tempering.tasks import Task
 from tempering.types import Group, Problem
@@ -279,3 +287,54 @@ class StaticMixture(Mixture):
 
     def __init__(self, tasks: Sequence[Task], weights: Sequence[float], seed: int):
         super().__init__(tasks, weights, seed, "static")
+
+
+def _domain(group: Group) -> str:
+    return group.problem.domain or group.problem.task
+
+
+def cap_domain_tokens(groups: list[Group], max_share: float) -> tuple[list[Group], int]:
+    """Drop a domain's last groups while it holds more than ``max_share`` of the completion
+    tokens (and more than one group); return the kept groups, in order, and the number dropped.
+
+    >>> from tempering.types import Problem, Rollout
+    >>> def g(task, n):
+    ...     p = Problem(task=task, id="0", prompt="", answer="")
+    ...     return Group(p, [Rollout(p, [], [0] * n, [0.0] * n, "", "stop", 0)])
+    >>> kept, dropped = cap_domain_tokens([g("long", 90), g("short", 10), g("long", 90)], 0.7)
+    >>> [x.problem.task for x in kept], dropped
+    (['long', 'short'], 1)
+    """
+    if max_share >= 1:
+        return groups, 0
+    kept = list(groups)
+    tokens = [sum(len(r.completion_ids) for r in g.rollouts) for g in groups]
+    while True:
+        total: dict[str, int] = {}
+        for group, count in zip(kept, tokens):
+            total[_domain(group)] = total.get(_domain(group), 0) + count
+        over = [d for d, t in total.items() if t > max_share * sum(total.values())
+                and sum(_domain(g) == d for g in kept) > 1]
+        if not over:
+            return kept, len(groups) - len(kept)
+        last = max(i for i, g in enumerate(kept) if _domain(g) == over[0])
+        del kept[last], tokens[last]
+
+
+def domain_token_weights_B(groups: Sequence[Group]) -> torch.Tensor:
+    """Per-rollout factor (rollout share / token share of its domain) for a token-mean loss.
+
+    >>> from tempering.types import Problem, Rollout
+    >>> def g(task, n):
+    ...     p = Problem(task=task, id="0", prompt="", answer="")
+    ...     return Group(p, [Rollout(p, [], [0] * n, [0.0] * n, "", "stop", 0)])
+    >>> domain_token_weights_B([g("a", 10), g("a", 10), g("b", 40)])
+    tensor([2.0000, 2.0000, 0.5000])
+    """
+    domains_B = [_domain(g) for g in groups for _ in g.rollouts]
+    tokens_B = torch.tensor([float(len(r.completion_ids)) for g in groups for r in g.rollouts])
+    rollouts, tokens = Counter(domains_B), Counter()
+    for domain, count in zip(domains_B, tokens_B.tolist()):
+        tokens[domain] += count
+    total_tokens = max(float(tokens_B.sum()), 1.0)
+    return torch.tensor([(rollouts[d] / len(domains_B)) / max(tokens[d] / total_tokens, 1e-9) for d in domains_B])

@@ -31,7 +31,7 @@ from tempering.models.loading import load_policy
 from tempering.reporting import MetricsWriter, before_after_table
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
 from tempering.rollout.hf import HFGenerator, SamplingParams
-from tempering.scheduler import Mixture, Settings
+from tempering.scheduler import Mixture, Settings, cap_domain_tokens, domain_token_weights_B
 from tempering.tasks import Task, build_task
 from tempering.tasks.base import resolve
 from tempering.types import Batch, Group
@@ -162,7 +162,7 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
     rewarder = build_rewarder(config, tasks)
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, MonitorSettings(**config.rewards.monitors.model_dump()))
     try:
-        schedule = config.scheduler.model_dump()
+        schedule = config.scheduler.model_dump(exclude={"balance_tokens", "max_domain_token_share"})
         mixture = Mixture(tasks, [s.weight for s in config.tasks], config.seed, schedule.pop("strategy"),
                           Settings(**schedule))
     except ValueError as exc:
@@ -198,7 +198,10 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
                                         ac.dynamic_sampling, ac.max_extra_rounds)
         record.update(shape_overlong(groups, ac, config.rollout.max_new_tokens))
         t2 = time.perf_counter()
+        groups, record["capped_groups"] = cap_domain_tokens(groups, config.scheduler.max_domain_token_share)
         batch = make_batch(groups, algorithm["advantage"], tokenizer.pad_token_id, learner, ac.gamma, ac.lam)
+        if config.scheduler.balance_tokens:
+            batch.advantages_BT *= domain_token_weights_B(groups)[:, None]
         record.update(learner.step(batch))
         t3 = time.perf_counter()
         train_tokens = int(batch.attention_mask_BT.sum())

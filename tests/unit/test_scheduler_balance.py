@@ -38,3 +38,20 @@ def test_the_loop_passes_each_rollouts_domain():
         groups.append(Group(problem, [Rollout(problem, [1], [2], [0.0], "", "stop", 0) for _ in range(2)]))
     make_batch(groups, spy, pad_id=0)
     assert seen["domain_B"].tolist() == [0, 0, 1, 1, 0, 0]
+
+
+def test_balance_and_cap_options_run_through_training_steps(tiny_model_dir, tmp_path):
+    import json
+
+    from tempering.config import load_config
+    from tempering.train import train
+
+    pretrain = json.loads((tiny_model_dir / "pretrain.json").read_text())["config"]
+    config = load_config("quickstart", [
+        "steps=2", "threads=1", f"run_dir={tmp_path}", f"pretrain={json.dumps(pretrain)}",
+        "rollout.prompts_per_step=6", "rollout.group_size=2", "rollout.max_new_tokens=16",
+        "eval.problems_per_task=2", "eval.max_new_tokens=16", "scheduler.balance_tokens=true",
+        "scheduler.max_domain_token_share=0.34", "algorithm.advantage=grpo_domain"])
+    train(config, progress=False)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all("capped_groups" in r for r in records)

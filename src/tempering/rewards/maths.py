@@ -56,7 +56,7 @@ class Verifier:
             try:
                 import math_verify  # noqa: F401  (fail here, in the caller, with a clear message)
             except ImportError:
-                raise RuntimeError("the math reward needs math-verify: pip install 'math-verify>=0.7,<1'") from None
+                raise RuntimeError("the math reward needs math-verify: pip install 'math-verify>=0.9,<1'") from None
             self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
         return self._pool
 

@@ -12,10 +12,11 @@ types up front would stall a run's start for nothing. There is no background gen
 worker; a slow type costs its time inside the sampling step.
 
 Determinism and the split: reasoning-gym seeds item ``i`` of a dataset seeded ``s`` with
-``s + i``, so two datasets with nearby seeds share items. The training stream therefore uses
-seeds ``seed * 10**7 + i`` (below ``EVAL_SEED``) and the held-out split seeds from
-``EVAL_SEED`` up; on top of that, any training item whose question text equals a held-out
-question is skipped, so the split is disjoint by text even for types with small problem spaces.
+``s + i``, so two datasets with nearby seeds share items. Training item ``i`` therefore uses
+the item seeded ``seed * 10**7 + 100 * i`` (kept below ``EVAL_SEED``) and the held-out split
+items seeded from ``EVAL_SEED`` up; on top of that, a training item whose question text equals
+a held-out one is replaced by the next seed (up to 99 times), so the split is disjoint by text
+even for types with small problem spaces.
 Datasets are built in blocks of ``BLOCK`` items, because a few types pre-generate a pool or
 refuse a large virtual size.
 

@@ -115,6 +115,32 @@ def _make_dev(root: str) -> None:
     mount(None, dev, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
 
+# Directories the new root can be assembled on. The first one that is not an ancestor of
+# anything bound into the root is used: a tmpfs mounted there would hide that source
+# (a Python environment under /tmp, say) before it could be bound.
+_STAGING_POINTS = ("/tmp", "/mnt", "/media", "/srv", "/opt", "/var/tmp", "/run")
+
+
+def _staging_point(sources) -> str:
+    for candidate in _STAGING_POINTS:
+        if os.path.isdir(candidate) and not any(
+                src == candidate or src.startswith(candidate + "/") for src in sources):
+            return candidate
+    raise OSError(errno.ENOENT, "no directory to build the sandbox root on: every one of "
+                  f"{', '.join(_STAGING_POINTS)} is missing or holds the Python installation")
+
+
+def scratch_point(python_paths) -> str:
+    """Where each job's scratch tmpfs is mounted: /tmp, unless the Python environment itself
+    lives under /tmp (a tmpfs there would hide it); then /scratch. TMPDIR, HOME and the
+    working directory always name it, so only programs that hard-code /tmp notice.
+
+    >>> scratch_point(["/usr/local"]), scratch_point(["/tmp/checkout/.venv"])
+    ('/tmp', '/scratch')
+    """
+    return "/scratch" if any(p == "/tmp" or p.startswith("/tmp/") for p in python_paths) else "/tmp"
+
+
 def build_root(python_paths, hostname: str = "sandbox") -> None:
     """Replace this mount namespace's root with a minimal read-only tree.
 
@@ -125,7 +151,7 @@ def build_root(python_paths, hostname: str = "sandbox") -> None:
     Must run as root in a fresh mount and PID namespace.
     """
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    root = "/tmp"
+    root = _staging_point(["/usr", "/etc", "/dev", *python_paths])
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     _bind_readonly("/usr", root + "/usr")
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -139,7 +165,7 @@ def build_root(python_paths, hostname: str = "sandbox") -> None:
     _make_dev(root)
     os.makedirs(root + "/proc")
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    os.makedirs(root + "/tmp")
+    os.makedirs(root + scratch_point(python_paths), exist_ok=True)
     os.makedirs(root + "/.old")
     pivot_root(root, root + "/.old")
     os.chdir("/")

@@ -32,7 +32,6 @@ import _runner  # noqa: E402
 # Programs import from the Python environment only, not from the sandbox's own folder.
 sys.path[:] = [path for path in sys.path if path != _HERE]
 
-SCRATCH = "/tmp"
 _READ_CHUNK = 65536
 _RESULT_CAP = 8 << 20
 _LIMIT_MARKERS = ("MemoryError", "std::bad_alloc", "heap out of memory", "Cannot allocate memory")
@@ -69,17 +68,17 @@ class Worker:
         self.mode, self.uid, self.gid, self.scratch_mb = mode, uid, gid, scratch_mb
         self.env = env
         self.seccomp = _jail.seccomp_program()
-        self.scratch = SCRATCH
+        self.scratch = _jail.scratch_point(_jail.python_paths()) if mode == "jail" else "/tmp"
 
     def open_scratch(self) -> None:
         if self.mode == "jail":
-            _jail.mount_scratch(SCRATCH, self.scratch_mb, self.uid, self.gid)
+            _jail.mount_scratch(self.scratch, self.scratch_mb, self.uid, self.gid)
         elif self.mode == "none":
             self.scratch = tempfile.mkdtemp(prefix="tempering-sandbox-")
 
     def close_scratch(self) -> None:
         if self.mode == "jail":
-            _jail.umount(SCRATCH)
+            _jail.umount(self.scratch)
         elif self.mode == "none":
             shutil.rmtree(self.scratch, ignore_errors=True)
 

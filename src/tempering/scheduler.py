@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from tempering.registry import add
 from tempering.tasks import Task
 from tempering.types import Group, Problem
 
@@ -89,13 +90,7 @@ STRATEGIES: dict[str, Strategy] = {}
 
 
 def register_strategy(name: str) -> Callable[[Strategy], Strategy]:
-    def decorator(fn: Strategy) -> Strategy:
-        if name in STRATEGIES:
-            raise ValueError(f"scheduler strategy {name!r} is registered twice")
-        STRATEGIES[name] = fn
-        return fn
-
-    return decorator
+    return lambda fn: add(STRATEGIES, "scheduler strategy", name, fn)
 
 
 def _normalized(values: Sequence[float]) -> list[float]:

@@ -33,7 +33,7 @@ from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.scheduler import Mixture, Settings, cap_domain_tokens, domain_token_weights_B
 from tempering.tasks import Task, build_task
-from tempering.tasks.base import resolve
+from tempering.registry import resolve
 from tempering.types import Batch, Group
 
 

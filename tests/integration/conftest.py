@@ -1,5 +1,24 @@
-"""Models this small run fastest on one thread, and on a shared CPU more threads only contend."""
+"""Integration fixtures: one torch thread (models this small run fastest on one, and on a
+shared CPU more threads only contend) and a real sandbox shared by the tests that grade code."""
 
+import pytest
 import torch
 
+from tempering.sandbox import Executor, RunRequest, SandboxUnavailable, choose_isolation
+
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def sandbox_executor():
+    """A real two-slot sandbox, or a skip naming why this machine cannot isolate programs."""
+    try:
+        isolation = choose_isolation("auto")
+    except SandboxUnavailable as err:
+        pytest.skip(f"no sandbox isolation on this machine: {err}")
+    executor = Executor(workers=2, isolation=isolation)
+    if executor.run(RunRequest("print('ready')")).stdout != "ready\n":
+        executor.close()
+        pytest.skip("the sandbox cannot start a program here")
+    yield executor
+    executor.close()

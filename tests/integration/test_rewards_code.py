@@ -4,7 +4,6 @@ hostile programs that try to pass without computing anything."""
 import pytest
 
 from tempering.rewards.code import CodeReward
-from tempering.sandbox import Executor, RunRequest, SandboxUnavailable, choose_isolation
 from tempering.types import Problem, Rollout
 
 CALL_TESTS = {"kind": "call", "entry_point": "add",
@@ -14,19 +13,10 @@ STDIO_TESTS = {"kind": "stdio", "cases": [{"stdin": "1 2\n", "stdout": "3\n"}, {
 
 
 @pytest.fixture(scope="module")
-def reward():
-    try:
-        isolation = choose_isolation("auto")
-    except SandboxUnavailable as err:
-        pytest.skip(f"no sandbox isolation on this machine: {err}")
-    executor = Executor(workers=2, isolation=isolation)
-    if executor.run(RunRequest("print('ready')")).stdout != "ready\n":
-        executor.close()
-        pytest.skip("the sandbox cannot start a program here")
+def reward(sandbox_executor):
     code = CodeReward(credit="fraction")
-    code._sandbox = executor
-    yield code
-    executor.close()
+    code._sandbox = sandbox_executor
+    return code
 
 
 def _score(reward, tests, completions):

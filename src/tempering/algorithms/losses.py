@@ -17,6 +17,8 @@ from typing import Callable
 
 import torch
 
+from tempering.registry import add
+
 
 @dataclass
 class LossInputs:
@@ -42,23 +44,11 @@ AGGREGATIONS: dict[str, AggregationFn] = {}
 
 
 def register_loss(name: str) -> Callable[[LossFn], LossFn]:
-    def decorator(fn: LossFn) -> LossFn:
-        if name in LOSSES:
-            raise ValueError(f"loss {name!r} is registered twice")
-        LOSSES[name] = fn
-        return fn
-
-    return decorator
+    return lambda fn: add(LOSSES, "loss", name, fn)
 
 
 def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
-    def decorator(fn: AggregationFn) -> AggregationFn:
-        if name in AGGREGATIONS:
-            raise ValueError(f"aggregation {name!r} is registered twice")
-        AGGREGATIONS[name] = fn
-        return fn
-
-    return decorator
+    return lambda fn: add(AGGREGATIONS, "aggregation", name, fn)
 
 
 def masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:

@@ -25,7 +25,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
-from tempering.tasks.base import resolve
+from tempering.registry import add, resolve
 from tempering.types import Problem, Rollout
 
 Number = Union[int, float]
@@ -58,16 +58,8 @@ REWARDS: dict[str, Any] = {}
 
 def register_reward(name: str, needs_rollout: bool = False) -> Callable[[Any], Any]:
     """Register a reward function or batch-reward class under ``name``."""
-
-    def decorator(reward: Any) -> Any:
-        if name in REWARDS:
-            raise ValueError(f"reward {name!r} is registered twice")
-        if needs_rollout:
-            reward.needs_rollout = True
-        REWARDS[name] = reward
-        return reward
-
-    return decorator
+    flags = {"needs_rollout": True} if needs_rollout else {}
+    return lambda reward: add(REWARDS, "reward", name, reward, **flags)
 
 
 def resolve_reward(name: str) -> Any:

@@ -20,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from tempering.config import ConfigError
 from tempering.types import Group, Problem, Prompt, Rollout
 
 
@@ -50,7 +51,8 @@ class HFGenerator:
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.chat_template = has_template if chat_template is None else chat_template
         if self.chat_template and not has_template:
-            raise ValueError("model.chat_template is true but the tokenizer has no chat template")
+            raise ConfigError("model.chat_template is true but this model's tokenizer has no chat "
+                              "template; set model.chat_template=false (or null) for it")
         self.eos_ids = self._eos_ids()
         forward_args = inspect.signature(model.forward).parameters
         # transformers 5 renamed past_key_values to cache; older releases know only the old name.

@@ -8,10 +8,10 @@ it, with weights, so mixtures of tasks need no per-task code in the loop.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from tempering.registry import add, resolve
 from tempering.types import Problem
 
 
@@ -34,27 +34,7 @@ TASKS: dict[str, TaskFactory] = {}
 
 
 def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
-    def decorator(factory: TaskFactory) -> TaskFactory:
-        if name in TASKS:
-            raise ValueError(f"task {name!r} is registered twice")
-        TASKS[name] = factory
-        return factory
-
-    return decorator
-
-
-def resolve(registry: dict[str, Any], name: str, kind: str) -> Any:
-    """Look ``name`` up in ``registry``, or import it when written as ``module:attribute``."""
-    if name in registry:
-        return registry[name]
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import {kind} {name!r}: {exc}") from exc
-    known = ", ".join(sorted(registry))
-    raise ValueError(f"unknown {kind} {name!r}; known: {known}, or module:function")
+    return lambda factory: add(TASKS, "task", name, factory)
 
 
 LAZY_TASKS: dict[str, str] = {"rg:": "tempering.tasks.reasoning_gym:build_rg_task",

@@ -40,7 +40,17 @@ def _load(args: argparse.Namespace):
 def cmd_train(args: argparse.Namespace) -> int:
     from tempering.train import train
 
-    train(_load(args), progress=not args.quiet)
+    if args.resume is None:
+        train(_load(args), progress=not args.quiet)
+        return 0
+    run_dir = Path(args.resume)
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run folder (no config.yaml in it)")
+    if args.config_and_overrides or args.run_dir:
+        raise ConfigError("--resume continues a run with its own saved config; drop the config file and overrides")
+    config = load_config(saved, [f"run_dir={json.dumps(str(run_dir))}"])
+    train(config, progress=not args.quiet, resume=True)
     return 0
 
 
@@ -83,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="RL-train a model (default: the quickstart job)")
     _add_config_args(train)
     train.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
+    train.add_argument("--resume", metavar="RUN_DIR",
+                       help="continue a run from its newest complete checkpoint (with its saved config)")
     train.set_defaults(func=cmd_train)
 
     pretrain = sub.add_parser("pretrain", help="pre-train the built-in tiny model into the cache")

@@ -175,6 +175,25 @@ class SchedulerConfig(Strict):
     max_domain_token_share: float = Field(1.0, gt=0, le=1, description="drop a domain's groups while it holds more than this share of a batch's completion tokens; 1 = no cap")
 
 
+class PipelineConfig(Strict):
+    """How sampling, scoring and learning are arranged (see tempering.pipeline)."""
+
+    mode: Literal["sync", "async"] = Field("sync", description="sync: sample, score, learn, repeat; async: sampling and scoring run ahead while the learner trains")
+    backend: Literal["local", "ray"] = Field("local", description="local: workers in this process; ray: workers as Ray actors (needs the ray extra)")
+    max_staleness: int = Field(1, ge=0, description="drop rollouts sampled more than this many policy versions ago (counted as dropped_stale)")
+    buffer_rounds: int = Field(1, ge=1, description="async: sampling rounds the sampler may hold ready ahead of the learner")
+    off_policy: Literal["none", "tis", "decoupled"] = Field("tis", description="correction for stale rollouts: none (ratios against the sampler), tis (ratios against the step's starting policy, behaviour weight truncated at is_cap) or decoupled (the same, untruncated); applied only to batches holding stale rollouts")
+    is_cap: float = Field(2.0, gt=0, description="tis: cap on the behaviour importance weight pi_learner / pi_sampler")
+    ray_address: Optional[str] = Field(None, description="ray: address of an existing cluster; null = start a local one")
+    restart_limit: int = Field(3, ge=0, description="times a crashed worker is restarted (its work re-issued) before the run fails")
+
+
+class CheckpointConfig(Strict):
+    every: int = Field(50, ge=0, description="write a checkpoint every this many steps (and at the end); 0 = only the final model")
+    keep: int = Field(2, ge=1, description="newest checkpoints kept; older ones are deleted")
+    rollback_after: int = Field(3, ge=1, description="after this many consecutive steps with a non-finite loss or gradient, restore the weights of the last checkpoint")
+
+
 class TrainConfig(Strict):
     seed: int = Field(0, description="seed for sampling, data order and initialisation")
     steps: int = Field(100, ge=0, description="RL steps; 0 = evaluate only")
@@ -189,6 +208,8 @@ class TrainConfig(Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
 
 def builtin_config(name: str) -> Path:

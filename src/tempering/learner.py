@@ -14,7 +14,18 @@ Importance ratios are always against the sampler's log-probs, so later updates o
 are corrected for having moved away from the sampling policy.
 
 The LR schedule and the policy version advance once per batch, however many updates it
-takes. Not done here: packing and chunked log-probs.
+takes. An update whose gradient is not finite is skipped (counted as ``skipped_updates``),
+never applied; deciding what to do about repeated ones is the loop's job.
+
+Stale rollouts (sampled by an older policy, in asynchronous mode) are corrected with
+``off_policy``: ``"none"`` takes ratios against the sampler's log-probs as usual;
+``"tis"`` and ``"decoupled"`` take them against the *proximal* policy (these weights at the
+start of the step) and multiply each token's loss by the behaviour weight
+``pi_prox / pi_sampler`` (detached), truncated at ``is_cap`` for ``"tis"`` and left whole
+for ``"decoupled"``. Rows may carry ``weights_B``, multiplied into their policy loss (the
+scheduler's per-domain balance).
+
+Not done here: packing and chunked log-probs.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from tempering import faults
 from tempering.algorithms import kl_estimate, token_logprobs
 from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import KLCoefficient
@@ -72,6 +84,9 @@ def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
     )
 
 
+OFF_POLICY = ("none", "tis", "decoupled")
+
+
 @dataclass
 class LearnerSettings:
     loss: LossFn
@@ -97,6 +112,10 @@ class LearnerSettings:
     micro_batch_size: int = 64
     grad_clip: float = 1.0
     bf16: bool = False
+    off_policy: str = "none"
+    """Correction for stale rollouts: "none", "tis" or "decoupled" (see the module docstring)."""
+    is_cap: float = 2.0
+    """Truncation of the behaviour weight for "tis"."""
 
 
 class Learner:
@@ -116,6 +135,34 @@ class Learner:
         self.kl = KLCoefficient(settings.kl_coef, settings.kl_target, settings.kl_horizon)
         self._reward_kl: Optional[float] = None
         self.version = 0
+        if settings.off_policy not in OFF_POLICY:
+            raise ValueError(f"off_policy={settings.off_policy!r}; known: {', '.join(OFF_POLICY)}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the policy's own weights (saved with ``save_pretrained``)."""
+        state: dict[str, Any] = {
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "version": self.version, "kl_coef": self.kl.value,
+        }
+        if self.critic is not None:
+            state["critic_head"] = self.critic.head.state_dict()
+            if not self.critic.shared:
+                state["critic_trunk"] = self.critic.trunk.state_dict()
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = state["version"]
+        self.kl.value = state["kl_coef"]
+        if self.critic is not None:
+            self.critic.head.load_state_dict(state["critic_head"])
+            if not self.critic.shared:
+                self.critic.trunk.load_state_dict(state["critic_trunk"])
+        if self.reference is not None:
+            self.reference.load_state_dict(state["reference"])
 
     def _autocast(self):
         return torch.autocast("cpu", dtype=torch.bfloat16) if self.settings.bf16 else nullcontext()
@@ -159,9 +206,18 @@ class Learner:
             logprobs_BT, entropy_BT = logprobs_from_logits(
                 out.logits, micro.input_ids_BT, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0)
         mask_BT = micro.loss_mask_BT
+        anchor_BT = micro.old_logprobs_BT if micro.prox_logprobs_BT is None else micro.prox_logprobs_BT
         loss_BT, metrics = s.loss(LossInputs(
-            logprobs_BT=logprobs_BT, old_logprobs_BT=micro.old_logprobs_BT, advantages_BT=micro.advantages_BT,
+            logprobs_BT=logprobs_BT, old_logprobs_BT=anchor_BT, advantages_BT=micro.advantages_BT,
             mask_BT=mask_BT, clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip))
+        if micro.prox_logprobs_BT is not None:
+            behaviour_BT = torch.exp((micro.prox_logprobs_BT - micro.old_logprobs_BT) * mask_BT)
+            if s.off_policy == "tis":
+                behaviour_BT = behaviour_BT.clamp(max=s.is_cap)
+            loss_BT = loss_BT * behaviour_BT
+            metrics["behaviour_weight"] = masked_mean(behaviour_BT, mask_BT)
+        if micro.weights_B is not None:
+            loss_BT = loss_BT * micro.weights_B[:, None]
         if s.entropy_coef > 0:
             loss_BT = loss_BT - s.entropy_coef * entropy_BT
         if self.reference is not None and not s.kl_in_reward:
@@ -195,8 +251,12 @@ class Learner:
         clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
         parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
         totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(parameters, clip))
-        self.optimizer.step()
+        faults.point("learn")
+        finite = math.isfinite(totals["grad_norm"]) and math.isfinite(totals["loss"])
+        if finite:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        totals["skipped_updates"] = 0.0 if finite else 1.0
         return totals
 
     def _mini_batches(self, size: int, epoch: int) -> list[torch.Tensor | slice]:
@@ -208,13 +268,18 @@ class Learner:
         return [rows for rows in torch.tensor_split(order, self.settings.mini_batches) if len(rows)]
 
     def step(self, batch: Batch) -> dict[str, float]:
-        """Learn from one batch; returns metrics averaged over its updates."""
+        """Learn from one batch; returns metrics averaged over its updates (``skipped_updates``
+        is a count: updates not applied because the loss or gradient was not finite)."""
+        if self.settings.off_policy != "none":
+            batch.prox_logprobs_BT = self._per_row(batch, lambda micro: token_logprobs(
+                self.model, micro.input_ids_BT, micro.attention_mask_BT, self.settings.temperature)[0])
         self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]
         updates = [self._update(batch.select(rows))
                    for epoch in range(self.settings.ppo_epochs)
                    for rows in self._mini_batches(len(batch), epoch)]
         totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
+        totals["skipped_updates"] = sum(u["skipped_updates"] for u in updates)
         self.scheduler.step()
         self.model.eval()
         self.version += 1

@@ -22,6 +22,28 @@ class MetricsWriter:
         self._file.close()
 
 
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep only the records of steps up to ``last_step`` (and no torn last line); return how
+    many were dropped. Used on resume, so a run's metrics have no gaps and no repeats."""
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if isinstance(record, dict) and record.get("step", 0) <= last_step:
+            kept.append(line)
+        else:
+            dropped += 1
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
+    return dropped
+
+
 def before_after_table(before: dict, after: dict) -> str:
     """A plain-text table of held-out accuracy per task, before and after training.
 

@@ -4,22 +4,28 @@ build (model, tasks, sampler, learner) -> evaluate -> repeat {sample groups -> r
 advantages -> learner step -> log} -> evaluate -> save. Everything else is a function or
 object this file calls; reading this file should be enough to know what a step does.
 
-Deliberately left out here: asynchronous sampling, Ray placement and resume from a mid-run
-checkpoint; each lives in its own module when added. Adaptive mixtures are
+Where rollouts come from (synchronously or ahead of the learner, in this process or on Ray
+actors) is ``tempering.pipeline``'s; checkpoints and resume are ``tempering.checkpoint``'s,
+called from here every ``checkpoint.every`` steps. Adaptive mixtures are
 ``tempering.scheduler``'s: the loop shows it every sampled group and closes each step.
 DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import random
 import time
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
+
+from tempering import checkpoint
 
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES, AdvantageInputs
 from tempering.algorithms.advantages import AdvantageFn, needs_values
@@ -28,9 +34,10 @@ from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_res
 from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, collate, lr_factor
 from tempering.models.loading import load_policy
-from tempering.reporting import MetricsWriter, before_after_table
+from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker, sampling_params
+from tempering.reporting import MetricsWriter, before_after_table, truncate_metrics
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
-from tempering.rollout.hf import HFGenerator, SamplingParams
+from tempering.rollout.hf import HFGenerator
 from tempering.scheduler import Mixture, Settings, cap_domain_tokens, domain_token_weights_B
 from tempering.tasks import Task, build_task
 from tempering.registry import resolve
@@ -152,10 +159,57 @@ def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner
     return batch
 
 
-def train(config: TrainConfig, progress: bool = True) -> dict:
-    """Run RL training as configured; return the summary also written to ``summary.json``."""
+TIMING_KEYS = frozenset({"generate_s", "reward_s", "learn_s", "step_s", "generate_tok_s", "train_tok_s",
+                         "weight_sync_s", "wait_s", "checkpoint_s"})
+"""Record keys that measure wall-clock time: the only ones a resumed run may not repeat exactly."""
+
+
+def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewarder: Rewarder) -> Pipeline:
+    """Workers placed as configured: the sync local pipeline shares the learner's model."""
+    pc = config.pipeline
+    shares = pc.mode == "sync" and pc.backend == "local"
+    if pc.backend == "local":
+        policy = model if shares else copy.deepcopy(model).eval()
+        rollout = LocalHandle(RolloutWorker(policy, tokenizer, config.model.chat_template, config.rollout.batch_size,
+                                            sampling_params(config), config.rollout.group_size, config.seed))
+        reward = LocalHandle(RewardWorker(rewarder))
+    else:
+        rollout, reward = ray_workers(config)
+    return Pipeline(mixture, rollout, reward, config.rollout.prompts_per_step, pc.mode, pc.max_staleness,
+                    pc.buffer_rounds, shares_policy=shares)
+
+
+def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("pipeline.backend=ray needs Ray: pip install 'tempering[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=config.pipeline.ray_address, include_dashboard=False, log_to_driver=False,
+                 namespace="tempering", ignore_reinit_error=True)
+    data = config.model_dump(mode="json")
+    tag = f"{os.getpid()}-{id(config):x}"
+    threads = max(1, (config.threads or os.cpu_count() or 1) // 2)
+    rollout = RayHandle(RolloutWorker, "from_config", (data, config.seed, threads), f"tempering-rollout-{tag}",
+                        config.pipeline.restart_limit, num_cpus=0)
+    reward = RayHandle(RewardWorker, "from_config", (data,), f"tempering-reward-{tag}",
+                       config.pipeline.restart_limit, num_cpus=0)
+    return rollout, reward
+
+
+def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> dict:
+    """Run RL training as configured; return the summary also written to ``summary.json``.
+
+    With ``resume``, ``config.run_dir`` is an existing run: it continues from its newest
+    complete checkpoint (or from the start when there is none) and ends exactly where an
+    uninterrupted synchronous run would.
+    """
     start = time.perf_counter()
-    torch.set_num_threads(config.threads or os.cpu_count() or 1)
+    pc = config.pipeline
+    threads = config.threads or os.cpu_count() or 1
+    if pc.mode == "async" and pc.backend == "local" and not config.threads:
+        threads = max(1, threads // 2)  # sampler and learner each get half the cores
+    torch.set_num_threads(threads)
     torch.manual_seed(config.seed)
     tasks = build_tasks(config)
     algorithm = resolve_algorithm(config)
@@ -170,68 +224,113 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
 
     model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
     run_dir = make_run_dir(config.run_dir)
-    save_resolved(config, run_dir / "config.yaml")
-    generator = HFGenerator(model, tokenizer, config.model.chat_template, config.rollout.batch_size)
-    eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     learner = build_learner(model, config, algorithm)
-    sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
-                              max_new_tokens=config.rollout.max_new_tokens, stop=tuple(config.rollout.stop))
-    rng = torch.Generator().manual_seed(config.seed)
+    eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     evaluation = lambda: evaluate(eval_generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens)  # noqa: E731
+    pipeline = build_pipeline(config, mixture, model, tokenizer, rewarder)
 
-    eval_before = evaluation()
-    metrics = MetricsWriter(run_dir / "metrics.jsonl")
-    bar = tqdm(total=config.steps, desc="train", disable=not progress, dynamic_ncols=True)
+    first_step, eval_before = 0, None
     timings = {"generate_s": 0.0, "reward_s": 0.0, "learn_s": 0.0}
+    found = checkpoint.latest(run_dir) if resume else None
+    if found is not None:
+        state = restore(found, model, learner, mixture, pipeline, monitors)
+        first_step, eval_before, timings = state["step"], state["eval_before"], state["timings"]
+        checkpoint.clean_partial(run_dir)
+    else:
+        save_resolved(config, run_dir / "config.yaml")
+    truncate_metrics(run_dir / "metrics.jsonl", first_step)
+    if eval_before is None:
+        eval_before = evaluation()
+
+    def snapshot(step: int) -> dict:
+        return {"step": step, "learner": learner.state_dict(), "mixture": mixture.state_dict(),
+                "pipeline": pipeline.state_dict(), "monitors": monitors.state_dict(),
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                        "numpy": np.random.get_state()},
+                "eval_before": eval_before, "timings": dict(timings)}
+
+    metrics = MetricsWriter(run_dir / "metrics.jsonl")
+    bar = tqdm(total=config.steps, initial=first_step, desc="train", disable=not progress, dynamic_ncols=True)
     ac = config.algorithm
-    sample = lambda n: generator.generate(mixture.next_problems(n), config.rollout.group_size,  # noqa: E731
-                                          sampling, learner.version, rng)
-
-    def score_groups(groups: list[Group]) -> dict[str, float]:
-        record = reward_groups(groups, rewarder)
-        mixture.observe(groups)  # every sampled group, before dynamic sampling drops any
-        return record
-
-    for step in range(config.steps):
-        t0 = time.perf_counter()
-        groups, record = collect_groups(sample, score_groups, config.rollout.prompts_per_step,
-                                        ac.dynamic_sampling, ac.max_extra_rounds)
-        record.update(shape_overlong(groups, ac, config.rollout.max_new_tokens))
-        t2 = time.perf_counter()
-        groups, record["capped_groups"] = cap_domain_tokens(groups, config.scheduler.max_domain_token_share)
-        batch = make_batch(groups, algorithm["advantage"], tokenizer.pad_token_id, learner, ac.gamma, ac.lam)
-        if config.scheduler.balance_tokens:
-            batch.advantages_BT *= domain_token_weights_B(groups)[:, None]
-        record.update(learner.step(batch))
-        t3 = time.perf_counter()
-        train_tokens = int(batch.attention_mask_BT.sum())
-        record.update(step=step + 1, policy_version=learner.version, learn_s=t3 - t2, step_s=t3 - t0,
-                      train_tokens=train_tokens, generate_tok_s=record["completion_tokens"] / record["generate_s"],
-                      train_tok_s=train_tokens / (t3 - t2))
-        for key in timings:
-            timings[key] += record[key]
-        if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
-            result = evaluation()
-            record["eval/accuracy"] = result["accuracy"]
-            record.update({f"eval/{name}": value for name, value in result["per_task"].items()})
-        record.update(monitors.update(groups, record))
-        record.update(mixture.update())
-        metrics.write(record)
-        bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['accuracy']:.2f}",
-                        s_step=f"{record['step_s']:.2f}")
-        bar.update()
-    bar.close()
-    metrics.close()
-    rewarder.close()
+    nonfinite_streak = 0
+    checkpoint_s = None
+    pipeline.publish(model, learner.version)
+    pipeline.start()
+    try:
+        for step in range(first_step, config.steps):
+            t0 = time.perf_counter()
+            groups, record = collect_groups(pipeline.take, pipeline.score_of, config.rollout.prompts_per_step,
+                                            ac.dynamic_sampling, ac.max_extra_rounds)
+            wait_s = time.perf_counter() - t0
+            record.update(pipeline.round_timings())
+            if pc.mode == "async":
+                record["wait_s"] = wait_s
+            record.update(shape_overlong(groups, ac, config.rollout.max_new_tokens))
+            t2 = time.perf_counter()
+            groups, record["capped_groups"] = cap_domain_tokens(groups, config.scheduler.max_domain_token_share)
+            batch = make_batch(groups, algorithm["advantage"], tokenizer.pad_token_id, learner, ac.gamma, ac.lam)
+            if config.scheduler.balance_tokens:
+                batch.weights_B = domain_token_weights_B(groups)
+            if pc.off_policy != "none" and bool((batch.policy_versions_B < learner.version).any()):
+                learner.settings.off_policy = pc.off_policy
+            else:
+                learner.settings.off_policy = "none"
+            record.update(learner.step(batch))
+            record["weight_sync_s"] += pipeline.publish(model, learner.version)
+            t3 = time.perf_counter()
+            train_tokens = int(batch.attention_mask_BT.sum())
+            counters = pipeline.counters
+            record.update(step=step + 1, policy_version=learner.version, learn_s=t3 - t2, step_s=t3 - t0,
+                          train_tokens=train_tokens, train_tok_s=train_tokens / (t3 - t2),
+                          generate_tok_s=record["completion_tokens"] / max(record["generate_s"], 1e-9),
+                          dropped_stale=counters.dropped_stale, rollouts_sampled=counters.rollouts_sampled,
+                          rollouts_trained=counters.rollouts_taken, worker_restarts=pipeline.restarts)
+            for key in timings:
+                timings[key] += record[key]
+            if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
+                result = evaluation()
+                record["eval/accuracy"] = result["accuracy"]
+                record.update({f"eval/{name}": value for name, value in result["per_task"].items()})
+            record.update(monitors.update(groups, record))
+            with pipeline.scheduler_lock():
+                record.update(mixture.update())
+            nonfinite_streak = nonfinite_streak + 1 if record["skipped_updates"] else 0
+            if nonfinite_streak >= config.checkpoint.rollback_after:
+                record["rollback_to"] = rollback(run_dir, model, learner, pipeline)
+                nonfinite_streak = 0
+            if checkpoint_s is not None:
+                record["checkpoint_s"], checkpoint_s = checkpoint_s, None  # the previous step's save
+            metrics.write(record)  # before the checkpoint: a resumed run never lacks a step's record
+            every = config.checkpoint.every
+            if every and ((step + 1) % every == 0 or step + 1 == config.steps):
+                t4 = time.perf_counter()
+                pipeline.pause()
+                try:
+                    checkpoint.save(run_dir, step + 1, model, tokenizer, snapshot(step + 1), config.checkpoint.keep)
+                finally:
+                    pipeline.resume()
+                checkpoint_s = time.perf_counter() - t4
+            bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['accuracy']:.2f}",
+                            s_step=f"{record['step_s']:.2f}")
+            bar.update()
+    finally:
+        bar.close()
+        metrics.close()
+        pipeline.close()
+        if pc.backend != "local":
+            rewarder.close()  # the driver's copy only named the rewards; the actor's did the work
 
     eval_after = evaluation()
-    checkpoint = run_dir / "checkpoint-final"
-    model.save_pretrained(checkpoint)
-    tokenizer.save_pretrained(checkpoint)
+    final = run_dir / "checkpoint-final"
+    checkpoint.save_model(model, tokenizer, final)
+    counters = pipeline.counters
     summary = {
         "eval_before": eval_before, "eval_after": eval_after, "steps": config.steps,
-        "wall_s": time.perf_counter() - start, "model": model_path, "checkpoint": str(checkpoint),
+        "wall_s": time.perf_counter() - start, "model": model_path, "checkpoint": str(final),
         "seconds_per_step": {k: v / max(config.steps, 1) for k, v in timings.items()},
+        "resumed_from": first_step if resume else None,
+        "rollouts": {"sampled": counters.rollouts_sampled, "trained": counters.rollouts_taken,
+                     "dropped_stale": counters.dropped_stale, "worker_restarts": pipeline.restarts},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if progress:
@@ -239,3 +338,33 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
         print(mixture.table())
         print(f"run folder: {run_dir}  ({summary['wall_s']:.0f} s)")
     return summary
+
+
+def restore(path: Path, model, learner: Learner, mixture: Mixture, pipeline: Pipeline,
+            monitors: RewardMonitors) -> dict:
+    """Load a checkpoint's whole state into the freshly built run; return the loop's part."""
+    state = checkpoint.load_state(path)
+    checkpoint.load_model_weights(model, path)
+    learner.load_state_dict(state["learner"])
+    mixture.load_state_dict(state["mixture"])
+    pipeline.load_state_dict(state["pipeline"])
+    monitors.load_state_dict(state["monitors"])
+    torch.set_rng_state(state["rng"]["torch"])
+    random.setstate(state["rng"]["python"])
+    np.random.set_state(state["rng"]["numpy"])
+    return state
+
+
+def rollback(run_dir: Path, model, learner: Learner, pipeline: Pipeline) -> int:
+    """Repeated non-finite steps: restore the last checkpoint's weights and optimizer, keep the
+    data moving forward (so the same batches are not replayed); return the step restored."""
+    found = checkpoint.latest(run_dir)
+    if found is None:
+        raise RuntimeError("training diverged: repeated non-finite losses or gradients, and no checkpoint "
+                           "to roll back to (set checkpoint.every)")
+    state = checkpoint.load_state(found)
+    checkpoint.load_model_weights(model, found)
+    version = learner.version
+    learner.load_state_dict(state["learner"])
+    learner.version = version  # versions only grow: rollouts stay comparable
+    return state["step"]

@@ -105,6 +105,10 @@ class Batch:
     policy_versions_B: torch.Tensor
     values_BT: Optional[torch.Tensor] = None
     returns_BT: Optional[torch.Tensor] = None
+    prox_logprobs_BT: Optional[torch.Tensor] = None
+    """Log-probs under the learner's weights at the start of its step (off-policy correction)."""
+    weights_B: Optional[torch.Tensor] = None
+    """Per-row multiplier of the policy loss (per-domain balance); None = 1."""
 
     @property
     def num_tokens(self) -> int:
@@ -126,4 +130,6 @@ class Batch:
             policy_versions_B=self.policy_versions_B[rows],
             values_BT=None if self.values_BT is None else self.values_BT[rows, :width],
             returns_BT=None if self.returns_BT is None else self.returns_BT[rows, :width],
+            prox_logprobs_BT=None if self.prox_logprobs_BT is None else self.prox_logprobs_BT[rows, :width],
+            weights_B=None if self.weights_B is None else self.weights_B[rows],
         )

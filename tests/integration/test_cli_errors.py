@@ -20,7 +20,7 @@ def _temper(args, cwd, cache):
 @pytest.mark.parametrize("args, expected", [
     (["train", "steps=abc"], "steps='abc': Input should be a valid integer"),
     (["train", "rollout.temperature=abc"], "rollout.temperature='abc': Input should be a valid number"),
-    (["train", "nosuch.key=1"], "nosuch: unknown key (allowed here: algorithm, eval,"),
+    (["train", "nosuch.key=1"], "nosuch: unknown key (allowed here: algorithm, checkpoint, eval,"),
     (["train", "tasks.0.name=nosuch"], "tasks.0 (nosuch): unknown task 'nosuch'; known: add, dataset, mul, sub"),
     (["train", "tasks.0.rewards={nosuch: 1}"], "unknown reward 'nosuch'; known: code, exact_match, format, length, match, math, model"),
     (["train", "algorithm.advantage=nosuch"], "algorithm.advantage: unknown advantage 'nosuch'; known: "),

@@ -1,0 +1,391 @@
+"""Where rollouts come from: workers, their placement, and the synchronous or asynchronous loop.
+
+Two workers with small interfaces do the work between the scheduler and the learner:
+
+- :class:`RolloutWorker` samples groups for problems with a copy of the policy
+  (``sample``), takes new weights by version (``set_weights``), and owns its RNG;
+- :class:`RewardWorker` scores groups in place (``score``) and owns the reward
+  normalizer's statistics.
+
+They are plain classes. A *handle* places one: :class:`LocalHandle` calls it in this
+process; :class:`RayHandle` runs it as a Ray actor (a named one, so operators and tests can
+find it), restarts it when it dies and re-issues the call that was in flight, up to
+``restart_limit`` times.
+
+:class:`Pipeline` turns them into *rounds*: ``prompts`` problems drawn from the scheduler,
+sampled, scored and observed by the scheduler. In ``sync`` mode a round is made when the
+learner asks for it, with the learner's current weights (staleness 0). In ``async`` mode a
+feeder thread keeps up to ``buffer_rounds`` rounds ready while the learner trains; new
+weights reach the rollout worker between rounds, so a round can be older than the learner
+by a few versions. Rounds older than ``max_staleness`` versions are dropped and counted
+(``dropped_stale``); younger stale ones are trained with the learner's off-policy
+correction. Every rollout carries the version that sampled it.
+
+State: ``state_dict`` holds the buffered rounds (sampled and scored, not yet trained on),
+the rollout worker's RNG, the reward normalizer and the counters; in async mode it is
+taken with the feeder paused between rounds, so nothing is in flight.
+
+Not done here: several rollout workers sharing a round, and OpenAI-compatible inference
+servers as rollout workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from tempering import faults
+from tempering.rollout.hf import HFGenerator, SamplingParams
+from tempering.types import Group, Problem
+
+
+class RolloutWorker:
+    """Samples groups with its own policy copy (or the learner's, when they share a process)."""
+
+    def __init__(self, model: Any, tokenizer: Any, chat_template: Optional[bool], batch_size: int,
+                 sampling: SamplingParams, group_size: int, seed: int):
+        self.model = model
+        self.generator = HFGenerator(model, tokenizer, chat_template, batch_size)
+        self.sampling, self.group_size = sampling, group_size
+        self.rng = torch.Generator().manual_seed(seed)
+        self.version = 0
+
+    @classmethod
+    def from_config(cls, config: dict, seed: int, threads: int = 1) -> "RolloutWorker":
+        """A worker that loads its own model (for another process, e.g. a Ray actor)."""
+        from tempering.config import TrainConfig
+        from tempering.models.loading import load_policy
+
+        torch.set_num_threads(threads)
+        cfg = TrainConfig.model_validate(config)
+        model, tokenizer, _ = load_policy(cfg.model.path, cfg.model.dtype, cfg.pretrain, progress=False)
+        model.eval()
+        return cls(model, tokenizer, cfg.model.chat_template, cfg.rollout.batch_size, sampling_params(cfg),
+                   cfg.rollout.group_size, seed)
+
+    def sample(self, problems: list[Problem]) -> list[Group]:
+        faults.point("sample")
+        return self.generator.generate(problems, self.group_size, self.sampling, self.version, self.rng)
+
+    def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> float:
+        """Load new policy weights; return the seconds it took."""
+        start = time.perf_counter()
+        self.model.load_state_dict(weights, strict=False)
+        self.version = version
+        return time.perf_counter() - start
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.get_state(), "version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.set_state(state["rng"])
+
+    def ping(self) -> bool:
+        return True
+
+
+class RewardWorker:
+    """Scores groups in place with the tasks' rewards."""
+
+    def __init__(self, rewarder: Any):
+        self.rewarder = rewarder
+
+    @classmethod
+    def from_config(cls, config: dict) -> "RewardWorker":
+        from tempering.config import TrainConfig
+        from tempering.train import build_rewarder, build_tasks
+
+        cfg = TrainConfig.model_validate(config)
+        return cls(build_rewarder(cfg, build_tasks(cfg)))
+
+    def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
+        record = self.rewarder.score(groups)
+        return groups, record
+
+    def state_dict(self) -> dict:
+        return self.rewarder.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rewarder.load_state_dict(state)
+
+    def close(self) -> None:
+        self.rewarder.close()
+
+
+def sampling_params(config: Any) -> SamplingParams:
+    rc = config.rollout
+    return SamplingParams(temperature=rc.temperature, top_p=rc.top_p, max_new_tokens=rc.max_new_tokens,
+                          stop=tuple(rc.stop))
+
+
+class LocalHandle:
+    """A worker called directly in this process."""
+
+    def __init__(self, worker: Any):
+        self.worker = worker
+        self.restarts = 0
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.worker, method)(*args)
+
+    def close(self) -> None:
+        if hasattr(self.worker, "close"):
+            self.worker.close()
+
+
+class RayHandle:
+    """A worker run as a named Ray actor, restarted (and the call re-issued) when it dies.
+
+    ``factory`` is a classmethod-style constructor and its arguments; after a restart,
+    ``on_restart(handle)`` brings the new actor up to date (weights, statistics).
+    """
+
+    def __init__(self, cls: type, factory: str, args: tuple, name: str, restart_limit: int,
+                 num_cpus: float = 1.0, on_restart: Optional[Callable[["RayHandle"], None]] = None):
+        import ray
+
+        self._ray = ray
+        self.cls, self.factory, self.args, self.name = cls, factory, args, name
+        self.restart_limit, self.num_cpus, self.on_restart = restart_limit, num_cpus, on_restart
+        self.restarts = 0
+        self.actor = self._start()
+
+    def _start(self):
+        remote = self._ray.remote(_ActorShell).options(name=self.name, num_cpus=self.num_cpus,
+                                                        max_concurrency=1, lifetime=None)
+        actor = remote.remote(self.cls, self.factory, self.args)
+        self._ray.get(actor.call.remote("ping"))
+        return actor
+
+    def call(self, method: str, *args: Any) -> Any:
+        while True:
+            try:
+                return self._ray.get(self.actor.call.remote(method, *args))
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.ActorUnavailableError):
+                if self.restarts >= self.restart_limit:
+                    raise
+                self.restarts += 1
+                self._kill_quietly()
+                self.actor = self._start()
+                if self.on_restart is not None:
+                    self.on_restart(self)
+
+    def _kill_quietly(self) -> None:
+        try:
+            self._ray.kill(self.actor)
+        except Exception:  # already gone
+            pass
+
+    def close(self) -> None:
+        try:
+            self._ray.get(self.actor.call.remote("close"))
+        except Exception:
+            pass
+        self._kill_quietly()
+
+
+class _ActorShell:
+    """The one actor class: builds any worker by its factory and forwards calls to it."""
+
+    def __init__(self, cls: type, factory: str, args: tuple):
+        self.worker = getattr(cls, factory)(*args)
+
+    def call(self, method: str, *args: Any) -> Any:
+        if method == "close" and not hasattr(self.worker, "close"):
+            return None
+        return getattr(self.worker, method)(*args)
+
+
+@dataclass
+class Round:
+    """One sampling round: scored groups, the reward means, and what it cost."""
+
+    groups: list[Group]
+    record: dict[str, float]
+    version: int
+    generate_s: float
+    reward_s: float
+    sync_s: float = 0.0
+
+
+@dataclass
+class Counters:
+    rounds: int = 0
+    rollouts_sampled: int = 0
+    rollouts_taken: int = 0
+    dropped_stale: int = 0
+    weight_syncs: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Pipeline:
+    """Scored rounds for the learner, made on demand (sync) or ahead by a feeder thread (async)."""
+
+    def __init__(self, mixture: Any, rollout: Any, reward: Any, prompts: int, mode: str = "sync",
+                 max_staleness: int = 1, buffer_rounds: int = 1, shares_policy: bool = False):
+        if mode not in ("sync", "async"):
+            raise ValueError(f"pipeline mode {mode!r}; known: sync, async")
+        self.mixture, self.rollout, self.reward = mixture, rollout, reward
+        self.prompts, self.mode = prompts, mode
+        self.max_staleness, self.buffer_rounds = max_staleness, buffer_rounds
+        self.shares_policy = shares_policy
+        self.counters = Counters()
+        self.learner_version = 0
+        self._buffer: deque[Round] = deque()
+        self._pending: Optional[tuple[dict, int]] = None
+        self._cond = threading.Condition()
+        self._paused = False
+        self._busy = False
+        self._stop = False
+        self._error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        self.last_rounds: list[Round] = []
+
+    # -- making rounds -------------------------------------------------------------------
+    def _make_round(self) -> Round:
+        sync_s = 0.0
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            sync_s = self.rollout.call("set_weights", *pending)
+            self.counters.weight_syncs += 1
+        with self._cond:
+            problems = self.mixture.next_problems(self.prompts)
+        version = pending[1] if pending is not None else None
+        t0 = time.perf_counter()
+        groups = self.rollout.call("sample", problems)
+        t1 = time.perf_counter()
+        groups, record = self.reward.call("score", groups)
+        t2 = time.perf_counter()
+        with self._cond:
+            self.mixture.observe(groups)
+        if version is None:
+            version = groups[0].rollouts[0].policy_version if groups and groups[0].rollouts else self.learner_version
+        count = sum(len(g.rollouts) for g in groups)
+        self.counters.rounds += 1
+        self.counters.rollouts_sampled += count
+        return Round(groups, record, version, t1 - t0, t2 - t1, sync_s)
+
+    def _feed(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stop or (not self._paused
+                                                                and len(self._buffer) < self.buffer_rounds))
+                    if self._stop:
+                        return
+                    self._busy = True
+                try:
+                    made = self._make_round()
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
+                with self._cond:
+                    self._buffer.append(made)
+                    self._cond.notify_all()
+        except BaseException as exc:  # surfaced to the learner's thread by take()
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def start(self) -> None:
+        if self.mode == "async" and self._thread is None:
+            self._thread = threading.Thread(target=self._feed, name="feeder", daemon=True)
+            self._thread.start()
+
+    def take(self, n: int) -> list[Group]:
+        """The next round's groups that are fresh enough (``collect_groups``' ``sample``)."""
+        if n != self.prompts:
+            raise ValueError(f"rounds have {self.prompts} problems, {n} asked")
+        while True:
+            if self.mode == "sync":
+                made = self._buffer.popleft() if self._buffer else self._make_round()
+            else:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._buffer or self._error is not None)
+                    if self._error is not None:
+                        raise RuntimeError("the sampling thread failed") from self._error
+                    made = self._buffer.popleft()
+                    self._cond.notify_all()
+            count = sum(len(g.rollouts) for g in made.groups)
+            if self.learner_version - made.version > self.max_staleness:
+                self.counters.dropped_stale += count
+                continue
+            self.counters.rollouts_taken += count
+            self.last_rounds.append(made)
+            return made.groups
+
+    def score_of(self, groups: list[Group]) -> dict[str, float]:
+        """The reward means of the round ``take`` just returned (``collect_groups``' ``score``)."""
+        return self.last_rounds[-1].record
+
+    def publish(self, model: Any, version: int) -> float:
+        """New learner weights: the rollout worker gets them now (sync) or before its next round
+        (async). Returns the seconds spent here."""
+        start = time.perf_counter()
+        self.learner_version = version
+        if self.shares_policy:
+            self.rollout.call("set_weights", {}, version)  # same tensors: only the version moves
+            return time.perf_counter() - start
+        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if self.mode == "sync":
+            self.rollout.call("set_weights", weights, version)
+            self.counters.weight_syncs += 1
+        else:
+            with self._cond:
+                self._pending = (weights, version)
+        return time.perf_counter() - start
+
+    def round_timings(self) -> dict[str, float]:
+        """Sums over the rounds taken since the last call: generate_s, reward_s, weight_sync_s."""
+        rounds, self.last_rounds = self.last_rounds, []
+        return {"generate_s": sum(r.generate_s for r in rounds), "reward_s": sum(r.reward_s for r in rounds),
+                "weight_sync_s": sum(r.sync_s for r in rounds),
+                "staleness": max((self.learner_version - r.version for r in rounds), default=0)}
+
+    def scheduler_lock(self) -> threading.Condition:
+        """Held while the scheduler is read or changed (the feeder draws from it)."""
+        return self._cond
+
+    @property
+    def restarts(self) -> int:
+        return self.rollout.restarts + self.reward.restarts
+
+    # -- state ---------------------------------------------------------------------------
+    def pause(self) -> None:
+        """Stop the feeder between rounds (async); returns once nothing is in flight."""
+        with self._cond:
+            self._paused = True
+            self._cond.wait_for(lambda: not self._busy or self._error is not None)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def state_dict(self) -> dict:
+        """Call with the feeder paused (async)."""
+        return {"buffer": [copy.copy(r) for r in self._buffer], "rollout": self.rollout.call("state_dict"),
+                "reward": self.reward.call("state_dict"), "counters": copy.deepcopy(self.counters),
+                "pending_version": None if self._pending is None else self._pending[1]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._buffer = deque(state["buffer"])
+        self.rollout.call("load_state_dict", state["rollout"])
+        self.reward.call("load_state_dict", state["reward"])
+        self.counters = state["counters"]
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        self.rollout.close()
+        self.reward.close()

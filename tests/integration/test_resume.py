@@ -1,0 +1,110 @@
+"""A run SIGKILLed again and again, and resumed each time, ends bitwise where an
+uninterrupted run ends: same final weights, same step records in metrics.jsonl.
+
+The kills are real SIGKILLs of a real ``temper train`` process: some at named points
+(inside sampling, inside a learner step, in the middle of writing a checkpoint; see
+``tempering.faults``), some after a random delay, wherever the run happens to be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tempering import checkpoint
+from tempering.train import TIMING_KEYS
+
+ARGS = ["steps=20", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "rollout.max_new_tokens=24", "eval.problems_per_task=6", "eval.max_new_tokens=24",
+        "checkpoint.every=1", "checkpoint.keep=2"]
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def temper(*args: str, kill_at: str | None = None, kill_during: Path | None = None,
+           rng: random.Random | None = None) -> int:
+    """Run ``temper train``; with ``kill_at`` it kills itself at that point; with ``kill_during``
+    (a run folder) it is SIGKILLed a random moment after it has finished its first new step."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TEMPERING_KILL_AT", None)
+    if kill_at:
+        env["TEMPERING_KILL_AT"] = kill_at
+    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "--quiet", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if kill_during is not None:
+        metrics = kill_during / "metrics.jsonl"
+        start = _lines(metrics)
+        while proc.poll() is None and _lines(metrics) <= start:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.4))
+        proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=600)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"temper train failed ({proc.returncode}):\n{err[-3000:]}")
+    return proc.returncode
+
+
+def step_records(run: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS and k != "checkpoint_s"} for r in records]
+
+
+def weights(run: Path) -> bytes:
+    from safetensors.torch import load_file
+
+    tensors = load_file(run / "checkpoint-final" / "model.safetensors")
+    return b"".join(name.encode() + t.numpy().tobytes() for name, t in sorted(tensors.items()))
+
+
+def test_sigkilled_sync_run_resumes_bitwise(tmp_path: Path, tiny_model_dir: Path):
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    args = [*ARGS, f"model.path={tiny_model_dir}"]
+    assert temper(*args, "--run-dir", str(reference)) == 0
+
+    rng = random.Random(7)
+    kills = ["sample:3", "learn:2", "checkpoint:2", None, "learn:3", None, "checkpoint:1", "sample:2", None,
+             "checkpoint:3", None, None]
+    outcomes, torn_seen = [], False
+    for i, kill_at in enumerate(kills):
+        if checkpoint.latest(run) is not None and checkpoint.latest(run).name == "step-00000020":
+            break
+        before = checkpoint.latest(run)
+        code = temper(*([*args, "--run-dir", str(run)] if i == 0 else ["--resume", str(run)]), kill_at=kill_at, kill_during=None if kill_at else run, rng=rng)
+        outcomes.append(code)
+        if kill_at and kill_at.startswith("checkpoint") and code == -signal.SIGKILL:
+            torn = [p for p in checkpoint.checkpoints_dir(run).iterdir() if p.name.startswith(".tmp-")]
+            assert torn, "a kill inside a checkpoint write leaves its temporary directory"
+            newest = checkpoint.latest(run)
+            assert newest is not None and not newest.name.startswith(".")
+            assert newest == before or int(newest.name[5:]) > int(before.name[5:] if before else -1)
+            checkpoint.load_state(newest)  # and what resume would pick loads
+            torn_seen = True
+    assert outcomes.count(-signal.SIGKILL) >= 10, outcomes
+    assert torn_seen
+    assert temper("--resume", str(run)) == 0
+
+    assert weights(run) == weights(reference)
+    assert step_records(run) == step_records(reference)
+    assert [r["step"] for r in step_records(run)] == list(range(1, 21))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval_after"] == json.loads((reference / "summary.json").read_text())["eval_after"]
+
+
+def test_resume_refuses_overrides_and_non_runs(tmp_path: Path):
+    result = subprocess.run([sys.executable, "-m", "tempering.cli", "train", "--resume", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "not a run folder" in result.stderr
+    (tmp_path / "config.yaml").write_text("steps: 1\n")
+    result = subprocess.run([sys.executable, "-m", "tempering.cli", "train", "--resume", str(tmp_path), "steps=3"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "saved config" in result.stderr

@@ -80,14 +80,15 @@ class RolloutWorker:
         self.version = version
         return time.perf_counter() - start
 
+    def reseed(self, salt: int) -> None:
+        """A fresh random stream after a restart, so a restarted worker does not repeat itself."""
+        self.rng.manual_seed(self.rng.initial_seed() * 1000003 + salt)
+
     def state_dict(self) -> dict:
         return {"rng": self.rng.get_state(), "version": self.version}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.set_state(state["rng"])
-
-    def ping(self) -> bool:
-        return True
 
 
 class RewardWorker:
@@ -157,7 +158,8 @@ class RayHandle:
         self.actor = self._start()
 
     def _start(self):
-        remote = self._ray.remote(_ActorShell).options(name=self.name, num_cpus=self.num_cpus,
+        name = self.name if not self.restarts else f"{self.name}-restart{self.restarts}"
+        remote = self._ray.remote(_ActorShell).options(name=name, num_cpus=self.num_cpus,
                                                         max_concurrency=1, lifetime=None)
         actor = remote.remote(self.cls, self.factory, self.args)
         self._ray.get(actor.call.remote("ping"))
@@ -197,7 +199,7 @@ class _ActorShell:
         self.worker = getattr(cls, factory)(*args)
 
     def call(self, method: str, *args: Any) -> Any:
-        if method == "close" and not hasattr(self.worker, "close"):
+        if method == "ping" or (method == "close" and not hasattr(self.worker, "close")):
             return None
         return getattr(self.worker, method)(*args)
 
@@ -246,6 +248,15 @@ class Pipeline:
         self._error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
         self.last_rounds: list[Round] = []
+        self._last_weights: Optional[tuple[dict, int]] = None
+        if hasattr(rollout, "on_restart"):
+            rollout.on_restart = self._refresh_rollout
+
+    def _refresh_rollout(self, handle: Any) -> None:
+        """A restarted rollout worker: the newest weights, and a random stream of its own."""
+        if self._last_weights is not None:
+            handle.call("set_weights", *self._last_weights)
+        handle.call("reseed", handle.restarts)
 
     # -- making rounds -------------------------------------------------------------------
     def _make_round(self) -> Round:
@@ -282,12 +293,14 @@ class Pipeline:
                     self._busy = True
                 try:
                     made = self._make_round()
-                finally:
+                except BaseException:
                     with self._cond:
                         self._busy = False
                         self._cond.notify_all()
-                with self._cond:
+                    raise
+                with self._cond:  # one step: a paused pipeline's snapshot never misses a made round
                     self._buffer.append(made)
+                    self._busy = False
                     self._cond.notify_all()
         except BaseException as exc:  # surfaced to the learner's thread by take()
             with self._cond:
@@ -334,6 +347,7 @@ class Pipeline:
             self.rollout.call("set_weights", {}, version)  # same tensors: only the version moves
             return time.perf_counter() - start
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self._last_weights = (weights, version)
         if self.mode == "sync":
             self.rollout.call("set_weights", weights, version)
             self.counters.weight_syncs += 1
@@ -348,6 +362,11 @@ class Pipeline:
         return {"generate_s": sum(r.generate_s for r in rounds), "reward_s": sum(r.reward_s for r in rounds),
                 "weight_sync_s": sum(r.sync_s for r in rounds),
                 "staleness": max((self.learner_version - r.version for r in rounds), default=0)}
+
+    @property
+    def buffered(self) -> int:
+        """Rollouts sampled and scored but not (yet) taken by the learner."""
+        return sum(len(g.rollouts) for r in self._buffer for g in r.groups)
 
     def scheduler_lock(self) -> threading.Condition:
         """Held while the scheduler is read or changed (the feeder draws from it)."""

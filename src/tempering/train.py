@@ -179,12 +179,21 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
                     pc.buffer_rounds, shares_policy=shares)
 
 
+def _ray_running() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized()
+
+
 def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
     try:
         import ray
     except ImportError:
         raise ConfigError("pipeline.backend=ray needs Ray: pip install 'tempering[ray]'") from None
     if not ray.is_initialized():
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, started here
         ray.init(address=config.pipeline.ray_address, include_dashboard=False, log_to_driver=False,
                  namespace="tempering", ignore_reinit_error=True)
     data = config.model_dump(mode="json")
@@ -227,6 +236,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     learner = build_learner(model, config, algorithm)
     eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     evaluation = lambda: evaluate(eval_generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens)  # noqa: E731
+    owns_ray = pc.backend == "ray" and not _ray_running()
     pipeline = build_pipeline(config, mixture, model, tokenizer, rewarder)
 
     first_step, eval_before = 0, None
@@ -284,7 +294,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                           train_tokens=train_tokens, train_tok_s=train_tokens / (t3 - t2),
                           generate_tok_s=record["completion_tokens"] / max(record["generate_s"], 1e-9),
                           dropped_stale=counters.dropped_stale, rollouts_sampled=counters.rollouts_sampled,
-                          rollouts_trained=counters.rollouts_taken, worker_restarts=pipeline.restarts)
+                          rollouts_taken=counters.rollouts_taken, worker_restarts=pipeline.restarts)
             for key in timings:
                 timings[key] += record[key]
             if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
@@ -319,6 +329,10 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         pipeline.close()
         if pc.backend != "local":
             rewarder.close()  # the driver's copy only named the rewards; the actor's did the work
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
 
     eval_after = evaluation()
     final = run_dir / "checkpoint-final"
@@ -329,8 +343,9 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         "wall_s": time.perf_counter() - start, "model": model_path, "checkpoint": str(final),
         "seconds_per_step": {k: v / max(config.steps, 1) for k, v in timings.items()},
         "resumed_from": first_step if resume else None,
-        "rollouts": {"sampled": counters.rollouts_sampled, "trained": counters.rollouts_taken,
-                     "dropped_stale": counters.dropped_stale, "worker_restarts": pipeline.restarts},
+        "rollouts": {"sampled": counters.rollouts_sampled, "taken": counters.rollouts_taken,
+                     "dropped_stale": counters.dropped_stale, "left_in_buffer": pipeline.buffered,
+                     "worker_restarts": pipeline.restarts},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if progress:

@@ -1,0 +1,61 @@
+"""The same small training on Ray actors (a local Ray cluster started by the run itself),
+and a run whose rollout actor is killed mid-run and still completes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tempering.config import load_config
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+ARGS = ["steps=6", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24",
+        "eval.problems_per_task=6", "eval.max_new_tokens=24", "checkpoint.every=3", "pipeline.backend=ray"]
+
+
+def config(tmp_path: Path, model_dir: Path, *extra: str):
+    return load_config(None, [*ARGS, f"model.path={model_dir}", f"run_dir={tmp_path / 'run'}", *extra])
+
+
+def test_training_runs_on_ray_actors_and_matches_local(tmp_path: Path, tiny_model_dir: Path):
+    from tempering.train import train
+
+    on_ray = train(config(tmp_path / "ray", tiny_model_dir), progress=False)
+    local = train(config(tmp_path / "local", tiny_model_dir, "pipeline.backend=local"), progress=False)
+    assert not ray.is_initialized(), "a cluster the run started is shut down at its end"
+    assert on_ray["rollouts"]["taken"] == local["rollouts"]["taken"] == 6 * 16
+    assert on_ray["rollouts"]["worker_restarts"] == 0
+    records = [json.loads(line) for line in (tmp_path / "ray" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 7))
+    assert all(r["weight_sync_s"] > 0 for r in records), "weights travel to the rollout actor every step"
+    # the actor samples with the learner's weights: same seed, same data, so the same rewards
+    local_records = [json.loads(line) for line in (tmp_path / "local" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in records] == pytest.approx([r["reward"] for r in local_records], abs=0.15)
+
+
+def test_a_killed_rollout_actor_is_restarted_and_the_run_completes(tmp_path: Path, tiny_model_dir: Path):
+    from tempering.train import train
+
+    cfg = config(tmp_path, tiny_model_dir, "steps=10", "pipeline.mode=async")
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(train(cfg, progress=False)))
+    runner.start()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.1)
+    actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("tempering-rollout-")]
+    assert len(actors) == 1, actors
+    ray.kill(ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"]))
+    runner.join(timeout=600)
+    assert not runner.is_alive()
+    assert result["rollouts"]["worker_restarts"] >= 1
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 11))
+    assert records[-1]["worker_restarts"] >= 1

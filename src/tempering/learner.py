@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -280,7 +281,9 @@ class Learner:
                    for rows in self._mini_batches(len(batch), epoch)]
         totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         totals["skipped_updates"] = sum(u["skipped_updates"] for u in updates)
-        self.scheduler.step()
+        with warnings.catch_warnings():  # torch warns when every optimizer step was skipped
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
         self.model.eval()
         self.version += 1
         if self.reference is not None:

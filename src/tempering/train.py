@@ -235,7 +235,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     run_dir = make_run_dir(config.run_dir)
     learner = build_learner(model, config, algorithm)
     eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
-    evaluation = lambda: evaluate(eval_generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens)  # noqa: E731
+    evaluation = lambda: evaluate(eval_generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,  # noqa: E731
+                                  config.rewards.options)
     owns_ray = pc.backend == "ray" and not _ray_running()
     pipeline = build_pipeline(config, mixture, model, tokenizer, rewarder)
 

@@ -136,3 +136,29 @@ def test_running_statistics_follow_a_shifting_reward_and_smoothing_shrinks_to_th
     smooth = RunningNormalizer({}, NormalizeSettings(smoothing=0.5))
     smooth("d", [0.0, 1.0])
     assert smooth("d", [0.0, 1.0]) == pytest.approx([0.25, 0.75])
+
+
+class Flaky:
+    """A batch reward that raises on any batch holding the text 'boom'."""
+
+    def __init__(self):
+        pass
+
+    def score_batch(self, problems, rollouts):
+        if any(r.text == "boom" for r in rollouts):
+            raise RuntimeError("grader crashed")
+        return [RewardResult(float(r.text == "ok")) for r in rollouts]
+
+
+if "flaky" not in REWARDS:
+    register_reward("flaky")(Flaky)
+
+
+def test_an_exception_in_a_reward_is_contained_to_the_rollout_that_raised():
+    rewarder = Rewarder([FakeTask("t", {"flaky": 1.0}, metric="flaky")])
+    groups = [_group("t", "1", ["ok", "boom", "no"], 0), _group("t", "1", ["ok", "ok"], 1)]
+    record = rewarder.score(groups)
+    assert [[r.text for r in g.rollouts] for g in groups] == [["ok", "no"], ["ok", "ok"]]
+    assert [[r.reward for r in g.rollouts] for g in groups] == [[1.0, 0.0], [1.0, 1.0]]
+    assert record["reward/dropped"] == 1 and record["reward/errors"] == 1
+    rewarder.close()

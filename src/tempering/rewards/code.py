@@ -3,8 +3,9 @@
 A problem carries its tests in ``problem.meta["tests"]``: a :class:`~tempering.sandbox.Tests`
 or its JSON form (``{"kind": "stdio", "cases": [{"stdin": "1 2\\n", "stdout": "3\\n"}]}`` or
 ``{"kind": "call", "entry_point": "add", "cases": [{"args": [1, 2], "expected": 3}]}``),
-and optionally ``meta["code_prefix"]`` (e.g. a HumanEval prompt the completion continues)
-and ``meta["language"]``. Verdicts come from the sandbox's trusted parent, never from the
+and optionally ``meta["code_prefix"]`` (e.g. a HumanEval prompt the completion continues),
+``meta["language"]``, and ``meta["code_fenced"] = False`` when the whole completion is the
+program (no fenced block expected). Verdicts come from the sandbox's trusted parent, never from the
 program; see :mod:`tempering.sandbox` for the threat model.
 
 A sandbox fault (``TestResult.status == "error"``) says nothing about the program: it is
@@ -101,7 +102,8 @@ class CodeReward:
         results: list[Optional[RewardResult]] = [None] * len(problems)
         runnable = {}
         for i, (problem, rollout) in enumerate(zip(problems, rollouts)):
-            code = extract_code(rollout.text, problem.meta.get("language", self.language))
+            code = (extract_code(rollout.text, problem.meta.get("language", self.language))
+                    if problem.meta.get("code_fenced", True) else rollout.text)
             if code is None:
                 results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"no_code": 1})
             else:

@@ -8,7 +8,9 @@ rewards becomes ``rollout.reward`` (after the optional per-domain normalization)
 component is kept unweighted in ``rollout.reward_components``.
 
 A rollout whose grader failed (``RewardResult.error``) is removed from its group and
-counted in ``reward/dropped``; a group left empty is removed from the step.
+counted in ``reward/dropped``; a group left empty is removed from the step. A reward that
+raises is contained the same way: its batch is scored again one rollout at a time, and
+only the rollouts whose scoring raises are dropped (counted in ``reward/errors`` too).
 
 The task's ``metric`` reward is always scored (weight 0 when the spec leaves it out), so
 accuracy is measured whatever the training rewards are.
@@ -71,10 +73,22 @@ class Rewarder:
     def _run(self, name: str, groups: list[Group], items: Items) -> list[RewardResult]:
         problems: list[Problem] = [groups[g].problem for g, _ in items]
         rollouts: list[Rollout] = [groups[g].rollouts[r] for g, r in items]
-        results = self.rewards[name].score_batch(problems, rollouts)
-        if len(results) != len(items):
-            raise RuntimeError(f"reward {name!r} returned {len(results)} results for {len(items)} rollouts")
-        return results
+        reward = self.rewards[name]
+        try:
+            results = reward.score_batch(problems, rollouts)
+            if len(results) != len(items):
+                raise RuntimeError(f"reward {name!r} returned {len(results)} results for {len(items)} rollouts")
+            return results
+        except Exception:  # contain it: score one by one, so only the rollouts that raise are lost
+            return [self._one(reward, problem, rollout) for problem, rollout in zip(problems, rollouts)]
+
+    @staticmethod
+    def _one(reward: BatchReward, problem: Problem, rollout: Rollout) -> RewardResult:
+        try:
+            (result,) = reward.score_batch([problem], [rollout])
+            return result
+        except Exception as exc:
+            return RewardResult(0.0, diagnostics={"exception": 1}, error=f"{type(exc).__name__}: {exc}")
 
     def score(self, groups: list[Group]) -> dict[str, float]:
         """Score ``groups`` in place (see the module docstring); return the step's means."""
@@ -98,7 +112,7 @@ class Rewarder:
                 per_rollout.setdefault(item, {})[name] = result
         sums: Counter = Counter()
         kept_by_domain: dict[str, list[Rollout]] = {}
-        dropped = 0
+        dropped = errors = 0
         for g, group in enumerate(groups):
             spec, metric = self.specs[group.problem.task], self.metrics[group.problem.task]
             kept = []
@@ -106,6 +120,7 @@ class Rewarder:
                 found = per_rollout[(g, r)]
                 if any(result.error for result in found.values()):
                     dropped += 1
+                    errors += any(result.diagnostics.get("exception") for result in found.values())
                     continue
                 rollout.reward = sum(spec[name] * found[name].score for name in spec)
                 rollout.reward_components = {}
@@ -126,6 +141,7 @@ class Rewarder:
         count = max(sum(len(g.rollouts) for g in groups), 1)
         record = {key: value / count for key, value in sums.items()}
         record["reward/dropped"] = dropped
+        record["reward/errors"] = errors
         self._normalize(kept_by_domain, record, count)
         return record
 

@@ -13,7 +13,12 @@ The held-out split is a fixed hash partition of the problem space (one in
 ``EVAL_EVERY`` problems), so no training problem, and no pre-training document, is ever
 an evaluation problem.
 
-Not done here: negative results, multi-digit multipliers, division.
+``style="program"`` (addition only) asks for the same procedure as a Python program that
+prints the sum, one variable per column (``c1=4+3+c0//10``; the buggy variant drops the
+carry term), graded by running it in the sandbox against the expected output: a code task
+small enough for the built-in model, used where the reward must take real time.
+
+Not done here: negative results, multi-digit multipliers, division, programs for sub/mul.
 """
 
 from __future__ import annotations
@@ -100,6 +105,28 @@ def solve_mul(a: int, b: int, buggy: bool) -> tuple[list[str], int]:
     return lines, _assemble(values)
 
 
+def add_program(a: int, b: int, buggy: bool) -> str:
+    """Column addition as a program; the buggy variant forgets every carry.
+
+    >>> print(add_program(47, 38, buggy=False))
+    c0=7+8
+    c1=4+3+c0//10
+    print(c1*10+c0%10)
+    >>> print(add_program(47, 38, buggy=True).splitlines()[1])
+    c1=4+3
+    """
+    width = max(len(str(a)), len(str(b)))
+    lines = []
+    for i, (da, db) in enumerate(zip(_digits(a, width), _digits(b, width))):
+        carry = "" if i == 0 or buggy else f"+c{i - 1}//10"
+        lines.append(f"c{i}={da}+{db}{carry}")
+    top = width - 1
+    terms = [f"c{top}" + (f"*{10**top}" if top else "")]
+    terms += [f"c{i}%10" + (f"*{10**i}" if i else "") for i in range(top - 1, -1, -1)]
+    lines.append(f"print({'+'.join(terms)})")
+    return "\n".join(lines)
+
+
 def _draw_add(rng: random.Random, digits: int) -> tuple[int, int]:
     lo, hi = 10 ** (digits - 1), 10**digits - 1
     return rng.randint(lo, hi), rng.randint(lo, hi)
@@ -151,8 +178,15 @@ class ArithmeticTask:
             raise ValueError(f"operation must be one of {sorted(OPERATIONS)}, got {self.operation!r}")
         if not self.digits or any(not 1 <= d <= 6 for d in self.digits):
             raise ValueError(f"digits must be a non-empty list of sizes 1..6, got {self.digits!r}")
-        if self.style not in ("raw", "chat"):
-            raise ValueError(f"style must be 'raw' or 'chat', got {self.style!r}")
+        if self.style not in ("raw", "chat", "program"):
+            raise ValueError(f"style must be 'raw', 'chat' or 'program', got {self.style!r}")
+        if self.style == "program":
+            if self.operation != "add":
+                raise ValueError("style='program' is available for add only")
+            if self.rewards == {"exact_match": 1.0, "format": 0.1}:
+                self.rewards = {"code": 1.0}
+            if self.metric == "exact_match":
+                self.metric = "code"
         self.domain = self.domain or self.name
         self._op = OPERATIONS[self.operation]
 
@@ -170,6 +204,10 @@ class ArithmeticTask:
         _, answer = self._op.solve(a, b, False)
         if self.style == "raw":
             prompt = f"{expression}\n"
+        elif self.style == "program":
+            return Problem(task=self.name, id=expression, prompt=f"py {expression}\n", answer=str(answer),
+                           domain=self.domain, meta={"a": a, "b": b, "code_fenced": False, "tests": {
+                               "kind": "stdio", "cases": [{"stdin": "", "stdout": f"{answer}\n"}]}})
         else:
             prompt = [{"role": "user", "content": (
                 f"{self._op.instruction}: {expression}. Write one line per column, "
@@ -193,6 +231,8 @@ class ArithmeticTask:
 
     def solution(self, problem: Problem, buggy: bool = False) -> str:
         """The worked solution text for a problem (what the model should write after the prompt)."""
+        if self.style == "program":
+            return add_program(problem.meta["a"], problem.meta["b"], buggy)
         lines, answer = self._op.solve(problem.meta["a"], problem.meta["b"], buggy)
         return "\n".join(lines + [f"answer: {answer}"])
 
@@ -201,7 +241,8 @@ class ArithmeticTask:
         with probability ``wrong_share`` (visible only where a carry or borrow is needed)."""
         problem = self.train_problem(index)
         rng = random.Random(f"corpus:{self.seed}:{self.name}:{index}")
-        return f"{problem.id}\n" + self.solution(problem, rng.random() < wrong_share)
+        prompt = problem.prompt if isinstance(problem.prompt, str) else f"{problem.id}\n"
+        return prompt + self.solution(problem, rng.random() < wrong_share)
 
 
 for _operation in OPERATIONS:

@@ -1,0 +1,41 @@
+"""Faults inside a run: non-finite steps are skipped, repeated ones roll back to the last
+checkpoint, and a run without a checkpoint to return to stops with a clear error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tempering.config import load_config
+from tempering.rewards import register_reward
+from tempering.rewards.base import REWARDS
+
+if "always_nan" not in REWARDS:
+    @register_reward("always_nan")
+    def always_nan(problem, completion: str) -> float:
+        return float("nan")
+
+
+def _config(tmp_path: Path, model_dir: Path, *extra: str):
+    return load_config(None, ["steps=4", "threads=1", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                              "rollout.max_new_tokens=8", "eval.problems_per_task=2", "eval.max_new_tokens=8",
+                              f"model.path={model_dir}", f"run_dir={tmp_path / 'run'}",
+                              "tasks=[{name: add, rewards: {always_nan: 1.0}}]", *extra])
+
+
+def test_non_finite_steps_are_skipped_then_rolled_back(tmp_path: Path, tiny_model_dir: Path):
+    from tempering.train import train
+
+    train(_config(tmp_path, tiny_model_dir, "checkpoint.every=1", "checkpoint.rollback_after=2"), progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_updates"] for r in records] == [1, 1, 1, 1]
+    assert [r.get("rollback_to") for r in records] == [None, 1, None, 3]
+
+
+def test_repeated_non_finite_steps_without_a_checkpoint_stop_the_run(tmp_path: Path, tiny_model_dir: Path):
+    from tempering.train import train
+
+    with pytest.raises(RuntimeError, match="no checkpoint to roll back to"):
+        train(_config(tmp_path, tiny_model_dir, "checkpoint.every=0", "checkpoint.rollback_after=2"), progress=False)

@@ -261,7 +261,8 @@ class Pipeline:
     # -- making rounds -------------------------------------------------------------------
     def _make_round(self) -> Round:
         sync_s = 0.0
-        pending, self._pending = self._pending, None
+        with self._cond:
+            pending, self._pending = self._pending, None
         if pending is not None:
             sync_s = self.rollout.call("set_weights", *pending)
             self.counters.weight_syncs += 1

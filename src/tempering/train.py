@@ -231,6 +231,9 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     except ValueError as exc:
         raise ConfigError(f"tasks: {exc} (tasks.N.weight)") from None
 
+    if not resume and config.run_dir and (Path(config.run_dir) / "metrics.jsonl").exists():
+        raise ConfigError(f"run_dir={config.run_dir} already holds a run; continue it with "
+                          f"`temper train --resume {config.run_dir}` or choose another folder")
     model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
     run_dir = make_run_dir(config.run_dir)
     learner = build_learner(model, config, algorithm)

@@ -136,3 +136,11 @@ def test_sigkilled_async_run_loses_no_rollouts(tmp_path: Path, tiny_model_dir: P
     assert all(r["staleness"] <= 1 for r in records)
     expected = json.loads((reference / "summary.json").read_text())["eval_after"]["accuracy"]
     assert abs(summary["eval_after"]["accuracy"] - expected) <= 0.2
+
+
+def test_a_new_run_refuses_a_folder_that_holds_one(tmp_path: Path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    result = subprocess.run([sys.executable, "-m", "tempering.cli", "train", "--run-dir", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "already holds a run" in result.stderr and "--resume" in result.stderr
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n', "nothing of the old run is touched"

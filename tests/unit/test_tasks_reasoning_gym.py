@@ -1,5 +1,7 @@
 """reasoning-gym task types: every one loads, and its reference answer scores 1 through the reward."""
 
+import time
+
 import pytest
 
 pytest.importorskip("reasoning_gym")
@@ -86,10 +88,15 @@ def test_prefetching_serves_the_same_stream_as_generating_on_demand():
         return build_task("rg:basic_arithmetic", seed=1, curriculum=True, eval_size=8, prefetch=prefetch)
 
     plain, ahead = build(0), build(4)
+    made_here = []
+    make = ahead._source.item  # the worker, forked when the task was built, keeps the unwrapped one
+    ahead._source.item = lambda *args: made_here.append(args) or make(*args)
     try:
         assert ahead.eval_problems(8) == plain.eval_problems(8)
         expected = _stream(plain, 30, climb_at=12)
         assert _stream(ahead, 30, climb_at=12) == expected
+        assert [index for index, _ in made_here] == [ahead._seed_index(0, 0), ahead._seed_index(12, 0)], \
+            "only the first item and the first after the level change are made here, the rest by the worker"
         assert sorted(i for _, i in ahead._ahead) == [ahead._seed_index(i, 0) for i in range(30, 34)], \
             "the worker holds the next items"
         resumed = build(4)
@@ -117,3 +124,18 @@ def test_only_slow_types_prefetch_by_default():
     assert SLOW_TYPES <= set(rg_types())
     with pytest.raises(ValueError, match="prefetch must be a count"):
         build_task("rg:basic_arithmetic", seed=0, prefetch=-1)
+
+
+def _stuck(*args):
+    time.sleep(3600)
+
+
+def test_a_lost_worker_is_replaced_by_generating_here(monkeypatch):
+    from tempering.tasks import reasoning_gym
+
+    monkeypatch.setattr(reasoning_gym, "WORKER_WAIT_S", 0.5)
+    monkeypatch.setattr(reasoning_gym, "_worker_item", _stuck)  # the (forked) worker never answers
+    task = build_task("rg:basic_arithmetic", seed=0, eval_size=4, prefetch=2)
+    expected = build_task("rg:basic_arithmetic", seed=0, eval_size=4, prefetch=0)
+    assert [task.train_problem(i) for i in range(4)] == [expected.train_problem(i) for i in range(4)]
+    assert task.prefetch == 0 and task._pool is None

@@ -47,7 +47,9 @@ Not done here: the ``composite`` dataset (a mixture is the scheduler's job).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from tempering.rewards.base import register_reward
@@ -70,6 +72,9 @@ SLOW_TYPES = frozenset({"knight_swap", "sokoban", "futoshiki", "zebra_puzzles", 
 """Types that take about 40 ms or more per training item (an item, or a share of building its block
 of :data:`BLOCK` seeds; measured on one contended CPU core with ``bench/rg_prefetch.py``)."""
 PREFETCH_AHEAD = 8
+WORKER_WAIT_S = 300.0
+"""How long to wait for one result of the prefetch worker before generating it here instead
+(a worker that died leaves its result pending for ever)."""
 """Training items a slow type keeps generated ahead by default: a few steps of its share of the
 prompts in a mixture, without making many that a short run never uses."""
 
@@ -198,8 +203,6 @@ class ReasoningGymTask(StreamState):
     # -- the prefetch worker -------------------------------------------------------------
     def _worker(self):
         if self._pool is None:
-            import multiprocessing
-
             # a process, not a thread: item generation is pure Python and would hold the GIL
             # against the sampling loop. Forked (where the platform can), not spawned: a spawned
             # worker re-runs the user's main script, which breaks scripts without a __main__
@@ -209,12 +212,13 @@ class ReasoningGymTask(StreamState):
             self._stop_worker = weakref.finalize(self, self._pool.terminate)  # when collected, or at exit
         return self._pool
 
-    def _prefetch_from(self, index: int) -> None:
-        """Ask the worker for the training items ``index .. index + prefetch - 1`` not yet asked."""
+    def _prefetch_after(self, index: int) -> None:
+        """Ask the worker for the ``prefetch`` training items after ``index`` not yet asked; forget
+        those before ``index`` and those of another level."""
         stale = [key for key in self._ahead if key[0] != self.level or key[1] < self._seed_index(index, 0)]
         for key in stale:
             del self._ahead[key]
-        for i in range(index, index + self.prefetch):
+        for i in range(index + 1, index + 1 + self.prefetch):
             key = (self.level, self._seed_index(i, 0))
             if key not in self._ahead:
                 self._ahead[key] = self._worker().apply_async(_worker_item, (self._spec, key[1], self.level))
@@ -230,15 +234,25 @@ class ReasoningGymTask(StreamState):
     def _seed_index(self, index: int, attempt: int) -> int:
         return (self.seed * 10**7 + index * _SKIP_TRIES) % (EVAL_SEED - _SKIP_TRIES) + attempt
 
+    def _result(self, pending, make: Callable[[], Any]) -> Any:
+        """The worker's result, or ``make()`` here when none was asked or the worker is lost."""
+        if pending is None:
+            return make()
+        try:
+            return pending.get(timeout=WORKER_WAIT_S)
+        except multiprocessing.TimeoutError:
+            self.close()
+            self.prefetch = 0
+            return make()
+
     def _item(self, seed_index: int) -> dict[str, Any]:
-        pending = self._ahead.pop((self.level, seed_index), None)
-        return pending.get() if pending is not None else self._source.item(seed_index, self.level)
+        return self._result(self._ahead.pop((self.level, seed_index), None),
+                            lambda: self._source.item(seed_index, self.level))
 
     def _eval_entries(self) -> list[dict[str, Any]]:
         if self.level not in self._eval:
-            pending = self._eval_ahead.pop(self.level, None)
-            self._eval[self.level] = pending.get() if pending is not None else \
-                self._source.eval_entries(self.eval_size, self.level)
+            self._eval[self.level] = self._result(self._eval_ahead.pop(self.level, None),
+                                                  lambda: self._source.eval_entries(self.eval_size, self.level))
         return self._eval[self.level]
 
     def held_out_questions(self) -> set[str]:
@@ -258,7 +272,7 @@ class ReasoningGymTask(StreamState):
 
     def train_problem(self, index: int) -> Problem:
         if self.prefetch:
-            self._prefetch_from(index + 1)
+            self._prefetch_after(index)
         held_out = self.held_out_questions()
         self._served(index)
         for attempt in range(_SKIP_TRIES):
@@ -282,7 +296,7 @@ class ReasoningGymTask(StreamState):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if self.prefetch:
-            self._prefetch_from(self.next_index)
+            self._prefetch_after(self.next_index - 1)
 
 
 def build_rg_task(name: str, seed: int, **options: Any) -> ReasoningGymTask:

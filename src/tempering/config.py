@@ -164,7 +164,7 @@ class SchedulerConfig(Strict):
 
     strategy: Literal["static", "temperature", "learnability", "learning_progress"] = Field(
         "static", description="static: tasks.N.weight as given; temperature: weight x size**(1/T); "
-        "learnability: prefer success rates near 0.5; learning_progress: prefer changing success rates")
+        "learnability: prefer tasks whose groups vary in success (neither all right nor all wrong); learning_progress: prefer changing success rates")
     floor: float = Field(0.1, ge=0, le=1, description="share of the static weights kept under adaptive strategies, so no task starves; 1 = static")
     temperature: float = Field(2.0, gt=0, description="temperature strategy: 1 = proportional to dataset size, larger = flatter")
     fast_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest step in the recent success average")

@@ -16,8 +16,11 @@ the statistics to new weights:
 - ``static``: the configured weights (the default; draws exactly what it always drew);
 - ``temperature``: weight x dataset size ** (1 / T), the multilingual-pretraining recipe;
   tasks without a ``size`` (procedural ones are unbounded) count as ``unbounded_size``;
-- ``learnability``: prefer tasks whose success rate p is near 1/2, by p(1 - p): a group of
-  an always-solved or never-solved task has no reward variance and teaches nothing;
+- ``learnability``: prefer tasks whose groups vary in success, by the mean within-group
+  variance of success (p(1 - p) of each group's rate p for 0/1 success): a group whose
+  rollouts all succeed or all fail has no reward variance and teaches nothing. Per group, not
+  per task: a task with some always-solved and some never-solved problems has a task-level
+  rate near 1/2 and yet no signal;
 - ``learning_progress``: prefer tasks whose success rate is changing, by |fast EMA - slow EMA|.
 
 Adaptive strategies mix in ``floor`` of the static weights, so no task starves and a task
@@ -58,6 +61,8 @@ class TaskStats:
     """Success rate, exponential average over recent steps (weight ``fast_rate`` on the newest)."""
     slow: float = 0.0
     """The same with ``slow_rate``: the learning-progress baseline."""
+    spread: float = 0.0
+    """Mean within-group variance of success, averaged like ``fast``: the learnability score."""
     seen: int = 0
     """Rollouts observed at the current level."""
     groups: int = 0
@@ -136,8 +141,8 @@ def temperature(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[Ta
 @register_strategy("learnability")
 def learnability(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[TaskStats],
                  settings: Settings) -> list[float]:
-    """p(1 - p) of each task's recent success rate p, with the exploration floor."""
-    scores = _optimistic([st.fast * (1 - st.fast) for st in stats], stats)
+    """Each task's recent within-group success variance, with the exploration floor."""
+    scores = _optimistic([st.spread for st in stats], stats)
     return _with_floor(base, scores, settings.floor)
 
 
@@ -194,8 +199,11 @@ class Mixture:
             task = by_name.get(group.problem.task)
             if task is None or not group.rollouts:
                 continue
-            pending = self._pending.setdefault(task.name, {"success": [], "reward": 0.0, "tokens": 0})
-            pending["success"] += [r.reward_components.get(task.metric, 0.0) for r in group.rollouts]
+            pending = self._pending.setdefault(task.name, {"success": [], "spread": [], "reward": 0.0, "tokens": 0})
+            success = [r.reward_components.get(task.metric, 0.0) for r in group.rollouts]
+            mean = sum(success) / len(success)
+            pending["success"] += success
+            pending["spread"].append(sum((x - mean) ** 2 for x in success) / len(success))
             pending["reward"] += sum(r.reward for r in group.rollouts)
             pending["tokens"] += sum(len(r.completion_ids) for r in group.rollouts)
             stats = self.stats[task.name]
@@ -205,8 +213,8 @@ class Mixture:
     def update(self) -> dict[str, float]:
         """Fold this step's observations into the statistics, move curricula, re-weigh;
         return per-task metrics for the step's record: ``domain/<task>/`` ``success``,
-        ``reward`` and ``completion_tokens`` (of this step's sampled rollouts, when the task
-        was drawn), ``weight`` (its share of the next draws), ``dropped_groups`` (so far)
+        ``spread`` (mean within-group variance of success), ``reward`` and ``completion_tokens``
+        (of this step's sampled rollouts, when the task was drawn), ``weight`` (its share of the next draws), ``dropped_groups`` (so far)
         and ``level`` (for tasks with levels)."""
         s = self.settings
         record: dict[str, float] = {}
@@ -215,13 +223,17 @@ class Mixture:
             if pending:
                 successes = pending["success"]
                 rate = sum(successes) / len(successes)
+                spread = sum(pending["spread"]) / len(pending["spread"])
                 record[f"domain/{task.name}/reward"] = pending["reward"] / len(successes)
                 record[f"domain/{task.name}/completion_tokens"] = pending["tokens"]
+                record[f"domain/{task.name}/spread"] = spread
                 if stats.seen == 0:
                     stats.fast = stats.slow = rate
+                    stats.spread = spread
                 else:
                     stats.fast += s.fast_rate * (rate - stats.fast)
                     stats.slow += s.slow_rate * (rate - stats.slow)
+                    stats.spread += s.fast_rate * (spread - stats.spread)
                 stats.seen += len(successes)
                 record[f"domain/{task.name}/success"] = rate
             self._promote(task, stats)
@@ -261,10 +273,17 @@ class Mixture:
             stats.seen = 0  # the new level's rate is unknown: the strategies treat it as unseen
 
     def state_dict(self) -> dict:
+        """Cursors, random generator, statistics, and the state of each task that has one
+        (``task.state_dict()``: its stream position and, for curricula, its level)."""
         return {"cursors": dict(self.cursors), "rng": self.rng.getstate(),
-                "stats": {name: asdict(st) for name, st in self.stats.items()}}
+                "stats": {name: asdict(st) for name, st in self.stats.items()},
+                "tasks": {t.name: t.state_dict() for t in self.tasks if hasattr(t, "state_dict")}}
 
     def load_state_dict(self, state: dict) -> None:
+        by_name = {t.name: t for t in self.tasks}
+        for name, saved in state.get("tasks", {}).items():
+            if hasattr(by_name.get(name), "load_state_dict"):
+                by_name[name].load_state_dict(saved)
         self.cursors = dict(state["cursors"])
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))

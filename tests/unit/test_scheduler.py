@@ -44,6 +44,16 @@ def test_a_restored_state_continues_with_the_same_problems():
     assert resumed.next_problems(10) == expected
 
 
+def test_the_mixture_state_holds_each_tasks_stream_state():
+    mixture = StaticMixture(_tasks(), [1, 2, 3], seed=0)
+    mixture.next_problems(12)
+    state = json.loads(json.dumps(mixture.state_dict()))
+    assert {name: s["next_index"] for name, s in state["tasks"].items()} == mixture.cursors
+    resumed = StaticMixture(_tasks(), [1, 2, 3], seed=0)
+    resumed.load_state_dict(state)
+    assert {t.name: t.next_index for t in resumed.tasks} == mixture.cursors
+
+
 @pytest.mark.parametrize("weights, message", [
     ([1.0, 1.0], "one weight per task"),
     ([0.0, 0.0, 0.0], "at least one task needs a positive training weight"),

@@ -21,8 +21,14 @@ class FakeTask:
     domain: str = ""
     metric: str = "correct"
 
+    split: bool = False
+    """Problems of even index always solved, odd never: the task's rate is 1/2, no group varies."""
+
     def __post_init__(self):
         self.rewards = {"correct": 1.0}
+
+    def rate_of(self, problem: Problem) -> float:
+        return float(int(problem.id.split(":")[1]) % 2 == 0) if self.split else self.rate
 
     def train_problem(self, index: int) -> Problem:
         return Problem(task=self.name, id=f"{self.level}:{index}", prompt="", answer="")
@@ -38,7 +44,7 @@ def _run(mixture: Mixture, steps: int, rng: random.Random, group_size: int = 8) 
     for _ in range(steps):
         groups = []
         for problem in mixture.next_problems(16):
-            rate = by_name[problem.task].rate
+            rate = by_name[problem.task].rate_of(problem)
             rollouts = []
             for _ in range(group_size):
                 x = float(rng.random() < rate)
@@ -61,6 +67,17 @@ def test_most_weight_goes_to_the_learnable_task_and_the_floor_stays(strategy):
     for name in ("never", "always"):
         assert record[f"domain/{name}/weight"] == pytest.approx(0.05, abs=0.01)  # floor 0.15 / 3 tasks
     assert record["domain/never/dropped_groups"] > 0 and record["domain/always/dropped_groups"] > 0
+
+
+def test_learnability_reads_the_variance_inside_groups_not_the_tasks_mean_rate():
+    tasks = [FakeTask("split", 0.5, split=True), FakeTask("half", 0.5)]
+    mixture = Mixture(tasks, [1, 1], seed=0, strategy="learnability", settings=Settings(floor=0.1))
+    record = _run(mixture, 10, random.Random(0))
+    split, half = mixture.stats["split"], mixture.stats["half"]
+    assert split.fast == pytest.approx(0.5, abs=0.25) and half.fast == pytest.approx(0.5, abs=0.25), \
+        "both tasks succeed about half the time"
+    assert split.spread == 0.0 and half.spread > 0.15
+    assert record["domain/half/weight"] > 0.9
 
 
 @pytest.mark.parametrize("strategy", ["learnability", "learning_progress"])

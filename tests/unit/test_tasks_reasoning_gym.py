@@ -1,12 +1,14 @@
 """reasoning-gym task types: every one loads, and its reference answer scores 1 through the reward."""
 
+import time
+
 import pytest
 
 pytest.importorskip("reasoning_gym")
 
 from tempering.rewards import build_reward
 from tempering.tasks import build_task
-from tempering.tasks.reasoning_gym import NO_REFERENCE, rg_types
+from tempering.tasks.reasoning_gym import NO_REFERENCE, PREFETCH_AHEAD, SLOW_TYPES, rg_types
 from tempering.types import Rollout
 
 
@@ -70,3 +72,70 @@ def test_a_curriculum_level_makes_harder_items():
 def test_bad_options_are_refused_by_name(options, message):
     with pytest.raises(ValueError, match=message):
         build_task("rg:custom", seed=0, **options).train_problem(0)
+
+
+def _stream(task, n, climb_at=None):
+    problems = []
+    for i in range(n):
+        if i == climb_at:
+            task.level = 1
+        problems.append(task.train_problem(i))
+    return problems
+
+
+def test_prefetching_serves_the_same_stream_as_generating_on_demand():
+    def build(prefetch):
+        return build_task("rg:basic_arithmetic", seed=1, curriculum=True, eval_size=8, prefetch=prefetch)
+
+    plain, ahead = build(0), build(4)
+    made_here = []
+    make = ahead._source.item  # the worker, forked when the task was built, keeps the unwrapped one
+    ahead._source.item = lambda *args: made_here.append(args) or make(*args)
+    try:
+        assert ahead.eval_problems(8) == plain.eval_problems(8)
+        expected = _stream(plain, 30, climb_at=12)
+        assert _stream(ahead, 30, climb_at=12) == expected
+        assert [index for index, _ in made_here] == [ahead._seed_index(0, 0), ahead._seed_index(12, 0)], \
+            "only the first item and the first after the level change are made here, the rest by the worker"
+        assert sorted(i for _, i in ahead._ahead) == [ahead._seed_index(i, 0) for i in range(30, 34)], \
+            "the worker holds the next items"
+        resumed = build(4)
+        resumed.load_state_dict(ahead.state_dict())
+        assert _stream(resumed, 40)[30:] == _stream(plain, 40)[30:]
+    finally:
+        ahead.close()
+        resumed.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rg_type", ["knight_swap", "zebra_puzzles", "arc_agi"])
+def test_slow_types_prefetch_by_default_and_serve_the_same_stream(rg_type):
+    ahead = build_task(f"rg:{rg_type}", seed=0, eval_size=4)
+    try:
+        assert ahead.prefetch == PREFETCH_AHEAD
+        plain = build_task(f"rg:{rg_type}", seed=0, eval_size=4, prefetch=0)
+        assert _stream(ahead, 12) == _stream(plain, 12)
+    finally:
+        ahead.close()
+
+
+def test_only_slow_types_prefetch_by_default():
+    assert build_task("rg:basic_arithmetic", seed=0).prefetch == 0
+    assert SLOW_TYPES <= set(rg_types())
+    with pytest.raises(ValueError, match="prefetch must be a count"):
+        build_task("rg:basic_arithmetic", seed=0, prefetch=-1)
+
+
+def _stuck(*args):
+    time.sleep(3600)
+
+
+def test_a_lost_worker_is_replaced_by_generating_here(monkeypatch):
+    from tempering.tasks import reasoning_gym
+
+    monkeypatch.setattr(reasoning_gym, "WORKER_WAIT_S", 0.5)
+    monkeypatch.setattr(reasoning_gym, "_worker_item", _stuck)  # the (forked) worker never answers
+    task = build_task("rg:basic_arithmetic", seed=0, eval_size=4, prefetch=2)
+    expected = build_task("rg:basic_arithmetic", seed=0, eval_size=4, prefetch=0)
+    assert [task.train_problem(i) for i in range(4)] == [expected.train_problem(i) for i in range(4)]
+    assert task.prefetch == 0 and task._pool is None

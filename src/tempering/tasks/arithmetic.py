@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tempering.tasks.base import register_task
+from tempering.tasks.base import StreamState, register_task
 from tempering.types import Problem
 
 EVAL_EVERY = 8
@@ -157,7 +157,7 @@ OPERATIONS = {
 
 
 @dataclass
-class ArithmeticTask:
+class ArithmeticTask(StreamState):
     """Column arithmetic of ``digits``-digit numbers (one size drawn per problem).
 
     ``style="raw"`` prompts are ``"47+38\\n"``, for the built-in character-level model;
@@ -218,6 +218,7 @@ class ArithmeticTask:
 
     def train_problem(self, index: int) -> Problem:
         rng = random.Random(f"{self.seed}:{self.name}:{index}")
+        self._served(index)
         return self._problem(*self._draw(rng, want_eval=False))
 
     def eval_problems(self, n: int) -> list[Problem]:

@@ -4,6 +4,12 @@ A task is a deterministic, indexable problem source: ``train_problem(i)`` is a p
 of the task's seed and ``i``, so a data cursor is one integer and resuming is exact. The
 held-out split never overlaps the training stream. A task also names the rewards that grade
 it, with weights, so mixtures of tasks need no per-task code in the loop.
+
+The built-in tasks also have ``state_dict()`` / ``load_state_dict()`` (:class:`StreamState`):
+a small JSON-able dict with the stream's position (``next_index``, the index after the last
+one served) and what else the stream depends on, so a checkpoint can save a task's stream and
+a resumed run continue it exactly. The protocol does not require them: a task of your own
+needs only ``train_problem`` and ``eval_problems``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,39 @@ class Task(Protocol):
     def train_problem(self, index: int) -> Problem: ...
 
     def eval_problems(self, n: int) -> list[Problem]: ...
+
+
+class StreamState:
+    """``state_dict`` / ``load_state_dict`` for a task whose ``train_problem(i)`` is pure in (seed, i).
+
+    The state is the seed and ``next_index``; a subclass adds what else its stream depends on
+    (:meth:`_extra_state`, checked or restored by :meth:`_load_extra`). Loading a state saved
+    from another seed is refused, because it would silently continue a different stream.
+    """
+
+    seed: int
+    next_index: int = 0
+    """The index after the last training problem served (0 before any)."""
+
+    def _served(self, index: int) -> None:
+        self.next_index = index + 1
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "next_index": self.next_index, **self._extra_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        name = getattr(self, "name", type(self).__name__)
+        if state["seed"] != self.seed:
+            raise ValueError(f"{name}: the saved stream has seed {state['seed']}, this task seed {self.seed}; "
+                             "resume with the run's own seed")
+        self._load_extra(state)
+        self.next_index = int(state["next_index"])
 
 
 TaskFactory = Callable[..., Task]

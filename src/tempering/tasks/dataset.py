@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tempering.sandbox.spec import SpecError, TestSpec
-from tempering.tasks.base import register_task
+from tempering.tasks.base import StreamState, register_task
 from tempering.types import Problem
 
 KINDS = {
@@ -101,7 +101,7 @@ def _check(where: str, record: Any, kind: str) -> None:
             raise DatasetError(f"{where}: field 'tests': {exc}") from None
 
 
-class DatasetTask:
+class DatasetTask(StreamState):
     """Records from a user file; see the module docstring for the fields and the split."""
 
     def __init__(self, name: str, seed: int, path: str = "", kind: str = "math", reward: str = "match",
@@ -155,6 +155,7 @@ class DatasetTask:
 
     def train_problem(self, index: int) -> Problem:
         epoch, position = divmod(index, self.size)
+        self._served(index)
         if self._order[0] != epoch:
             order = list(range(self.size))
             random.Random(f"{self.seed}:{self.name}:{epoch}").shuffle(order)
@@ -163,6 +164,14 @@ class DatasetTask:
 
     def eval_problems(self, n: int) -> list[Problem]:
         return [self._problem(*record) for record in self._eval[:n]]
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"size": self.size}
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        if state["size"] != self.size:  # each epoch's order is a shuffle of this many records
+            raise ValueError(f"{self.name}: the saved stream walked {state['size']} training records, the file now "
+                             f"has {self.size}; the stream cannot continue where it stopped")
 
 
 register_task("dataset")(DatasetTask)

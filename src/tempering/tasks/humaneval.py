@@ -29,6 +29,7 @@ from tempering.rewards.base import RewardResult, register_reward
 from tempering.rewards.code import CodeReward
 from tempering.sandbox.humaneval import humaneval_spec
 from tempering.sandbox.spec import TestSpec
+from tempering.tasks.base import StreamState
 from tempering.types import Problem, Rollout
 
 
@@ -45,7 +46,7 @@ def _imports(prompt: str) -> str:
     return "".join(line + "\n" for line in prompt.splitlines() if line.startswith(("import ", "from ")))
 
 
-class HumanEvalTask:
+class HumanEvalTask(StreamState):
     def __init__(self, name: str, seed: int, style: str = "raw", eval_fraction: float = 0.25, domain: str = "",
                  rewards: dict[str, float] | None = None):
         if style not in ("raw", "chat"):
@@ -77,6 +78,7 @@ class HumanEvalTask:
         if not self._train:
             raise ValueError(f"{self.name}: eval_fraction=1 leaves no training problems; give the task weight 0")
         epoch, position = divmod(index, len(self._train))
+        self._served(index)
         order = list(range(len(self._train)))
         random.Random(f"{self.seed}:{self.name}:{epoch}").shuffle(order)
         return self._problem(self._train[order[position]])

@@ -32,6 +32,7 @@ import string
 import zlib
 from typing import Any
 
+from tempering.tasks.base import StreamState
 from tempering.types import Problem
 
 EVAL_EVERY = 8
@@ -47,7 +48,7 @@ def _filler(rng: random.Random) -> str:
     return " ".join(words).capitalize() + "."
 
 
-class LongContextTask:
+class LongContextTask(StreamState):
     def __init__(self, name: str, seed: int, kind: str = "retrieval", length_tokens: int = 1024, hops: int = 2,
                  tokenizer: str | None = None, chars_per_token: float = 4.0, style: str = "raw",
                  domain: str = "", rewards: dict[str, float] | None = None):
@@ -116,6 +117,7 @@ class LongContextTask:
                        meta={"facts": facts})
 
     def train_problem(self, index: int) -> Problem:
+        self._served(index)
         return self._draw(random.Random(f"{self.seed}:{self.name}:{index}"), want_eval=False)
 
     def eval_problems(self, n: int) -> list[Problem]:

@@ -5,11 +5,18 @@ Another name under the prefix with a ``type`` option (``rg:arith-hard``, ``type:
 basic_arithmetic``) makes a second domain of the same type with other settings. This module,
 and with it the ``reasoning_gym`` reward, is loaded when the first ``rg:`` task is built,
 because importing reasoning-gym takes seconds that a run without it should not pay.
-Items are generated lazily, one at a time, when the mixture asks for them: reasoning-gym
-generators are procedural and most take well under a millisecond, but a few (``knight_swap``,
-``intermediate_integration``, ``zebra_puzzles``) take 0.1-1 s per item, so building all 105
-types up front would stall a run's start for nothing. There is no background generation
-worker; a slow type costs its time inside the sampling step.
+Items are generated lazily, when the mixture asks for them: most reasoning-gym generators
+take well under a millisecond, so building all 105 types up front would stall a run's start
+for nothing. A few are slow (:data:`SLOW_TYPES`, 40 ms to 0.7 s per training item on a CPU
+core), and those generate ahead: with ``prefetch`` (by default on for :data:`SLOW_TYPES` only)
+a worker process makes the next training items and the held-out set while the run samples
+and learns, and the task takes them in index order, so the stream is item for item the one
+generated without it. A process, not a thread: generation is pure Python and a thread would
+hold the interpreter lock against the sampling loop (``bench/rg_prefetch.py`` measures both).
+The worker gains only where a core is free for it (a GPU run, a CPU with cores to spare); on
+a CPU that the run already saturates it competes with sampling for the same cores, which is
+what ``prefetch: 0`` avoids. It is on by default for the slow types because there a type's
+0.1-0.7 s per item otherwise lands inside every step that draws it.
 
 Determinism and the split: reasoning-gym seeds item ``i`` of a dataset seeded ``s`` with
 ``s + i``, so two datasets with nearby seeds share items. Training item ``i`` therefore uses
@@ -28,7 +35,8 @@ For those the problem's ``answer`` is an example valid answer where reasoning-gy
 (:data:`EXAMPLE_KEYS`), else empty (:data:`NO_REFERENCE`).
 
 Difficulty: with ``curriculum: true`` a type that has a reasoning-gym curriculum exposes
-``levels`` (its global levels) and a settable ``level`` that the scheduler raises.
+``levels`` (its global levels) and a settable ``level`` that the scheduler raises. The held-out
+items follow the level: evaluation uses the current level's, and training skips those.
 
 The reward is reasoning-gym's score as is, so partial credit (e.g. 0.05 for a well-formed
 wrong answer in some types) counts partially in accuracy too.
@@ -39,10 +47,14 @@ Not done here: the ``composite`` dataset (a mixture is the scheduler's job).
 from __future__ import annotations
 
 import json
+import multiprocessing
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from tempering.rewards.base import register_reward
 from tempering.rewards.basic import extract_answer
+from tempering.tasks.base import StreamState
 from tempering.types import Problem
 
 PREFIX = "rg:"
@@ -55,6 +67,16 @@ EXAMPLE_KEYS = {"graph_color": "possible_answer", "rubiks_cube": "example_correc
 NO_REFERENCE = frozenset({"boxnet", "rush_hour"})
 """Validated types for which reasoning-gym keeps no valid answer at all."""
 _SKIP_TRIES = 100
+SLOW_TYPES = frozenset({"knight_swap", "sokoban", "futoshiki", "zebra_puzzles", "puzzle24", "intermediate_integration",
+                        "quantum_lock", "polynomial_equations", "arc_agi", "group_anagrams", "acre", "figlet_font"})
+"""Types that take about 40 ms or more per training item (an item, or a share of building its block
+of :data:`BLOCK` seeds; measured on one contended CPU core with ``bench/rg_prefetch.py``)."""
+PREFETCH_AHEAD = 8
+WORKER_WAIT_S = 300.0
+"""How long to wait for one result of the prefetch worker before generating it here instead
+(a worker that died leaves its result pending for ever)."""
+"""Training items a slow type keeps generated ahead by default: a few steps of its share of the
+prompts in a mixture, without making many that a short run never uses."""
 
 
 def _rg():
@@ -81,67 +103,163 @@ def reference_answer(rg_type: str, entry: dict[str, Any]) -> str:
     return "" if entry.get("answer") is None else str(entry["answer"])
 
 
-class ReasoningGymTask:
+class _Source:
+    """Items of one reasoning-gym type and config by seed index and level; the same code runs in
+    the task's own process and in its prefetch worker, so both produce identical items."""
+
+    def __init__(self, rg_type: str, config: dict[str, Any], curriculum: bool):
+        self.rg_type, self.config, self.curriculum = rg_type, config, curriculum
+        self._blocks: dict[tuple[int, int], Any] = {}
+
+    def dataset(self, seed: int, size: int, level: int):
+        rg = _rg()
+        try:
+            if not self.curriculum:
+                return rg.create_dataset(self.rg_type, seed=seed, size=size, **self.config)
+            from reasoning_gym.factory import DATASETS, create_curriculum
+
+            curriculum = create_curriculum(self.rg_type)
+            curriculum.set_global_level(level)
+            config = curriculum.generate_configuration({"seed": seed, "size": size, **self.config})
+            return DATASETS[self.rg_type][0](config=config)
+        except (TypeError, AssertionError) as exc:
+            raise ValueError(f"reasoning-gym type {self.rg_type!r}: bad config {self.config}: {exc}") from exc
+
+    def item(self, seed_index: int, level: int) -> dict[str, Any]:
+        block, offset = divmod(seed_index, BLOCK)
+        key = (block, level)
+        if key not in self._blocks:
+            if len(self._blocks) >= 2:  # a stream moves forward: the oldest block is done
+                del self._blocks[next(iter(self._blocks))]
+            self._blocks[key] = self.dataset(block * BLOCK, BLOCK, level)
+        return self._blocks[key][offset]
+
+    def eval_entries(self, size: int, level: int) -> list[dict[str, Any]]:
+        dataset = self.dataset(EVAL_SEED, size, level)
+        return [dataset[i] for i in range(size)]
+
+
+_WORKER_SOURCES: dict[str, _Source] = {}
+"""In a prefetch worker process: the sources it has built, by their spec."""
+
+
+def _worker_source(spec: str) -> _Source:
+    if spec not in _WORKER_SOURCES:
+        rg_type, config, curriculum = json.loads(spec)
+        _WORKER_SOURCES[spec] = _Source(rg_type, config, curriculum)
+    return _WORKER_SOURCES[spec]
+
+
+def _worker_item(spec: str, seed_index: int, level: int) -> dict[str, Any]:
+    return _worker_source(spec).item(seed_index, level)
+
+
+def _worker_eval(spec: str, size: int, level: int) -> list[dict[str, Any]]:
+    return _worker_source(spec).eval_entries(size, level)
+
+
+class ReasoningGymTask(StreamState):
     """One reasoning-gym type. ``config``: keyword options for the type's config dataclass;
     ``style``: ``raw`` (question then a newline) or ``chat`` (a user message asking for
-    ``<answer>`` tags); ``eval_size``: held-out items, all excluded from training by text."""
+    ``<answer>`` tags); ``eval_size``: held-out items, all excluded from training by text;
+    ``prefetch``: training items generated ahead in a worker process (0 = none; ``None`` =
+    :data:`PREFETCH_AHEAD` for :data:`SLOW_TYPES`, none for the others)."""
 
     def __init__(self, name: str, seed: int, type: str = "", config: dict[str, Any] | None = None,
                  style: str = "chat", eval_size: int = 64, curriculum: bool = False, domain: str = "",
-                 rewards: dict[str, float] | None = None):
-        rg = _rg()
+                 rewards: dict[str, float] | None = None, prefetch: int | None = None):
+        _rg()
         self.rg_type = type or name.removeprefix(PREFIX)
         if self.rg_type not in rg_types():
             raise ValueError(f"unknown reasoning-gym type {self.rg_type!r}; see tempering.tasks.reasoning_gym.rg_types()")
         if style not in ("raw", "chat"):
             raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError(f"prefetch must be a count of items >= 0 (0 = off) or null (automatic), got {prefetch!r}")
         self.name, self.seed, self.style, self.eval_size = name, seed, style, eval_size
         self.domain = domain or name
         self.rewards = dict(rewards or {"reasoning_gym": 1.0})
         self.metric = "reasoning_gym"
         self.config = dict(config or {})
-        self._curriculum = None
         if curriculum:
             from reasoning_gym.factory import CURRICULA, create_curriculum
 
             if self.rg_type not in CURRICULA:
                 raise ValueError(f"reasoning-gym type {self.rg_type!r} has no curriculum; set curriculum: false")
-            self._curriculum = create_curriculum(self.rg_type)
-            self.levels = max(len(attr.levels) for attr in self._curriculum.attributes.values())
+            self.levels = max(len(attr.levels) for attr in create_curriculum(self.rg_type).attributes.values())
         self.level = 0
-        self._rg = rg
-        self._held_out: set[str] | None = None
-        self._blocks: dict[tuple[int, int], Any] = {}
+        self.prefetch = (PREFETCH_AHEAD if self.rg_type in SLOW_TYPES else 0) if prefetch is None else prefetch
+        self._source = _Source(self.rg_type, self.config, curriculum)
+        self._spec = json.dumps([self.rg_type, self.config, curriculum])
+        self._eval: dict[int, list[dict[str, Any]]] = {}
+        self._held_out: dict[int, set[str]] = {}
+        self._pool = None
+        self._ahead: dict[tuple[int, int], Any] = {}
+        """(level, seed index) -> pending result of the worker."""
+        self._eval_ahead: dict[int, Any] = {}
+        if self.prefetch:  # the held-out set is needed first (evaluation before training): start on it now
+            self._eval_ahead[0] = self._worker().apply_async(_worker_eval, (self._spec, self.eval_size, 0))
 
-    def _dataset(self, seed: int, size: int):
+    # -- the prefetch worker -------------------------------------------------------------
+    def _worker(self):
+        if self._pool is None:
+            # a process, not a thread: item generation is pure Python and would hold the GIL
+            # against the sampling loop. Forked (where the platform can), not spawned: a spawned
+            # worker re-runs the user's main script, which breaks scripts without a __main__
+            # guard; the fork happens when the task is built, before the run starts other threads
+            methods = multiprocessing.get_all_start_methods()
+            self._pool = multiprocessing.get_context("fork" if "fork" in methods else "spawn").Pool(1)
+            self._stop_worker = weakref.finalize(self, self._pool.terminate)  # when collected, or at exit
+        return self._pool
+
+    def _prefetch_after(self, index: int) -> None:
+        """Ask the worker for the ``prefetch`` training items after ``index`` not yet asked; forget
+        those before ``index`` and those of another level."""
+        stale = [key for key in self._ahead if key[0] != self.level or key[1] < self._seed_index(index, 0)]
+        for key in stale:
+            del self._ahead[key]
+        for i in range(index + 1, index + 1 + self.prefetch):
+            key = (self.level, self._seed_index(i, 0))
+            if key not in self._ahead:
+                self._ahead[key] = self._worker().apply_async(_worker_item, (self._spec, key[1], self.level))
+
+    def close(self) -> None:
+        """Stop the prefetch worker, if one runs (also done at exit)."""
+        if self._pool is not None:
+            self._stop_worker()
+            self._pool.join()
+            self._pool, self._ahead, self._eval_ahead = None, {}, {}
+
+    # -- items ---------------------------------------------------------------------------
+    def _seed_index(self, index: int, attempt: int) -> int:
+        return (self.seed * 10**7 + index * _SKIP_TRIES) % (EVAL_SEED - _SKIP_TRIES) + attempt
+
+    def _result(self, pending, make: Callable[[], Any]) -> Any:
+        """The worker's result, or ``make()`` here when none was asked or the worker is lost."""
+        if pending is None:
+            return make()
         try:
-            if self._curriculum is None:
-                return self._rg.create_dataset(self.rg_type, seed=seed, size=size, **self.config)
-            self._curriculum.set_global_level(self.level)
-            config = self._curriculum.generate_configuration({"seed": seed, "size": size, **self.config})
-            from reasoning_gym.factory import DATASETS
-
-            return DATASETS[self.rg_type][0](config=config)
-        except (TypeError, AssertionError) as exc:
-            raise ValueError(f"reasoning-gym type {self.rg_type!r}: bad config {self.config}: {exc}") from exc
+            return pending.get(timeout=WORKER_WAIT_S)
+        except multiprocessing.TimeoutError:
+            self.close()
+            self.prefetch = 0
+            return make()
 
     def _item(self, seed_index: int) -> dict[str, Any]:
-        block, offset = divmod(seed_index, BLOCK)
-        key = (block, self.level)
-        if key not in self._blocks:
-            if len(self._blocks) >= 2:  # a stream moves forward: the oldest block is done
-                del self._blocks[next(iter(self._blocks))]
-            self._blocks[key] = self._dataset(block * BLOCK, BLOCK)
-        return self._blocks[key][offset]
+        return self._result(self._ahead.pop((self.level, seed_index), None),
+                            lambda: self._source.item(seed_index, self.level))
 
     def _eval_entries(self) -> list[dict[str, Any]]:
-        dataset = self._dataset(EVAL_SEED, self.eval_size)
-        return [dataset[i] for i in range(self.eval_size)]
+        if self.level not in self._eval:
+            self._eval[self.level] = self._result(self._eval_ahead.pop(self.level, None),
+                                                  lambda: self._source.eval_entries(self.eval_size, self.level))
+        return self._eval[self.level]
 
     def held_out_questions(self) -> set[str]:
-        if self._held_out is None:
-            self._held_out = {entry["question"] for entry in self._eval_entries()}
-        return self._held_out
+        """The held-out questions at the current level, which training never serves."""
+        if self.level not in self._held_out:
+            self._held_out[self.level] = {entry["question"] for entry in self._eval_entries()}
+        return self._held_out[self.level]
 
     def _problem(self, entry: dict[str, Any], id: str) -> Problem:
         question = entry["question"]
@@ -153,10 +271,12 @@ class ReasoningGymTask:
                        domain=self.domain, meta={"rg_type": self.rg_type, "entry": entry})
 
     def train_problem(self, index: int) -> Problem:
+        if self.prefetch:
+            self._prefetch_after(index)
         held_out = self.held_out_questions()
-        base = (self.seed * 10**7 + index * _SKIP_TRIES) % (EVAL_SEED - _SKIP_TRIES)
+        self._served(index)
         for attempt in range(_SKIP_TRIES):
-            entry = self._item(base + attempt)
+            entry = self._item(self._seed_index(index, attempt))
             if entry["question"] not in held_out:
                 return self._problem(entry, f"L{self.level}:{index}")
         raise ValueError(f"reasoning-gym type {self.rg_type!r}: {_SKIP_TRIES} training items in a row repeat "
@@ -166,6 +286,17 @@ class ReasoningGymTask:
         if n > self.eval_size:
             raise ValueError(f"{self.name}: {n} eval problems asked, eval_size is {self.eval_size}")
         return [self._problem(entry, f"eval:{i}") for i, entry in enumerate(self._eval_entries()[:n])]
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"level": self.level}
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        self.level = int(state.get("level", 0))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.prefetch:
+            self._prefetch_after(self.next_index - 1)
 
 
 def build_rg_task(name: str, seed: int, **options: Any) -> ReasoningGymTask:

@@ -146,7 +146,7 @@ def test_tasks_own_their_rewards_and_metric():
     ("nosuch", {}, "unknown task 'nosuch'; known: add, dataset, mul, sub"),
     ("add", {"digits": [0]}, "digits must be a non-empty list of sizes 1..6"),
     ("add", {"digits": []}, "digits must be a non-empty list"),
-    ("add", {"style": "poem"}, "style must be 'raw' or 'chat'"),
+    ("add", {"style": "poem"}, "style must be 'raw', 'chat' or 'program'"),
 ])
 def test_bad_task_names_and_options_are_value_errors_that_say_what_is_allowed(name, options, message):
     with pytest.raises(ValueError, match=message):

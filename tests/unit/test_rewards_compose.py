@@ -150,11 +150,8 @@ class Flaky:
         return [RewardResult(float(r.text == "ok")) for r in rollouts]
 
 
-if "flaky" not in REWARDS:
-    register_reward("flaky")(Flaky)
-
-
-def test_an_exception_in_a_reward_is_contained_to_the_rollout_that_raised():
+def test_an_exception_in_a_reward_is_contained_to_the_rollout_that_raised(monkeypatch):
+    monkeypatch.setitem(REWARDS, "flaky", Flaky)  # registered for this test only
     rewarder = Rewarder([FakeTask("t", {"flaky": 1.0}, metric="flaky")])
     groups = [_group("t", "1", ["ok", "boom", "no"], 0), _group("t", "1", ["ok", "ok"], 1)]
     record = rewarder.score(groups)

@@ -30,7 +30,7 @@ def test_reward_groups_scores_rollouts_in_place_and_averages_over_all_of_them():
     assert group.rollouts[1].reward_components == {"exact_match": 0.0, "format": 1.0}
     assert record == pytest.approx({
         "reward": 1.2 / 3, "accuracy": 1 / 3, "reward/exact_match": 1 / 3, "reward/format": 2 / 3,
-        "reward/dropped": 0,
+        "reward/dropped": 0, "reward/errors": 0,
     })
 
 

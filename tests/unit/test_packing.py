@@ -231,3 +231,11 @@ def test_impossible_learner_settings_are_config_errors_naming_the_field():
     with pytest.raises(ConfigError, match="learner.logprob_chunk=1024: .*final_logit_softcapping"):
         _built([], model)
     assert _built(["learner.logprob_chunk=0"], model).logprob_chunk == 0
+
+
+def test_bf16_autocast_runs_through_every_path_and_stays_near_the_fp32_step():
+    plain, plain_metrics = _sgd_change()
+    for settings in ({}, PATHS["all"]):
+        change, metrics = _sgd_change(bf16=True, **settings)
+        assert (change - plain).abs().max() < 0.01 * plain.abs().max()
+        assert metrics["loss"] == pytest.approx(plain_metrics["loss"], abs=1e-3)

@@ -19,6 +19,7 @@ What cannot be matched exactly is listed under ``"unmatched"`` in the output. Ne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -38,17 +39,19 @@ from tempering.train import train
 
 MODELS = {
     "tiny": {"path": "builtin:tiny", "style": "raw", "max_completion": 48, "steps": 20, "lr": 5e-5,
-             "eval_problems": 200},
+             "eval_problems": 200, "trl_micro_batch": 64, "token_budget": 0},
+    # one padded forward of all 64 sequences would hold about 16 GB of fp32 activations:
+    # both sides accumulate gradients over micro-batches of about 1.5k tokens instead
     "smollm2": {"path": "builtin:smollm2", "style": "chat", "max_completion": 128, "steps": 3, "lr": 1e-6,
-                "eval_problems": 30},
+                "eval_problems": 30, "trl_micro_batch": 8, "token_budget": 1536},
 }
 SHARED = {"prompts_per_step": 8, "group_size": 8, "temperature": 1.0, "seed": 0, "betas": (0.9, 0.99),
           "grad_clip": 1.0, "clip": 0.2}
 UNMATCHED = [
     "random streams: the samplers draw different completions from the same distribution",
     "sampling loop: TRL calls transformers' generate (left-padded, KV cache); tempering its own KV-cached loop",
-    "learner micro-batching: TRL one padded forward per step; tempering packed rows, chunked log-probs "
-    "(tempering's defaults)",
+    "learner micro-batching: TRL padded micro-batches of trl_micro_batch sequences (gradient accumulation); "
+    "tempering packed micro-batches of at most token_budget tokens (0: all sequences), chunked log-probs",
     "optimizer state: both AdamW(eps=1e-8, no weight decay), TRL's through transformers' Trainer",
     "a step of TRL also runs the Trainer's callbacks and metric logging",
 ]
@@ -74,6 +77,7 @@ def run_tempering(spec: dict, steps: int, bf16: bool) -> dict:
             f"learner.lr={spec['lr']}", "learner.warmup_steps=0", "learner.schedule=constant",
             f"learner.betas=[{SHARED['betas'][0]}, {SHARED['betas'][1]}]", f"learner.grad_clip={SHARED['grad_clip']}",
             f"learner.bf16={str(bf16).lower()}", "learner.micro_batch_size=64",
+            f"learner.token_budget={spec['token_budget']}",
             f"algorithm.clip_low={SHARED['clip']}", f"algorithm.clip_high={SHARED['clip']}",
             "algorithm.advantage=grpo", "algorithm.aggregation=token_mean", "algorithm.kl_coef=0",
             f"eval.problems_per_task={spec['eval_problems']}", f"eval.max_new_tokens={spec['max_completion']}",
@@ -108,7 +112,8 @@ def run_trl(spec: dict, steps: int, bf16: bool) -> dict:
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
             output_dir=out, max_steps=steps, seed=SHARED["seed"], use_cpu=True, bf16=bf16,
-            per_device_train_batch_size=SHARED["prompts_per_step"] * SHARED["group_size"],
+            per_device_train_batch_size=spec["trl_micro_batch"],
+            gradient_accumulation_steps=SHARED["prompts_per_step"] * SHARED["group_size"] // spec["trl_micro_batch"],
             num_generations=SHARED["group_size"], max_completion_length=spec["max_completion"],
             temperature=SHARED["temperature"], top_p=1.0, top_k=0,
             learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
@@ -120,7 +125,8 @@ def run_trl(spec: dict, steps: int, bf16: bool) -> dict:
         trainer = GRPOTrainer(model=model, reward_funcs=[exact_match], args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[StepClock()])
         start = time.perf_counter()
-        trainer.train()
+        with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout carries the JSON
+            trainer.train()
     durations = [b - a for a, b in zip([start] + ends, ends)]
     model.eval()
     return {"s_per_step": statistics.fmean(durations),
@@ -154,6 +160,7 @@ def main(argv: list[str]) -> dict:
             "tempering_accuracy": ours["accuracy"], "trl_accuracy": trl_side["accuracy"],
             "accuracy_before": ours["accuracy_before"], "steps": steps, "max_completion_length": spec["max_completion"],
             "learning_rate": spec["lr"], "eval_problems": spec["eval_problems"],
+            "trl_micro_batch": spec["trl_micro_batch"], "token_budget": spec["token_budget"],
         }
     return result
 

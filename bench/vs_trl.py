@@ -85,6 +85,7 @@ def run_tempering(spec: dict, steps: int, bf16: bool) -> dict:
         summary = train(config, progress=False)
         records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return {"s_per_step": statistics.fmean(r["step_s"] for r in records),
+            "split": {key: statistics.fmean(r[key] for r in records) for key in ("generate_s", "reward_s", "learn_s")},
             "accuracy_before": summary["eval_before"]["accuracy"], "accuracy": summary["eval_after"]["accuracy"]}
 
 
@@ -158,7 +159,7 @@ def main(argv: list[str]) -> dict:
             "tempering_s_per_step": ours["s_per_step"], "trl_s_per_step": trl_side["s_per_step"],
             "ratio": trl_side["s_per_step"] / ours["s_per_step"],
             "tempering_accuracy": ours["accuracy"], "trl_accuracy": trl_side["accuracy"],
-            "accuracy_before": ours["accuracy_before"], "steps": steps, "max_completion_length": spec["max_completion"],
+            "accuracy_before": ours["accuracy_before"], "tempering_split_s": ours["split"], "steps": steps, "max_completion_length": spec["max_completion"],
             "learning_rate": spec["lr"], "eval_problems": spec["eval_problems"],
             "trl_micro_batch": spec["trl_micro_batch"], "token_budget": spec["token_budget"],
         }

@@ -20,8 +20,8 @@ How a batch becomes forward passes is ``tempering.packing``'s: micro-batches of
 ``micro_batch_size`` rows, or of at most ``token_budget`` tokens, padded or packed. Log-probs
 are computed only on trained tokens, from the model's logits or chunk by chunk from its
 hidden states (``tempering.algorithms.logprobs``). None of this changes the update beyond
-floating-point summation order; gradient checkpointing and bf16 autocast trade compute and
-precision for memory.
+floating-point summation order. Gradient checkpointing trades compute for memory; bf16
+autocast trades precision for speed and memory.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ How a batch becomes forward passes is ``tempering.packing``'s: micro-batches of
 are computed only on trained tokens, from the model's logits or chunk by chunk from its
 hidden states (``tempering.algorithms.logprobs``). None of this changes the update beyond
 floating-point summation order. Gradient checkpointing trades compute for memory; bf16
-autocast trades precision for speed and memory.
+autocast trades precision for speed and memory (on CPU with attention kept in fp32, see
+``tempering.models.attention``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import KLCoefficient
 from tempering.algorithms.logprobs import forward_logprobs
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean
+from tempering.models.attention import upcast_attention
 from tempering.packing import plan_micro_batches
 from tempering.types import Batch, Rollout
 
@@ -119,6 +121,8 @@ class Learner:
         self.model = model
         self.optimizer = optimizer
         self.settings = settings
+        if settings.bf16:
+            upcast_attention(model)
         if settings.gradient_checkpointing:
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()

@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tempering.algorithms.logprobs import chunked_logprobs, forward_logprobs, logprobs_from_logits
 from tempering.config import ConfigError, load_config
+from tempering.models.attention import NAME, upcast_attention
 from tempering.models.tiny import build_model
 from tempering.packing import (activation_bytes_per_token, first_fit_decreasing, pack, plan_micro_batches,
                                tokens_for_memory)
@@ -256,3 +257,19 @@ def test_the_memory_budget_for_a_smollm2_shaped_model_is_in_the_measured_range()
     assert 1000 < tokens_for_memory(8.0, model, False, 1024) < 8192
     with pytest.raises(ValueError):
         tokens_for_memory(2.0, model, True, 1024)  # weights, gradients and AdamW alone take 2.2 GB
+
+
+def test_upcast_attention_changes_nothing_without_autocast_and_is_not_saved(tmp_path):
+    model = _model()
+    batch = _batch(model)
+    with torch.no_grad():
+        before = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT).logits
+        upcast_attention(model)
+        after = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT).logits
+    assert model.config._attn_implementation == NAME
+    torch.testing.assert_close(after, before, atol=0, rtol=0)
+    assert (autocast.float() - before).abs().max() < 0.05
+    model.save_pretrained(tmp_path)
+    assert NAME not in (tmp_path / "config.json").read_text()

@@ -25,7 +25,13 @@ start of the step) and multiply each token's loss by the behaviour weight
 for ``"decoupled"``. Rows may carry ``weights_B``, multiplied into their policy loss (the
 scheduler's per-domain balance).
 
-Not done here: packing and chunked log-probs.
+How a batch becomes forward passes is ``tempering.packing``'s: micro-batches of
+``micro_batch_size`` rows, or of at most ``token_budget`` tokens, padded or packed. Log-probs
+are computed only on trained tokens, from the model's logits or chunk by chunk from its
+hidden states (``tempering.algorithms.logprobs``). None of this changes the update beyond
+floating-point summation order. Gradient checkpointing trades compute for memory; bf16
+autocast trades precision for speed and memory (on CPU with attention kept in fp32, see
+``tempering.models.attention``).
 """
 
 from __future__ import annotations
@@ -40,11 +46,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from tempering import faults
-from tempering.algorithms import kl_estimate, token_logprobs
+from tempering.algorithms import kl_estimate
 from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import KLCoefficient
-from tempering.algorithms.logprobs import logprobs_from_logits
+from tempering.algorithms.logprobs import forward_logprobs
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean
+from tempering.models.attention import upcast_attention
+from tempering.packing import plan_micro_batches
 from tempering.types import Batch, Rollout
 
 
@@ -111,6 +119,12 @@ class LearnerSettings:
     mini_batches: int = 1
     temperature: float = 1.0
     micro_batch_size: int = 64
+    token_budget: int = 0
+    """Tokens per micro-batch (rows x width as the model sees them); 0 = ``micro_batch_size`` rows."""
+    packing: bool = False
+    logprob_chunk: int = 0
+    """Tokens of logits at a time; 0 = the model's whole logits at once."""
+    gradient_checkpointing: bool = False
     grad_clip: float = 1.0
     bf16: bool = False
     off_policy: str = "none"
@@ -125,6 +139,11 @@ class Learner:
         self.model = model
         self.optimizer = optimizer
         self.settings = settings
+        if settings.bf16:
+            upcast_attention(model)
+        if settings.gradient_checkpointing:
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
         self.critic: Optional[Critic] = None
         if settings.critic is not None:
             self.critic = Critic(model, shared=settings.critic == "head")
@@ -168,15 +187,27 @@ class Learner:
     def _autocast(self):
         return torch.autocast("cpu", dtype=torch.bfloat16) if self.settings.bf16 else nullcontext()
 
+    def _micro_batches(self, batch: Batch) -> list[torch.Tensor]:
+        """Row indices of each micro-batch (see ``tempering.packing.plan_micro_batches``)."""
+        s = self.settings
+        lengths = batch.attention_mask_BT.sum(dim=1).tolist()
+        return [torch.tensor(rows) for rows in plan_micro_batches(lengths, s.token_budget, s.packing,
+                                                                   s.micro_batch_size)]
+
+    def _logprobs(self, model: Any, micro: Batch, **options: bool):
+        """``forward_logprobs`` of ``model`` on the micro-batch's trained tokens, as configured."""
+        s = self.settings
+        return forward_logprobs(model, micro.input_ids_BT, micro.attention_mask_BT, s.temperature,
+                                keep_BT=micro.loss_mask_BT, packing=s.packing, chunk=s.logprob_chunk, **options)
+
     def _per_row(self, batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
         """``fn`` over micro-batches without gradient, reassembled to the batch's full width."""
         out_BT = torch.zeros(batch.loss_mask_BT.shape)
-        size = self.settings.micro_batch_size
-        for start in range(0, len(batch), size):
-            micro = batch.select(slice(start, start + size))
+        for rows in self._micro_batches(batch):
+            micro = batch.select(rows)
             with torch.no_grad(), self._autocast():
                 part_BT = fn(micro).float()
-            out_BT[start : start + len(micro), : part_BT.shape[1]] = part_BT
+            out_BT[rows, : part_BT.shape[1]] = part_BT
         return out_BT * batch.loss_mask_BT
 
     def values(self, batch: Batch) -> Optional[torch.Tensor]:
@@ -192,8 +223,7 @@ class Learner:
         s = self.settings
         if self.reference is None or not s.kl_in_reward:
             return None
-        ref_BT = self._per_row(batch, lambda micro: token_logprobs(
-            self.reference, micro.input_ids_BT, micro.attention_mask_BT, s.temperature)[0])
+        ref_BT = self._per_row(batch, lambda micro: self._logprobs(self.reference, micro).logprobs_BT)
         kl_BT = kl_estimate(batch.old_logprobs_BT, ref_BT, s.kl_estimator) * batch.loss_mask_BT
         self._reward_kl = masked_mean(kl_BT, batch.loss_mask_BT)
         return self.kl.value * kl_BT
@@ -202,10 +232,9 @@ class Learner:
         s = self.settings
         shared_critic = self.critic is not None and self.critic.shared
         with self._autocast():
-            out = self.model(input_ids=micro.input_ids_BT, attention_mask=micro.attention_mask_BT,
-                             output_hidden_states=shared_critic)
-            logprobs_BT, entropy_BT = logprobs_from_logits(
-                out.logits, micro.input_ids_BT, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0)
+            out = self._logprobs(self.model, micro, with_entropy=True, entropy_grad=s.entropy_coef > 0,
+                                 with_hidden=shared_critic)
+            logprobs_BT, entropy_BT = out.logprobs_BT, out.entropy_BT
         mask_BT = micro.loss_mask_BT
         anchor_BT = micro.old_logprobs_BT if micro.prox_logprobs_BT is None else micro.prox_logprobs_BT
         loss_BT, metrics = s.loss(LossInputs(
@@ -223,13 +252,13 @@ class Learner:
             loss_BT = loss_BT - s.entropy_coef * entropy_BT
         if self.reference is not None and not s.kl_in_reward:
             with torch.no_grad(), self._autocast():
-                ref_BT, _ = token_logprobs(self.reference, micro.input_ids_BT, micro.attention_mask_BT, s.temperature)
+                ref_BT = self._logprobs(self.reference, micro).logprobs_BT
             kl_BT = kl_estimate(logprobs_BT, ref_BT, s.kl_estimator)
             loss_BT = loss_BT + self.kl.value * kl_BT
             metrics["kl"] = masked_mean(kl_BT.detach(), mask_BT)
         if self.critic is not None:
             with self._autocast():
-                values_BT = (self.critic.values_from_hidden(out.hidden_states[-1]) if shared_critic
+                values_BT = (self.critic.values_from_hidden(out.hidden_BTH) if shared_critic
                              else self.critic.values(micro.input_ids_BT, micro.attention_mask_BT))
             value_loss_BT = clipped_value_loss(values_BT.float(), micro.values_BT, micro.returns_BT, s.value_clip)
             loss_BT = loss_BT + s.value_coef * value_loss_BT
@@ -244,8 +273,8 @@ class Learner:
         """One optimizer update on a (mini-)batch, accumulated over micro-batches."""
         tokens, sequences = batch.num_tokens, len(batch)
         totals: dict[str, float] = {}
-        for start in range(0, sequences, self.settings.micro_batch_size):
-            micro = batch.select(slice(start, start + self.settings.micro_batch_size))
+        for rows in self._micro_batches(batch):
+            micro = batch.select(rows)
             weight = micro.num_tokens / max(tokens, 1)
             for key, value in self._micro_step(micro, tokens, sequences).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "loss" else value * weight)
@@ -272,8 +301,7 @@ class Learner:
         """Learn from one batch; returns metrics averaged over its updates (``skipped_updates``
         is a count: updates not applied because the loss or gradient was not finite)."""
         if self.settings.off_policy != "none":
-            batch.prox_logprobs_BT = self._per_row(batch, lambda micro: token_logprobs(
-                self.model, micro.input_ids_BT, micro.attention_mask_BT, self.settings.temperature)[0])
+            batch.prox_logprobs_BT = self._per_row(batch, lambda micro: self._logprobs(self.model, micro).logprobs_BT)
         self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]
         updates = [self._update(batch.select(rows))

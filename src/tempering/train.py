@@ -30,10 +30,12 @@ from tempering import checkpoint
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES, AdvantageInputs
 from tempering.algorithms.advantages import AdvantageFn, needs_values
 from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_penalty
+from tempering.algorithms.logprobs import output_weight
 from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_resolved
 from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, collate, lr_factor
 from tempering.models.loading import load_policy
+from tempering.packing import tokens_for_memory
 from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker, sampling_params
 from tempering.reporting import MetricsWriter, before_after_table, truncate_metrics
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
@@ -88,21 +90,42 @@ def resolve_algorithm(config: TrainConfig) -> dict:
     return found
 
 
+def learner_token_budget(model, config: TrainConfig, critic: bool) -> int:
+    """``learner.token_budget``, or the one ``learner.memory_budget_gb`` allows (0 when neither is set)."""
+    lc, ac = config.learner, config.algorithm
+    if lc.token_budget or not lc.memory_budget_gb:
+        return lc.token_budget
+    frozen = int(ac.kl_coef > 0) + int(critic and ac.critic == "model")
+    try:
+        tokens = tokens_for_memory(lc.memory_budget_gb, model, lc.gradient_checkpointing, lc.logprob_chunk, frozen)
+    except ValueError as exc:
+        raise ConfigError(f"learner.memory_budget_gb={lc.memory_budget_gb}: {exc}") from None
+    return max(1, tokens)
+
+
 def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
     lc, ac = config.learner, config.algorithm
+    critic = needs_values(algorithm["advantage"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay)
     settings = LearnerSettings(
         loss=algorithm["loss"], aggregation=algorithm["aggregation"],
         clip_low=ac.clip_low, clip_high=ac.clip_high, dual_clip=ac.dual_clip, entropy_coef=ac.entropy_coef,
         kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator, kl_in_reward=ac.kl_in_reward,
         kl_target=ac.kl_target, kl_horizon=ac.kl_horizon,
-        critic=ac.critic if needs_values(algorithm["advantage"]) else None,
+        critic=ac.critic if critic else None,
         value_coef=ac.value_coef, value_clip=ac.value_clip,
         norm_length=ac.norm_length or config.rollout.max_new_tokens,
         ppo_epochs=lc.ppo_epochs, mini_batches=lc.mini_batches,
         temperature=config.rollout.temperature, micro_batch_size=lc.micro_batch_size,
+        token_budget=learner_token_budget(model, config, critic), packing=lc.packing,
+        logprob_chunk=lc.logprob_chunk, gradient_checkpointing=lc.gradient_checkpointing,
         grad_clip=lc.grad_clip, bf16=lc.bf16,
     )
+    if lc.logprob_chunk:
+        try:
+            output_weight(model)
+        except ValueError as exc:
+            raise ConfigError(f"learner.logprob_chunk={lc.logprob_chunk}: {exc}") from None
     schedule = lambda step: lr_factor(step, lc.warmup_steps, config.steps, lc.schedule, lc.min_lr_ratio)  # noqa: E731
     return Learner(model, optimizer, schedule, settings)
 

@@ -7,6 +7,9 @@ Shape letters (a tensor's name ends with its shape, e.g. ``logprobs_BT``):
 - ``P``: prompts (problems) in a step
 - ``G``: samples per prompt (the group)
 - ``V``: vocabulary
+- ``H``: hidden size (a model's width)
+- ``R``, ``W``: rows of packed sequences and their width (``tempering.packing``)
+- ``N``, ``C``: tokens taken out of their rows into one flat list, and a chunk of them
 
 Token lists on a :class:`Rollout` are plain Python lists; tensors appear only once a
 :class:`Batch` is formed for the learner.

@@ -1,10 +1,30 @@
-"""Log-probabilities of the tokens in a batch under a model: the one place this is computed."""
+"""Log-probabilities of the tokens in a batch under a model: the one place this is computed.
+
+Two ways from the model to log-probs:
+
+- the model's own logits (:func:`logprobs_from_logits`): simple, and right for any model,
+  but it holds the whole ``[tokens, vocab]`` logits (and their gradient) at once;
+- chunked (:func:`chunked_logprobs`): from the last hidden states and the output layer's
+  weight, a chunk of tokens at a time, recomputing each chunk's logits in the backward pass,
+  so no more than one chunk of logits ever exists. It assumes logits are exactly
+  ``hidden @ lm_head.weight.T``: models that scale or soft-cap their logits are refused.
+
+:func:`forward_logprobs` runs the model (right-padded rows, or packed with
+``tempering.packing``) and computes log-probs only where they are wanted, usually the
+trained completion tokens, then puts them back on the batch's rows.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
+
+from tempering.packing import pack
+
+SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+"""Config fields of models whose logits are not the plain output projection."""
 
 
 def logprobs_from_logits(logits_BTV: torch.Tensor, input_ids_BT: torch.Tensor, temperature: float = 1.0,
@@ -27,10 +47,174 @@ def logprobs_from_logits(logits_BTV: torch.Tensor, input_ids_BT: torch.Tensor, t
     return logprobs_BT, entropy_BT
 
 
+def _chunk_logits(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, temperature: float) -> torch.Tensor:
+    # under autocast the product runs in its lower precision, as the model's own lm_head would;
+    # the softmax is in float32 at least
+    return (hidden_CH @ weight_VH.T).to(torch.promote_types(hidden_CH.dtype, torch.float32)) / temperature
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """Log-probs and entropies of ``targets_N`` from hidden states, one chunk of logits at a time.
+
+    With ``z`` a token's temperature-scaled logits, ``p = softmax(z)`` and ``H`` its entropy:
+    ``d logp(y) / dz = onehot(y) - p`` and ``dH / dz = -p * (log p + H)``; both are formed
+    per chunk in the backward pass from recomputed logits and the saved log-sum-exp.
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, hidden_NH, weight_VH, targets_N, temperature, chunk, with_entropy):
+        ctx.set_materialize_grads(False)
+        n, dtype = hidden_NH.shape[0], torch.promote_types(hidden_NH.dtype, torch.float32)
+        logprobs_N = torch.empty(n, dtype=dtype)
+        entropy_N = torch.empty(n if with_entropy else 0, dtype=dtype)
+        lse_N = torch.empty(n, dtype=dtype)
+        for start in range(0, n, chunk):
+            z_CV = _chunk_logits(hidden_NH[start : start + chunk], weight_VH, temperature)
+            lse_C = z_CV.logsumexp(-1)
+            lse_N[start : start + chunk] = lse_C
+            logprobs_N[start : start + chunk] = z_CV.gather(-1, targets_N[start : start + chunk, None])[:, 0] - lse_C
+            if with_entropy:
+                p_CV = (z_CV - lse_C[:, None]).exp_()
+                entropy_N[start : start + chunk] = lse_C - torch.linalg.vecdot(p_CV, z_CV)
+        ctx.save_for_backward(hidden_NH, weight_VH, targets_N, lse_N, entropy_N)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return logprobs_N, entropy_N
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad_logprobs_N, grad_entropy_N):
+        hidden_NH, weight_VH, targets_N, lse_N, entropy_N = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        grad_hidden_NH = torch.zeros_like(hidden_NH) if ctx.needs_input_grad[0] else None
+        grad_weight_VH = torch.zeros(weight_VH.shape, dtype=lse_N.dtype) if ctx.needs_input_grad[1] else None
+        if grad_logprobs_N is None and grad_entropy_N is None:
+            return grad_hidden_NH, grad_weight_VH, None, None, None, None
+        for start in range(0, hidden_NH.shape[0], chunk):
+            end = start + chunk
+            hidden_CH = hidden_NH[start:end]
+            # two [C, V] buffers: log p (becoming the weights of -p), and p (becoming the gradient)
+            logp_CV = _chunk_logits(hidden_CH, weight_VH, temperature).sub_(lse_N[start:end, None])
+            grad_z_CV = logp_CV.exp()
+            g_C = (torch.zeros(len(hidden_CH), dtype=logp_CV.dtype) if grad_logprobs_N is None
+                   else grad_logprobs_N[start:end])
+            if grad_entropy_N is None:
+                grad_z_CV.mul_(-g_C[:, None])
+            else:
+                weights_CV = logp_CV.add_(entropy_N[start:end, None]).mul_(grad_entropy_N[start:end, None])
+                grad_z_CV.mul_(weights_CV.add_(g_C[:, None])).neg_()
+            del logp_CV
+            grad_z_CV.scatter_add_(-1, targets_N[start:end, None], g_C[:, None])
+            grad_z_CV = grad_z_CV.div_(temperature).to(torch.promote_types(hidden_CH.dtype, weight_VH.dtype))
+            if grad_hidden_NH is not None:
+                grad_hidden_NH[start:end] = grad_z_CV @ weight_VH
+            if grad_weight_VH is not None:
+                grad_weight_VH += grad_z_CV.T @ hidden_CH
+        if grad_weight_VH is not None:
+            grad_weight_VH = grad_weight_VH.to(weight_VH.dtype)
+        return grad_hidden_NH, grad_weight_VH, None, None, None, None
+
+
+def chunked_logprobs(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, targets_N: torch.Tensor,
+                     temperature: float = 1.0, chunk: int = 1024, with_entropy: bool = False,
+                     entropy_grad: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``log softmax(hidden @ weight.T / temperature)`` at ``targets_N``, and the entropy when
+    asked for (with gradient only if ``entropy_grad``), ``chunk`` tokens of logits at a time.
+
+    Equal to the same maths on the full logits up to floating-point summation order; the
+    full ``[N, V]`` logits never exist, here or in the backward pass.
+    """
+    logprobs_N, entropy_N = _ChunkedLogprobs.apply(hidden_NH, weight_VH, targets_N, temperature, chunk,
+                                                   with_entropy)
+    if not with_entropy:
+        return logprobs_N, None
+    return logprobs_N, entropy_N if entropy_grad else entropy_N.detach()
+
+
+def output_weight(model: Any) -> torch.Tensor:
+    """The output layer's weight, for :func:`chunked_logprobs`; a ValueError for models whose
+    logits are more than ``hidden @ weight.T``."""
+    head = model.get_output_embeddings()
+    scaled = [name for name in SCALED_LOGITS if getattr(model.config, name, None) not in (None, 1, 1.0)]
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or scaled:
+        why = f"its config sets {scaled[0]}" if scaled else "its output layer is not a plain linear map"
+        raise ValueError(f"chunked log-probs need logits = hidden @ lm_head.weight.T, but {why}; "
+                         "set learner.logprob_chunk=0 for this model")
+    return head.weight
+
+
+@dataclass
+class TokenOutputs:
+    logprobs_BT: torch.Tensor
+    """0 where not asked for, as on padding and at position 0."""
+    entropy_BT: Optional[torch.Tensor] = None
+    hidden_BTH: Optional[torch.Tensor] = None
+    """The last hidden states on the batch's rows (0 on padding), when asked for."""
+
+
+def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
+                     temperature: float = 1.0, *, keep_BT: Optional[torch.Tensor] = None, packing: bool = False,
+                     chunk: int = 0, with_entropy: bool = False, entropy_grad: bool = False,
+                     with_hidden: bool = False) -> TokenOutputs:
+    """Log-probs (and entropies) of the tokens of right-padded rows where ``keep_BT`` is
+    nonzero (every real token after the first when None).
+
+    ``packing`` runs the model on packed rows (``tempering.packing.pack``); ``chunk > 0``
+    computes log-probs from hidden states ``chunk`` tokens at a time (:func:`chunked_logprobs`),
+    ``chunk == 0`` from the model's own logits. Either way only the wanted positions' log-probs
+    are formed. The values agree with :func:`logprobs_from_logits` on the padded rows up to
+    floating-point summation order.
+    """
+    rows, width = input_ids_BT.shape
+    real_BT = attention_mask_BT.bool()
+    if packing:
+        packed = pack(input_ids_BT, attention_mask_BT)
+        inputs = {"input_ids": packed.input_ids_RW, "position_ids": packed.position_ids_RW}
+        index_BT = packed.index_BT
+    else:
+        inputs = {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT}
+        index_BT = torch.arange(rows * width).view(rows, width)
+    want_BT = real_BT.clone()
+    want_BT[:, 0] = False
+    if keep_BT is not None:
+        want_BT &= keep_BT.bool()
+    row_N, col_N = want_BT.nonzero(as_tuple=True)
+    source_N = index_BT[row_N, col_N - 1]  # the position whose output predicts the token
+    targets_N = input_ids_BT[row_N, col_N]
+    entropy_N = None
+    if chunk > 0:
+        weight_VH = output_weight(model)
+        hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
+        hidden_NH = hidden.reshape(-1, hidden.shape[-1])
+        logprobs_N, entropy_N = chunked_logprobs(hidden_NH[source_N], weight_VH, targets_N, temperature, chunk,
+                                                 with_entropy, entropy_grad)
+    else:
+        out = model(**inputs, use_cache=False, output_hidden_states=with_hidden)
+        logits_NV = out.logits.reshape(-1, out.logits.shape[-1])[source_N]
+        logp_NV = torch.log_softmax(logits_NV.float() / temperature, dim=-1)
+        logprobs_N = logp_NV.gather(-1, targets_N[:, None])[:, 0]
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
+        hidden = out.hidden_states[-1] if with_hidden else None
+
+    def on_rows(values_N: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((rows, width), dtype=values_N.dtype).index_put((row_N, col_N), values_N)
+
+    hidden_BTH = None
+    if with_hidden:
+        hidden_BTH = hidden
+        if packing:
+            flat_NH = hidden.reshape(-1, hidden.shape[-1])
+            hidden_BTH = flat_NH[index_BT.clamp(min=0)] * real_BT[..., None]
+    return TokenOutputs(on_rows(logprobs_N), None if entropy_N is None else on_rows(entropy_N), hidden_BTH)
+
+
 def token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False
+                   temperature: float = 1.0, with_entropy: bool = False, packing: bool = False, chunk: int = 0
                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """:func:`logprobs_from_logits` of ``model`` on right-padded rows (positions count from 0
-    at the first token); the entropy, when asked for, is without gradient."""
-    logits_BTV = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).logits
-    return logprobs_from_logits(logits_BTV, input_ids_BT, temperature, with_entropy)
+    """:func:`forward_logprobs` of ``model`` on every real token of right-padded rows
+    (positions count from 0 at the first token); the entropy, when asked for, is without gradient."""
+    out = forward_logprobs(model, input_ids_BT, attention_mask_BT, temperature, packing=packing, chunk=chunk,
+                           with_entropy=with_entropy)
+    return out.logprobs_BT, out.entropy_BT

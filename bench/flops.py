@@ -1,0 +1,97 @@
+"""Training FLOP/s of the learner as a fraction of this CPU's peak; prints one JSON object.
+
+    python bench/flops.py [--models tiny,smollm2] [--repeats 3]
+
+Peak: measured here, not taken from a data sheet: the best of ``repeats`` runs of a
+2048 x 2048 x 2048 matrix product on one thread (the learner's thread count), in fp32 and
+in bf16 (2 x 2048^3 FLOP each). Achieved: ``6 x matmul parameters x tokens / seconds`` of
+one ``Learner.step`` (best of ``repeats`` after a warm-up) on a batch of sequences shaped
+like an RL step (tiny: 64 sequences of 24-48 tokens; SmolLM2: 16 of 96-160), with
+tempering's defaults, in fp32 and with bf16 autocast. Matmul parameters are the weights of
+the linear layers, output layer included (an embedding lookup costs no FLOPs); attention
+scores and the extra forward passes of recomputation are not counted, as usual for model
+FLOP utilisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from tempering.config import load_config
+from tempering.learner import collate
+from tempering.models.loading import load_policy
+from tempering.train import build_learner, resolve_algorithm
+from tempering.types import Problem, Rollout
+
+SHAPES = {"tiny": ("builtin:tiny", 64, (24, 48)), "smollm2": ("builtin:smollm2", 16, (96, 160))}
+PROMPT = 12
+
+
+def peak_flops(dtype: torch.dtype, repeats: int) -> float:
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * 2048**3 / best
+
+
+def batch_for(vocab: int, sequences: int, lengths: tuple[int, int]):
+    gen = torch.Generator().manual_seed(0)
+    problem = Problem(task="bench", id="0", prompt="", answer="")
+    rollouts = []
+    for i in range(sequences):
+        length = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=gen))
+        ids = torch.randint(3, vocab, (length,), generator=gen).tolist()
+        rollouts.append(Rollout(problem=problem, prompt_ids=ids[:PROMPT], completion_ids=ids[PROMPT:],
+                                logprobs=[0.0] * (length - PROMPT), text="", finish_reason="stop", policy_version=0))
+    batch = collate(rollouts, pad_id=0)
+    batch.advantages_BT = torch.where(torch.arange(sequences)[:, None] % 2 == 0, 1.0, -1.0) * batch.loss_mask_BT
+    return batch
+
+
+def learner_flops(name: str, bf16: bool, repeats: int) -> dict:
+    path, sequences, lengths = SHAPES[name]
+    config = load_config(None, [f"model.path={path}", f"learner.bf16={str(bf16).lower()}"])
+    model, _, _ = load_policy(path, "float32", config.pretrain, progress=False)
+    learner = build_learner(model, config, resolve_algorithm(config))
+    batch = batch_for(model.config.vocab_size, sequences, lengths)
+    tokens = int(batch.attention_mask_BT.sum())
+    matmul_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    learner.step(batch)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        learner.step(batch)
+        best = min(best, time.perf_counter() - start)
+    return {"tokens": tokens, "matmul_params": matmul_params, "step_s": best,
+            "flops_per_s": 6 * matmul_params * tokens / best}
+
+
+def main(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,smollm2")
+    parser.add_argument("--repeats", type=int, default=3)
+    options = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    peaks = {"fp32": peak_flops(torch.float32, options.repeats), "bf16": peak_flops(torch.bfloat16, options.repeats)}
+    result: dict = {"threads": 1, "peak_flops_per_s": peaks,
+                    "peak_method": "best of repeats of a 2048^3 matmul, one thread, measured in this run"}
+    for name in options.models.split(","):
+        result[name] = {}
+        for precision in ("fp32", "bf16"):
+            run = learner_flops(name, precision == "bf16", options.repeats)
+            run["fraction_of_peak"] = run["flops_per_s"] / peaks[precision]
+            result[name][precision] = run
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:]), indent=2))

@@ -1,0 +1,170 @@
+"""tempering against TRL's GRPOTrainer on the same model, task and settings; prints one JSON object.
+
+    python bench/vs_trl.py [--models tiny,smollm2] [--quick] [--steps-tiny N] [--steps-smollm2 N]
+
+For each model both sides start from the same weights and train on the same problems (the
+first ``steps x prompts`` training problems of tempering's ``add`` task, in order), with the
+same prompts per step, group size, maximum completion length, learning rate (constant, no
+warm-up), AdamW betas, gradient clipping, sampling temperature, seed, precision, PPO clip
+range, token-mean loss, group-normalised advantages, exact-match reward and no KL term.
+Both run single-threaded in this one process, TRL first. Seconds per step are the mean over
+all steps of a full RL step (sampling, reward, update) and exclude evaluation. Accuracy is
+the held-out greedy exact-match rate after training, measured for both by tempering's own
+``evaluate`` on the same problems (and once before training, the same for both).
+
+What cannot be matched exactly is listed under ``"unmatched"`` in the output. Needs
+``pip install trl datasets`` (pinned to the installed torch and transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from tempering.config import PretrainConfig, load_config
+from tempering.evaluate import evaluate
+from tempering.models.loading import load_policy
+from tempering.rewards import score
+from tempering.rollout.hf import HFGenerator
+from tempering.tasks import build_task
+from tempering.train import train
+
+MODELS = {
+    "tiny": {"path": "builtin:tiny", "style": "raw", "max_completion": 48, "steps": 20, "lr": 5e-5,
+             "eval_problems": 200, "trl_micro_batch": 64, "token_budget": 0},
+    # one padded forward of all 64 sequences would hold about 16 GB of fp32 activations:
+    # both sides accumulate gradients over micro-batches of about 1.5k tokens instead
+    "smollm2": {"path": "builtin:smollm2", "style": "chat", "max_completion": 128, "steps": 3, "lr": 1e-6,
+                "eval_problems": 30, "trl_micro_batch": 8, "token_budget": 1536},
+}
+SHARED = {"prompts_per_step": 8, "group_size": 8, "temperature": 1.0, "seed": 0, "betas": (0.9, 0.99),
+          "grad_clip": 1.0, "clip": 0.2}
+UNMATCHED = [
+    "random streams: the samplers draw different completions from the same distribution",
+    "sampling loop: TRL calls transformers' generate (left-padded, KV cache); tempering its own KV-cached loop",
+    "learner micro-batching: TRL padded micro-batches of trl_micro_batch sequences (gradient accumulation); "
+    "tempering packed micro-batches of at most token_budget tokens (0: all sequences), chunked log-probs",
+    "optimizer state: both AdamW(eps=1e-8, no weight decay), TRL's through transformers' Trainer",
+    "a step of TRL also runs the Trainer's callbacks and metric logging",
+]
+
+
+def _task(style: str, seed: int):
+    return build_task("add", seed=seed, digits=[2], style=style)
+
+
+def _accuracy(model, tokenizer, style: str, seed: int, problems: int, max_new_tokens: int) -> float:
+    generator = HFGenerator(model, tokenizer, None, batch_size=256)  # as tempering's eval.batch_size
+    return evaluate(generator, [_task(style, seed)], problems, max_new_tokens)["accuracy"]
+
+
+def run_tempering(spec: dict, steps: int, bf16: bool) -> dict:
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = load_config(None, [
+            f"model.path={spec['path']}", f"steps={steps}", f"seed={SHARED['seed']}", "threads=1",
+            f"run_dir={run_dir}",
+            "tasks=[{name: add, options: {digits: [2], style: " + spec["style"] + "}, rewards: {exact_match: 1.0}}]",
+            f"rollout.prompts_per_step={SHARED['prompts_per_step']}", f"rollout.group_size={SHARED['group_size']}",
+            f"rollout.max_new_tokens={spec['max_completion']}", f"rollout.temperature={SHARED['temperature']}",
+            f"learner.lr={spec['lr']}", "learner.warmup_steps=0", "learner.schedule=constant",
+            f"learner.betas=[{SHARED['betas'][0]}, {SHARED['betas'][1]}]", f"learner.grad_clip={SHARED['grad_clip']}",
+            f"learner.bf16={str(bf16).lower()}", "learner.micro_batch_size=64",
+            f"learner.token_budget={spec['token_budget']}",
+            f"algorithm.clip_low={SHARED['clip']}", f"algorithm.clip_high={SHARED['clip']}",
+            "algorithm.advantage=grpo", "algorithm.aggregation=token_mean", "algorithm.kl_coef=0",
+            f"eval.problems_per_task={spec['eval_problems']}", f"eval.max_new_tokens={spec['max_completion']}",
+        ])
+        summary = train(config, progress=False)
+        records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {"s_per_step": statistics.fmean(r["step_s"] for r in records),
+            "split": {key: statistics.fmean(r[key] for r in records) for key in ("generate_s", "reward_s", "learn_s")},
+            "accuracy_before": summary["eval_before"]["accuracy"], "accuracy": summary["eval_after"]["accuracy"]}
+
+
+def run_trl(spec: dict, steps: int, bf16: bool) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    task = _task(spec["style"], SHARED["seed"])
+    problems = [task.train_problem(i) for i in range(steps * SHARED["prompts_per_step"])]
+    dataset = Dataset.from_list([{"prompt": p.prompt, "index": i} for i, p in enumerate(problems)])
+
+    def exact_match(prompts, completions, index, **_):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return [score(problems[i], text, {"exact_match": 1.0})[0] for i, text in zip(index, texts)]
+
+    ends: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            ends.append(time.perf_counter())
+
+    model, tokenizer, _ = load_policy(spec["path"], "float32", PretrainConfig(), progress=False)
+    torch.manual_seed(SHARED["seed"])
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(
+            output_dir=out, max_steps=steps, seed=SHARED["seed"], use_cpu=True, bf16=bf16,
+            per_device_train_batch_size=spec["trl_micro_batch"],
+            gradient_accumulation_steps=SHARED["prompts_per_step"] * SHARED["group_size"] // spec["trl_micro_batch"],
+            num_generations=SHARED["group_size"], max_completion_length=spec["max_completion"],
+            temperature=SHARED["temperature"], top_p=1.0, top_k=0,
+            learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
+            adam_beta1=SHARED["betas"][0], adam_beta2=SHARED["betas"][1], weight_decay=0.0,
+            max_grad_norm=SHARED["grad_clip"], epsilon=SHARED["clip"], beta=0.0, loss_type="dapo",
+            scale_rewards="group", gradient_checkpointing=False, shuffle_dataset=False,
+            report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True,
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=[exact_match], args=args, train_dataset=dataset,
+                              processing_class=tokenizer, callbacks=[StepClock()])
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout carries the JSON
+            trainer.train()
+    durations = [b - a for a, b in zip([start] + ends, ends)]
+    model.eval()
+    return {"s_per_step": statistics.fmean(durations),
+            "accuracy": _accuracy(model, tokenizer, spec["style"], SHARED["seed"], spec["eval_problems"],
+                                  spec["max_completion"])}
+
+
+def main(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: " + ", ".join(MODELS))
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 steps, few evaluation problems")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast on both sides (TRL's default)")
+    for name, spec in MODELS.items():
+        parser.add_argument(f"--steps-{name}", type=int, default=spec["steps"])
+    options = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import trl
+
+    result: dict = {"trl_version": trl.__version__, "threads": 1, "precision": "bf16 autocast" if options.bf16
+                    else "fp32", "settings": {**SHARED, "betas": list(SHARED["betas"])}, "unmatched": UNMATCHED}
+    for name in options.models.split(","):
+        spec = dict(MODELS[name])
+        steps = getattr(options, f"steps_{name}")
+        if options.quick:
+            steps, spec["eval_problems"] = 2, 8
+        trl_side = run_trl(spec, steps, options.bf16)
+        ours = run_tempering(spec, steps, options.bf16)
+        result[name] = {
+            "tempering_s_per_step": ours["s_per_step"], "trl_s_per_step": trl_side["s_per_step"],
+            "ratio": trl_side["s_per_step"] / ours["s_per_step"],
+            "tempering_accuracy": ours["accuracy"], "trl_accuracy": trl_side["accuracy"],
+            "accuracy_before": ours["accuracy_before"], "tempering_split_s": ours["split"], "steps": steps, "max_completion_length": spec["max_completion"],
+            "learning_rate": spec["lr"], "eval_problems": spec["eval_problems"],
+            "trl_micro_batch": spec["trl_micro_batch"], "token_budget": spec["token_budget"],
+        }
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:]), indent=2))

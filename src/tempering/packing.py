@@ -1,0 +1,166 @@
+"""How the learner cuts a batch into forward passes: packing, token budgets, a memory budget.
+
+**Packing.** Right-padded rows waste compute on padding. Packed, the sequences of a
+micro-batch are laid end to end in rows as wide as the longest of them (first-fit
+decreasing), with position ids that restart at 0 for each sequence and no attention mask;
+transformers then builds a block-diagonal causal mask from the position ids (its
+``find_packed_sequence_indices``), so every sequence sees exactly what it would see alone.
+The model must be called with ``use_cache=False``: with a cache, transformers ignores the
+packing and lets sequences attend to each other. Rows are kept as wide as the longest
+sequence rather than one flat row for the whole micro-batch because attention's cost grows
+with the square of the row width and CPU attention kernels compute masked-out blocks too:
+one flat row of N tokens costs N^2.
+
+**Token budgets.** A micro-batch holds at most ``token_budget`` tokens as the model sees
+them (packed rows x width, or padded rows x width), not a fixed number of sequences, so a
+batch of long completions is cut finer than a batch of short ones. The step does not depend
+on the cut (aggregation is normalised by whole-batch counts, see ``tempering.learner``).
+
+**Memory budget.** :func:`tokens_for_memory` turns a budget in GB into a token budget from
+the model's shape: fixed costs (weights, gradients, AdamW state, frozen copies, one chunk of
+logits) and activation bytes per token, with or without gradient checkpointing. It is an
+estimate from tensor sizes, not a measurement; ``bench/memory.py`` measures.
+
+Not done: splitting one sequence across rows or micro-batches (a sequence longer than the
+budget gets a micro-batch of its own), variable-length attention kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Packing:
+    """Sequences of right-padded rows laid end to end in ``R`` rows of width ``W``."""
+
+    input_ids_RW: torch.Tensor
+    position_ids_RW: torch.Tensor
+    """Each sequence counts from 0; the padding at a row's end counts from 0 too, as one more
+    (ignored) sequence, so that it attends to nothing real."""
+    index_BT: torch.Tensor
+    """Where the token at ``[b, t]`` went: ``r * W + c`` in the packed rows; -1 on padding."""
+
+
+def first_fit_decreasing(lengths: list[int], width: int) -> list[list[int]]:
+    """Indices of ``lengths`` in bins holding at most ``width`` each (a longer item gets its own).
+
+    >>> first_fit_decreasing([3, 5, 2, 4, 1], 6)
+    [[1, 4], [3, 2], [0]]
+    """
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        slot = next((b for b, free in enumerate(room) if free >= lengths[i]), None)
+        if slot is None:
+            bins.append([])
+            room.append(max(width, lengths[i]))
+            slot = len(bins) - 1
+        bins[slot].append(i)
+        room[slot] -= lengths[i]
+    return bins
+
+
+def pack(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> Packing:
+    """Pack right-padded rows into rows as wide as the longest sequence."""
+    lengths = attention_mask_BT.sum(dim=1).tolist()
+    width = max(lengths)
+    bins = first_fit_decreasing(lengths, width)
+    input_ids_RW = torch.zeros((len(bins), width), dtype=input_ids_BT.dtype)
+    position_ids_RW = torch.zeros((len(bins), width), dtype=torch.long)
+    index_BT = torch.full(input_ids_BT.shape, -1, dtype=torch.long)
+    for r, members in enumerate(bins):
+        column = 0
+        for b in members:
+            n = lengths[b]
+            input_ids_RW[r, column : column + n] = input_ids_BT[b, :n]
+            position_ids_RW[r, column : column + n] = torch.arange(n)
+            index_BT[b, :n] = r * width + column + torch.arange(n)
+            column += n
+        position_ids_RW[r, column:] = torch.arange(width - column)
+    return Packing(input_ids_RW, position_ids_RW, index_BT)
+
+
+def plan_micro_batches(lengths: list[int], token_budget: int, packing: bool, max_rows: int) -> list[list[int]]:
+    """Row indices of each micro-batch of a batch whose sequences have ``lengths`` tokens.
+
+    Without a budget (``token_budget <= 0``): consecutive runs of ``max_rows`` rows. With one:
+    packed, groups of packed rows (as :func:`pack` makes them, width = the longest sequence)
+    holding at most ``token_budget`` tokens of rows x width; padded, rows from the longest
+    down, as many as fit ``rows x longest <= token_budget``. A micro-batch holds at least one
+    sequence, even one longer than the budget.
+
+    >>> plan_micro_batches([3, 5, 2, 4, 1], 12, packing=True, max_rows=64)
+    [[1, 3, 4], [0, 2]]
+    >>> plan_micro_batches([3, 5, 2, 4, 1], 12, packing=False, max_rows=64)
+    [[1, 3], [0, 2, 4]]
+    """
+    if token_budget <= 0:
+        return [list(range(start, min(start + max_rows, len(lengths)))) for start in range(0, len(lengths), max_rows)]
+    if packing:
+        width = max(lengths)
+        bins = first_fit_decreasing(lengths, width)
+        per_micro = max(1, token_budget // width)
+        return [[i for members in bins[start : start + per_micro] for i in members]
+                for start in range(0, len(bins), per_micro)]
+    micro_batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        current = micro_batches[-1] if micro_batches else None
+        if current is None or (len(current) + 1) * lengths[current[0]] > token_budget:
+            micro_batches.append([i])
+        else:
+            current.append(i)
+    return micro_batches
+
+
+FP32 = 4
+RUNTIME_BYTES = 512 * 1024**2
+"""Resident size of Python, torch and transformers themselves before any model (measured: about
+400 MB for a process that has loaded SmolLM2, its 540 MB of weights aside)."""
+
+
+def activation_bytes_per_token(config: Any, gradient_checkpointing: bool) -> int:
+    """Bytes the backward pass keeps per token of a decoder-only transformer, in fp32.
+
+    Per layer without checkpointing: two RMSNorms (input and normalised output, 2H each),
+    attention (q, k, v before and after rotary embedding, output, the projected output: about
+    5H + 4 H_kv) and the gated MLP (gate, up, activation, product: 4I). With checkpointing,
+    only each layer's input (H) is kept, plus one layer's worth while it is recomputed.
+    """
+    hidden = config.hidden_size
+    layers = config.num_hidden_layers
+    intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
+    heads = config.num_attention_heads
+    kv_hidden = hidden * (getattr(config, "num_key_value_heads", None) or heads) // heads
+    per_layer = 9 * hidden + 4 * kv_hidden + 4 * intermediate
+    kept = layers * hidden + per_layer if gradient_checkpointing else layers * per_layer
+    return FP32 * (kept + 2 * hidden)
+
+
+def tokens_for_memory(budget_gb: float, model: Any, gradient_checkpointing: bool, logprob_chunk: int,
+                      frozen_copies: int = 0) -> int:
+    """The largest micro-batch, in tokens, whose learner step should fit in ``budget_gb``.
+
+    Fixed: the runtime itself (:data:`RUNTIME_BYTES`), weights, gradients and AdamW's two
+    moments (16 bytes per fp32 parameter), 4 bytes per parameter for each frozen copy
+    (reference model), and one chunk of logits (logits,
+    probabilities and their gradient: 3 x chunk x vocab floats; the whole micro-batch's when
+    ``logprob_chunk`` is 0, counted per token then). Raises ValueError when the fixed costs
+    alone exceed the budget.
+    """
+    config = model.config
+    parameters = sum(p.numel() for p in model.parameters())
+    fixed = RUNTIME_BYTES + parameters * (4 * FP32 + frozen_copies * FP32)
+    per_token = activation_bytes_per_token(config, gradient_checkpointing)
+    if logprob_chunk > 0:
+        fixed += 3 * FP32 * logprob_chunk * config.vocab_size
+    else:
+        per_token += 3 * FP32 * config.vocab_size
+    budget = budget_gb * 1024**3
+    if budget <= fixed:
+        raise ValueError(f"{budget_gb} GB does not hold the runtime and the model's weights, gradients and "
+                         f"optimizer state (about {fixed / 1024**3:.2f} GB); raise it or set 0 to turn the budget off")
+    return int((budget - fixed) // per_token)

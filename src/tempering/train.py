@@ -171,7 +171,8 @@ def train(config: TrainConfig, progress: bool = True) -> dict:
     model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
     run_dir = make_run_dir(config.run_dir)
     save_resolved(config, run_dir / "config.yaml")
-    generator = HFGenerator(model, tokenizer, config.model.chat_template, config.rollout.batch_size)
+    generator = HFGenerator(model, tokenizer, config.model.chat_template, config.rollout.batch_size,
+                            config.rollout.bf16)
     eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     learner = build_learner(model, config, algorithm)
     sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,

@@ -8,20 +8,26 @@ Both sides get the same prompt token ids (chat template applied when the tokeniz
 temperature 1.0, top-p 1.0, no top-k (``generate`` would otherwise add top-k 50), the same
 ``max_new_tokens``, and the same precision: float32, or bfloat16 autocast around the whole
 call (tempering's sampler with ``bf16=True``). By default both precisions are measured where
-the CPU has native bf16 (AVX512-BF16 or AMX), bf16 first, and float32 alone elsewhere. Calls alternate between the two sides, and each side's best of ``--repeats`` runs is
-kept (the machine may be busy with other work; the best run is the least disturbed one).
+the CPU has native bf16 (AVX512-BF16 or AMX), bf16 first, and float32 alone elsewhere.
+Calls alternate between the two sides, and each side's best of ``--repeats`` runs is kept
+(the machine may be busy with other work; the best run is the least disturbed one).
 
 Workloads, each at every batch size N:
 
 - ``group``: what an RL step samples, N // group_size prompts x group_size samples (one
-  prompt x N below the group size). The top-level ``batch_N`` keys are this workload, at the
-  first of the precisions measured.
-- ``distinct``: N different prompts, one sample each (no prefix to share).
-- ``natural``: the group workload where end-of-sequence ends a row; tokens are those actually
-  generated, up to and including end-of-sequence (``generate`` pads the rest).
+  prompt x N below the group size), each row ending at end-of-sequence or the length limit.
+  Tokens are those generated up to and including end-of-sequence, on both sides
+  (``generate`` keeps decoding padding for finished rows until the last one ends; tempering's
+  sampler drops them). The top-level ``batch_N`` keys are this workload, at the first of the
+  precisions measured.
+- ``group_fixed``: the same rows, but end-of-sequence stops neither side (it may be drawn,
+  and decoding goes on), so both make exactly N x max_new_tokens tokens: the comparison
+  without finished rows to drop.
+- ``distinct_fixed``: N different prompts, one sample each, fixed length as above (no
+  prompt to share and no rows to drop).
 
-In ``group`` and ``distinct`` neither side stops at end-of-sequence (the token may be drawn,
-and decoding goes on), so both generate exactly N x max_new_tokens tokens. Output::
+The prompts are short chat questions (arithmetic, yes/no, a sentence, a count-down), so some
+answers end within a few tokens and others run to the limit. Output::
 
     {"batch_N": {"tempering_tok_s", "generate_tok_s", "ratio"}, ...,
      "results": {PRECISION: {WORKLOAD: {"batch_N": {...}}}}, "settings": {...}, "notes": [...]}
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from contextlib import nullcontext
 
@@ -90,11 +97,11 @@ def generate_run(model, sampler: HFGenerator, chosen: list[Problem], group: int,
 
 
 def measure(model, tokenizer, precision: str, workload: str, batch: int, args) -> dict:
-    group = min(batch, args.group_size) if workload != "distinct" else 1
+    group = min(batch, args.group_size) if workload.startswith("group") else 1
     chosen = problems(batch // group)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
     sampler = HFGenerator(model, tokenizer, batch_size=batch, bf16=precision == "bf16")
-    stop_at_eos = workload == "natural"
+    stop_at_eos = not workload.endswith("_fixed")
     if not stop_at_eos:
         sampler.eos_ids = set()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
@@ -121,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--precisions", default="auto", help="fp32 and/or bf16, the first filling the batch_N keys; "
                         "auto = bf16,fp32 where the CPU has native bf16, else fp32")
-    parser.add_argument("--workloads", default="group,distinct,natural")
+    parser.add_argument("--workloads", default="group,group_fixed,distinct_fixed")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = all cores")
     parser.add_argument("--repeats", type=int, default=2, help="runs per side; the best is kept")
     parser.add_argument("--quick", action="store_true", help="smoke test: batch sizes 1,8, 8 new tokens, one run")
@@ -139,8 +146,13 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict = {}
     for precision in precisions:
         measure(model, tokenizer, precision, "group", 1, argparse.Namespace(**{**vars(args), "max_new_tokens": 2, "repeats": 1}))
-        results[precision] = {w: {f"batch_{b}": measure(model, tokenizer, precision, w, b, args) for b in batches}
-                              for w in workloads}
+        results[precision] = {}
+        for workload in workloads:
+            results[precision][workload] = {}
+            for batch in batches:
+                row = measure(model, tokenizer, precision, workload, batch, args)
+                results[precision][workload][f"batch_{batch}"] = row
+                print(f"{precision} {workload} batch {batch}: {row}", file=sys.stderr, flush=True)
     primary = results[precisions[0]].get("group", {})
     return {
         **primary,
@@ -154,8 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
             "torch": torch.__version__, "transformers": transformers.__version__,
         },
         "notes": [
-            "group/distinct: end-of-sequence does not stop either side; every row makes max_new_tokens tokens",
-            "natural: end-of-sequence stops a row; tokens counted up to and including it on both sides",
+            "group: end-of-sequence ends a row; tokens counted up to and including it on both sides",
+            "group_fixed, distinct_fixed: end-of-sequence stops neither side; every row makes max_new_tokens tokens",
             "bf16: torch.autocast(bfloat16) around generate; HFGenerator(bf16=True) on tempering's side",
             "tok/s is each side's best run of `repeats`, calls alternating between the sides",
         ],

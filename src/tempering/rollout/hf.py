@@ -14,11 +14,12 @@ Where the time goes, and what is done about it:
 - the cache is a preallocated buffer written in place (transformers' ``DynamicLayer``
   copies a layer's whole cache to append one position);
 - a token is drawn by inverting the cumulative distribution with one uniform number per row
-  (``torch.multinomial`` draws one exponential number per vocabulary entry);
-- optional bfloat16 autocast (``bf16=True``), several times faster on CPUs with native
-  bf16 matrix units (AVX512-BF16, AMX) and on GPUs; the recorded log-probs are then those of
-  the bf16 forward pass (taken in float32 from its logits), so a learner that recomputes in
-  float32 differs from them by about 1e-2 per token.
+  (``torch.multinomial`` draws one exponential number per vocabulary entry), and top-p
+  sorts only the leading candidates;
+- optional bfloat16 autocast (``bf16=True``), faster where the CPU has native bf16
+  (AVX512-BF16, AMX) and on GPUs; the recorded log-probs are then those of the bf16 forward
+  pass (taken in float32 from its logits), so a learner that recomputes in float32 differs
+  from them by about 1e-2 per token.
 
 Prompts are left-padded with explicit position ids, so a row's numbers do not depend on
 what it was batched with (up to floating-point summation order). Draws come from the
@@ -86,8 +87,8 @@ def _inverse_cdf(weights_BV: torch.Tensor, uniform_B: torch.Tensor) -> torch.Ten
     """Index drawn from each row of non-negative, unnormalised ``weights_BV`` with one uniform
     number in [0, 1): the first entry whose cumulative weight exceeds ``uniform * total``.
 
-    Blocks of ``_BLOCK`` entries are summed first and only the chosen block is scanned; a
-    cumulative sum over the whole vocabulary is a sequential pass slower than all the others.
+    K blocks of C = ``_BLOCK`` entries are summed first and only the chosen block is scanned;
+    a cumulative sum over the whole vocabulary is a sequential pass slower than all the others.
     Targets are kept strictly under the totals, so the entry found always has nonzero weight.
     """
     rows, width = weights_BV.shape
@@ -269,8 +270,9 @@ class HFGenerator:
     def _sample(self, prompts: list[list[int]], params: SamplingParams, generator):
         """``(completion ids, log-probs, finish reason)`` for each prompt (repeats welcome)."""
         device = self.model.device
-        distinct = list(dict.fromkeys(map(tuple, prompts)))
-        prompt_of_row_B = torch.tensor([distinct.index(tuple(p)) for p in prompts], device=device)
+        index_of = {ids: i for i, ids in enumerate(dict.fromkeys(map(tuple, prompts)))}
+        distinct = list(index_of)
+        prompt_of_row_B = torch.tensor([index_of[tuple(p)] for p in prompts], device=device)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         width = max(len(p) for p in distinct)
         ids_PT = torch.tensor([[pad] * (width - len(p)) + list(p) for p in distinct], device=device)
@@ -282,7 +284,7 @@ class HFGenerator:
         logprobs_BT = torch.zeros(n, limit, device=device)
         lengths_B = torch.full((n,), limit, device=device)
         stopped_B = torch.zeros(n, dtype=torch.bool, device=device)
-        eos_E = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
+        eos_ids = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
         with autocast:  # one context for the whole loop, so weights are cast to bf16 once
             logits_PV, cache = self._forward(ids_PT, mask_PT, positions_PT, self._new_cache(width + limit))
@@ -293,7 +295,7 @@ class HFGenerator:
             for step in range(limit):
                 next_B, logprob_B = pick_tokens(logits_BV, params, generator)
                 tokens_BT[row_B, step], logprobs_BT[row_B, step] = next_B, logprob_B
-                done_B = torch.isin(next_B, eos_E)
+                done_B = torch.isin(next_B, eos_ids)
                 if params.stop:
                     done_B |= self._stop_string_ends(tokens_BT[row_B, : step + 1], params.stop)
                 lengths_B[row_B[done_B]] = step + 1

@@ -119,8 +119,8 @@ def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Opti
     sum_B1 = weights_BV.sum(dim=-1, keepdim=True)
     uniform_B = torch.rand(len(logits_BV), generator=generator, device=generator.device if generator else "cpu")
     if params.top_p < 1.0:
-        kept_BV, order_BV = _top_p_filter(weights_BV.div_(sum_B1), params.top_p)
-        next_B = order_BV.gather(-1, _inverse_cdf(kept_BV, uniform_B)[:, None])[:, 0]
+        kept_BK, order_BK = _top_p_filter(weights_BV.div_(sum_B1), params.top_p)
+        next_B = order_BK.gather(-1, _inverse_cdf(kept_BK, uniform_B)[:, None])[:, 0]
     else:
         next_B = _inverse_cdf(weights_BV, uniform_B)
     picked_B1 = logits_BV.gather(-1, next_B[:, None])
@@ -133,7 +133,9 @@ if DynamicLayer is not None:
         step writes its position in place, and ``keys``/``values`` are views of the filled part.
 
         ``dtype`` bfloat16 under bf16 autocast: rotary embeddings leave keys in float32 there,
-        and attention would otherwise cast the whole cache to bf16 at every step."""
+        and attention would otherwise cast the whole cache to bf16 at every step. Only what
+        the sampler's loop calls is kept consistent with the buffers: ``update`` and
+        ``batch_select_indices``."""
 
         def __init__(self, capacity: int, dtype: Optional[torch.dtype] = None):
             super().__init__()

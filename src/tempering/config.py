@@ -73,6 +73,7 @@ class RolloutConfig(Strict):
     max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
     stop: list[str] = Field(default_factory=list, description="strings that end a completion (kept in it)")
     batch_size: int = Field(256, ge=1, description="sequences generated together")
+    bf16: bool = Field(False, description="bfloat16 autocast while sampling, faster where the CPU has native bf16 (AVX512-BF16, AMX) and on GPUs; the recorded log-probs are then the bf16 pass's (set learner.bf16 too, so that the learner's are close to them)")
 
 
 class AlgorithmConfig(Strict):

@@ -194,7 +194,8 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
     if pc.backend == "local":
         policy = model if shares else copy.deepcopy(model).eval()
         rollout = LocalHandle(RolloutWorker(policy, tokenizer, config.model.chat_template, config.rollout.batch_size,
-                                            sampling_params(config), config.rollout.group_size, config.seed))
+                                            sampling_params(config), config.rollout.group_size, config.seed,
+                                            config.rollout.bf16))
         reward = LocalHandle(RewardWorker(rewarder))
     else:
         rollout, reward = ray_workers(config)

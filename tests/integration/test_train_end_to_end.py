@@ -126,3 +126,14 @@ def test_temper_train_from_a_yaml_file_prints_the_before_after_table(tmp_path, t
     assert [line.split()[0] for line in lines[1:5]] == ["add", "sub", "mul", "mean"]
     assert (tmp_path / "2024-06-01" / "summary.json").exists()
     assert sorted(p.name for p in tempering_cache.iterdir()) == [tiny_model_dir.name], "no second pre-training"
+
+
+def test_a_run_can_sample_and_learn_under_bf16_autocast(tiny_model_dir, tmp_path):
+    config = TrainConfig.model_validate({
+        **SMALL_RUN, "steps": 1, "eval": {**SMALL_RUN["eval"], "problems_per_task": 2},
+        "rollout": {**SMALL_RUN["rollout"], "bf16": True}, "learner": {**SMALL_RUN["learner"], "bf16": True},
+        "pretrain": _pretrain_config(tiny_model_dir), "run_dir": str(tmp_path / "run")})
+    train(config, progress=False)
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["completion_tokens"] > 0
+    assert torch.isfinite(torch.tensor(record["loss"]))

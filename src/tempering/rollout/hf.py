@@ -5,16 +5,35 @@ for every sampled token, its log-probability under the temperature-scaled distri
 which is what the learner recomputes (``tempering.algorithms.logprobs``) to form importance
 ratios. Top-p truncation changes which tokens can be drawn, not the recorded log-probs.
 
-Prompts are left-padded with explicit position ids, so a row's numbers do not depend on
-what it was batched with (up to floating-point summation order).
+Where the time goes, and what is done about it:
 
-Not done here: removing finished rows from the running batch and sharing a prompt's
-prefill across its group; finished rows keep decoding padding until the batch is done.
+- a prompt is prefilled once, however many of its group's samples share the batch; its
+  keys and values are then copied to each of those rows;
+- a row that ends (end-of-sequence or a stop string) leaves the running batch at once, with
+  its cache rows, so a decoding step costs what the live rows cost;
+- the cache is a preallocated buffer written in place (transformers' ``DynamicLayer``
+  copies a layer's whole cache to append one position);
+- a token is drawn by inverting the cumulative distribution with one uniform number per row
+  (``torch.multinomial`` draws one exponential number per vocabulary entry), and top-p
+  sorts only the leading candidates;
+- optional bfloat16 autocast (``bf16=True``), faster where the CPU has native bf16
+  (AVX512-BF16, AMX) and on GPUs; the recorded log-probs are then those of the bf16 forward
+  pass (taken in float32 from its logits), so a learner that recomputes in float32 differs
+  from them by about 1e-2 per token.
+
+Prompts are left-padded with explicit position ids, so a row's numbers do not depend on
+what it was batched with (up to floating-point summation order). Draws come from the
+``torch.Generator`` passed in, so the same problems, parameters and seed give the same
+rollouts.
+
+Not done here: sharing one copy of a prompt's cache across its group (attention over shared
+prefixes needs its own kernel), speculative decoding, continuous batching across calls.
 """
 
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -22,6 +41,11 @@ import torch
 
 from tempering.config import ConfigError
 from tempering.types import Group, Problem, Prompt, Rollout
+
+try:
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+except ImportError:  # transformers releases before the layered cache: the model makes its own cache
+    DynamicCache = DynamicLayer = None
 
 
 @dataclass(frozen=True)
@@ -33,21 +57,150 @@ class SamplingParams:
     greedy: bool = False
 
 
-def _top_p_filter(probs_BV: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero the tail of each distribution beyond cumulative mass ``top_p`` (keeping >= 1 token)."""
-    sorted_BV, order_BV = probs_BV.sort(dim=-1, descending=True)
-    outside_BV = sorted_BV.cumsum(dim=-1) - sorted_BV > top_p
-    sorted_BV = sorted_BV.masked_fill(outside_BV, 0.0)
-    return torch.zeros_like(probs_BV).scatter(-1, order_BV, sorted_BV)
+_BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
+
+
+def _top_p_filter(probs_BV: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(probs in descending order with the tail beyond cumulative mass top_p zeroed, their
+    token ids)``; the most likely token is always kept.
+
+    Only the top k are sorted, k growing until they hold more than ``top_p`` in every row
+    (every token after them is then outside the nucleus): a small model's nucleus at
+    temperature 1 is a few hundred tokens, and sorting a whole vocabulary per row costs more
+    than the forward pass."""
+    width = probs_BV.shape[-1]
+    k = min(256, width)
+    sorted_BK, order_BK = probs_BV.topk(k, dim=-1)
+    while k < width and not bool((sorted_BK.sum(dim=-1) > top_p).all()):
+        k = 4 * k if 4 * k <= width // 4 else width
+        sorted_BK, order_BK = probs_BV.topk(k, dim=-1) if k < width else probs_BV.sort(dim=-1, descending=True)
+    outside_BK = sorted_BK.cumsum(dim=-1) - sorted_BK > top_p
+    return sorted_BK.masked_fill_(outside_BK, 0.0), order_BK
+
+
+def _below(value: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """``value``, or the largest float under ``bound`` where rounding reached it."""
+    return torch.minimum(value, bound.nextafter(torch.zeros_like(bound)))
+
+
+def _inverse_cdf(weights_BV: torch.Tensor, uniform_B: torch.Tensor) -> torch.Tensor:
+    """Index drawn from each row of non-negative, unnormalised ``weights_BV`` with one uniform
+    number in [0, 1): the first entry whose cumulative weight exceeds ``uniform * total``.
+
+    K blocks of C = ``_BLOCK`` entries are summed first and only the chosen block is scanned;
+    a cumulative sum over the whole vocabulary is a sequential pass slower than all the others.
+    Targets are kept strictly under the totals, so the entry found always has nonzero weight.
+    """
+    rows, width = weights_BV.shape
+    if width % _BLOCK:
+        weights_BV = torch.nn.functional.pad(weights_BV, (0, -width % _BLOCK))
+    blocks_BKC = weights_BV.view(rows, -1, _BLOCK)
+    cdf_BK = blocks_BKC.sum(dim=-1).cumsum(dim=-1)
+    target_B1 = _below(uniform_B[:, None].to(cdf_BK) * cdf_BK[:, -1:], cdf_BK[:, -1:])
+    block_B = torch.searchsorted(cdf_BK, target_B1, right=True)[:, 0]
+    before_B1 = torch.nn.functional.pad(cdf_BK, (1, 0)).gather(-1, block_B[:, None])
+    cdf_BC = blocks_BKC[torch.arange(rows, device=block_B.device), block_B].cumsum(dim=-1)
+    within_B1 = _below(target_B1 - before_B1, cdf_BC[:, -1:])
+    return block_B * _BLOCK + torch.searchsorted(cdf_BC, within_B1, right=True)[:, 0]
+
+
+def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(next_B, logprob_B)``: a token per row and its log-probability under the
+    temperature-scaled distribution (greedy: the untempered one), computed as log-softmax
+    computes it (``x - max - log(sum(exp(x - max)))``)."""
+    if params.greedy:
+        next_B = logits_BV.argmax(dim=-1)
+        return next_B, logits_BV.gather(-1, next_B[:, None])[:, 0] - logits_BV.logsumexp(dim=-1)
+    if params.temperature != 1.0:
+        logits_BV = logits_BV / params.temperature
+    max_B1 = logits_BV.amax(dim=-1, keepdim=True)
+    weights_BV = torch.sub(logits_BV, max_B1).exp_()  # probabilities times the row's sum
+    sum_B1 = weights_BV.sum(dim=-1, keepdim=True)
+    uniform_B = torch.rand(len(logits_BV), generator=generator, device=generator.device if generator else "cpu")
+    if params.top_p < 1.0:
+        kept_BK, order_BK = _top_p_filter(weights_BV.div_(sum_B1), params.top_p)
+        next_B = order_BK.gather(-1, _inverse_cdf(kept_BK, uniform_B)[:, None])[:, 0]
+    else:
+        next_B = _inverse_cdf(weights_BV, uniform_B)
+    picked_B1 = logits_BV.gather(-1, next_B[:, None])
+    return next_B, (picked_B1 - max_B1 - sum_B1.log())[:, 0]
+
+
+if DynamicLayer is not None:
+    class _PreallocatedLayer(DynamicLayer):
+        """One layer's keys and values in buffers with room for ``capacity`` positions: a
+        step writes its position in place, and ``keys``/``values`` are views of the filled part.
+
+        ``dtype`` bfloat16 under bf16 autocast: rotary embeddings leave keys in float32 there,
+        and attention would otherwise cast the whole cache to bf16 at every step. Only what
+        the sampler's loop calls is kept consistent with the buffers: ``update`` and
+        ``batch_select_indices``."""
+
+        def __init__(self, capacity: int, dtype: Optional[torch.dtype] = None):
+            super().__init__()
+            self.capacity = capacity
+            self.dtype = dtype
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            self.device = key_states.device
+            rows, heads, _, dim = key_states.shape
+            dtype = self.dtype or key_states.dtype
+            self._key_buffer = key_states.new_empty(rows, heads, self.capacity, dim, dtype=dtype)
+            self._value_buffer = value_states.new_empty(rows, heads, self.capacity, value_states.shape[3], dtype=dtype)
+            self.keys, self.values = self._key_buffer[:, :, :0], self._value_buffer[:, :, :0]
+            self.is_initialized = True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            start = self.keys.shape[-2]
+            end = start + key_states.shape[-2]
+            self._key_buffer[:, :, start:end] = key_states
+            self._value_buffer[:, :, start:end] = value_states
+            self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            """Keep rows ``indices`` (repeats allowed), copying only the filled positions.
+
+            A selection that leaves each kept row in place or moves it from beyond the new
+            end (see :func:`_fill_holes`) copies just the moved rows, in place."""
+            if not self.is_initialized:
+                return
+            length, count = self.keys.shape[-2], len(indices)
+            moved = (indices != torch.arange(count, device=indices.device)).nonzero()[:, 0]
+            if count <= len(self._key_buffer) and bool((indices[moved] >= count).all()):
+                self._key_buffer[moved, :, :length] = self.keys[indices[moved]]
+                self._value_buffer[moved, :, :length] = self.values[indices[moved]]
+                self._key_buffer, self._value_buffer = self._key_buffer[:count], self._value_buffer[:count]
+            else:
+                keys, values = self.keys[indices], self.values[indices]
+                self._key_buffer = self._key_buffer.new_empty(count, *self._key_buffer.shape[1:])
+                self._value_buffer = self._value_buffer.new_empty(count, *self._value_buffer.shape[1:])
+                self._key_buffer[:, :, :length], self._value_buffer[:, :, :length] = keys, values
+            self.keys, self.values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
+
+
+def _fill_holes(done_B: torch.Tensor) -> torch.Tensor:
+    """Indices of the rows not done, ordered so that each stays where it is unless it sits
+    beyond their count, in which case it moves into a done row's place."""
+    live_B = (~done_B).nonzero()[:, 0]
+    count = len(live_B)
+    index_B = torch.arange(count, device=done_B.device)
+    index_B[done_B[:count].nonzero()[:, 0]] = live_B[live_B >= count]
+    return index_B
 
 
 class HFGenerator:
     """Samples completions from ``model``; one instance per policy copy."""
 
-    def __init__(self, model, tokenizer, chat_template: Optional[bool] = None, batch_size: int = 256):
+    def __init__(self, model, tokenizer, chat_template: Optional[bool] = None, batch_size: int = 256,
+                 bf16: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.bf16 = bf16
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.chat_template = has_template if chat_template is None else chat_template
         if self.chat_template and not has_template:
@@ -97,55 +250,74 @@ class HFGenerator:
                 ))
         return [Group(p, rollouts[i * group_size : (i + 1) * group_size]) for i, p in enumerate(problems)]
 
+    def _new_cache(self, capacity: int):
+        """A cache with preallocated layers where the model's layers are plain full attention;
+        otherwise None, and the model makes its own."""
+        if DynamicCache is None:
+            return None
+        cache = DynamicCache(config=self.model.config)
+        if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+            return None
+        dtype = torch.bfloat16 if self.bf16 else None
+        cache.layers = [_PreallocatedLayer(capacity, dtype) for _ in cache.layers]
+        return cache
+
+    def _forward(self, ids_BT, mask_BT, positions_BT, cache):
+        keep = {self._keep_arg: 1} if self._keep_arg else {}
+        out = self.model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT,
+                         use_cache=True, **{self._cache_arg: cache}, **keep)
+        return out.logits[:, -1, :].float(), out[self._cache_arg]
+
     @torch.no_grad()
     def _sample(self, prompts: list[list[int]], params: SamplingParams, generator):
+        """``(completion ids, log-probs, finish reason)`` for each prompt (repeats welcome)."""
+        device = self.model.device
+        index_of = {ids: i for i, ids in enumerate(dict.fromkeys(map(tuple, prompts)))}
+        distinct = list(index_of)
+        prompt_of_row_B = torch.tensor([index_of[tuple(p)] for p in prompts], device=device)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(len(p) for p in prompts)
-        input_ids_BT = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        mask_BT = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        positions_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
-        n = len(prompts)
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        reasons: list[Optional[str]] = [None] * n
-        keep = {self._keep_arg: 1} if self._keep_arg else {}
-        out = self.model(input_ids=input_ids_BT, attention_mask=mask_BT, position_ids=positions_BT,
-                         use_cache=True, **keep)
-        for step in range(params.max_new_tokens):
-            logits_BV = out.logits[:, -1, :].float()
-            next_B, logprob_B = self._pick(logits_BV, params, generator)
-            for row in range(n):
-                if reasons[row] is None:
-                    self._append(row, int(next_B[row]), float(logprob_B[row]), tokens, logprobs, reasons, params)
-            if all(r is not None for r in reasons) or step == params.max_new_tokens - 1:
-                break
-            mask_BT = torch.cat([mask_BT, torch.ones(n, 1, dtype=mask_BT.dtype)], dim=1)
-            positions_B1 = positions_BT[:, -1:] + 1
-            positions_BT = torch.cat([positions_BT, positions_B1], dim=1)
-            out = self.model(input_ids=next_B[:, None], attention_mask=mask_BT, position_ids=positions_B1,
-                             use_cache=True, **{self._cache_arg: out[self._cache_arg]})
-        return [(t, lp, r or "length") for t, lp, r in zip(tokens, logprobs, reasons)]
+        width = max(len(p) for p in distinct)
+        ids_PT = torch.tensor([[pad] * (width - len(p)) + list(p) for p in distinct], device=device)
+        mask_PT = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in distinct], device=device)
+        positions_PT = (mask_PT.cumsum(-1) - 1).clamp(min=0)
 
-    @staticmethod
-    def _pick(logits_BV: torch.Tensor, params: SamplingParams, generator):
-        if params.greedy:
-            next_B = logits_BV.argmax(dim=-1)
-            return next_B, torch.log_softmax(logits_BV, dim=-1).gather(-1, next_B[:, None])[:, 0]
-        logp_BV = torch.log_softmax(logits_BV / params.temperature, dim=-1)
-        probs_BV = logp_BV.exp()
-        if params.top_p < 1.0:
-            probs_BV = _top_p_filter(probs_BV, params.top_p)
-        next_B = torch.multinomial(probs_BV, 1, generator=generator)[:, 0]
-        return next_B, logp_BV.gather(-1, next_B[:, None])[:, 0]
+        n, limit = len(prompts), params.max_new_tokens
+        tokens_BT = torch.zeros(n, limit, dtype=torch.long, device=device)
+        logprobs_BT = torch.zeros(n, limit, device=device)
+        lengths_B = torch.full((n,), limit, device=device)
+        stopped_B = torch.zeros(n, dtype=torch.bool, device=device)
+        eos_ids = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
+        with autocast:  # one context for the whole loop, so weights are cast to bf16 once
+            logits_PV, cache = self._forward(ids_PT, mask_PT, positions_PT, self._new_cache(width + limit))
+            cache.batch_select_indices(prompt_of_row_B)
+            logits_BV = logits_PV[prompt_of_row_B]
+            mask_BT, position_B = mask_PT[prompt_of_row_B], positions_PT[prompt_of_row_B, -1]
+            row_B = torch.arange(n, device=device)  # which of the n rows each running row is
+            for step in range(limit):
+                next_B, logprob_B = pick_tokens(logits_BV, params, generator)
+                tokens_BT[row_B, step], logprobs_BT[row_B, step] = next_B, logprob_B
+                done_B = torch.isin(next_B, eos_ids)
+                if params.stop:
+                    done_B |= self._stop_string_ends(tokens_BT[row_B, : step + 1], params.stop)
+                lengths_B[row_B[done_B]] = step + 1
+                stopped_B[row_B[done_B]] = True
+                if step == limit - 1 or bool(done_B.all()):
+                    break
+                if bool(done_B.any()):
+                    live_B = _fill_holes(done_B)
+                    cache.batch_select_indices(live_B)
+                    row_B, next_B, mask_BT, position_B = row_B[live_B], next_B[live_B], mask_BT[live_B], position_B[live_B]
+                mask_BT = torch.nn.functional.pad(mask_BT, (0, 1), value=1)
+                position_B = position_B + 1
+                logits_BV, cache = self._forward(next_B[:, None], mask_BT, position_B[:, None], cache)
+        tokens, logprobs = tokens_BT.tolist(), logprobs_BT.tolist()
+        return [(tokens[b][:length], logprobs[b][:length], "stop" if stopped else "length")
+                for b, (length, stopped) in enumerate(zip(lengths_B.tolist(), stopped_B.tolist()))]
 
-    def _append(self, row, token, logprob, tokens, logprobs, reasons, params) -> None:
-        tokens[row].append(token)
-        logprobs[row].append(logprob)
-        if token in self.eos_ids:
-            reasons[row] = "stop"
-        elif params.stop:
-            # Every token decodes to at least one character, so the last L tokens hold
-            # any stop string of length <= L that the newest token completed.
-            tail = self.tokenizer.decode(tokens[row][-max(map(len, params.stop)):], skip_special_tokens=True)
-            if any(s in tail for s in params.stop):
-                reasons[row] = "stop"
+    def _stop_string_ends(self, tokens_BT: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
+        """Rows whose newest token completed one of the ``stop`` strings."""
+        # Every token decodes to at least one character, so the last L tokens hold any stop
+        # string of length <= L that the newest token completed.
+        tails = self.tokenizer.batch_decode(tokens_BT[:, -max(map(len, stop)):].tolist(), skip_special_tokens=True)
+        return torch.tensor([any(s in tail for s in stop) for tail in tails], device=tokens_BT.device)

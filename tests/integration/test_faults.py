@@ -9,13 +9,16 @@ from pathlib import Path
 import pytest
 
 from tempering.config import load_config
-from tempering.rewards import register_reward
 from tempering.rewards.base import REWARDS
 
-if "always_nan" not in REWARDS:
-    @register_reward("always_nan")
-    def always_nan(problem, completion: str) -> float:
-        return float("nan")
+
+def always_nan(problem, completion: str) -> float:
+    return float("nan")
+
+
+@pytest.fixture(autouse=True)
+def nan_reward(monkeypatch):
+    monkeypatch.setitem(REWARDS, "always_nan", always_nan)  # registered for these tests only
 
 
 def _config(tmp_path: Path, model_dir: Path, *extra: str):

@@ -5,7 +5,9 @@ every completion is run in the sandbox against the expected output, so scoring a
 starting a jailed process per rollout. The built-in model is pre-trained for this format
 first (cached like the default one; a few minutes the first time). Both modes then train
 the same model on the same seed for the same steps, in this one process, one after the
-other; the only difference is ``pipeline.mode``.
+other; the only difference is ``pipeline.mode`` (and torch threads: synchronous runs twice, on
+all cores and on one thread, and the faster is the baseline, since on a loaded machine
+all-core torch can be several times slower than one thread).
 
 Timing covers the training loop only (the sum of the steps' wall time; start-up and the
 before/after evaluations are left out). Prints JSON::
@@ -31,20 +33,23 @@ from tempering.config import load_config
 from tempering.train import train
 
 
-def overrides(steps: int, mode: str, run_dir: Path, problems: int) -> list[str]:
+def overrides(steps: int, mode: str, run_dir: Path, problems: int, threads: int = 0,
+              backend: str = "local") -> list[str]:
     task = "{name: add, options: {style: program, digits: [2]}}"
     return [
         f"steps={steps}", f"run_dir={run_dir}", "seed=0", f"tasks=[{task}]", f"pretrain.tasks=[{task}]",
         "rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=48",
         "eval.max_new_tokens=48", f"eval.problems_per_task={problems}", "checkpoint.every=0",
-        f"pipeline.mode={mode}", "learner.warmup_steps=5",
+        f"pipeline.mode={mode}", "learner.warmup_steps=5", f"threads={threads}",
+        f"pipeline.backend={backend}",
     ]
 
 
-def run(mode: str, steps: int, problems: int, root: Path) -> dict:
-    config = load_config(None, overrides(steps, mode, root / mode, problems))
+def run(mode: str, steps: int, problems: int, root: Path, threads: int = 0, backend: str = "local") -> dict:
+    folder = root / f"{mode}-{threads}-{backend}"
+    config = load_config(None, overrides(steps, mode, folder, problems, threads, backend))
     summary = train(config, progress=False)
-    records = [json.loads(line) for line in (root / mode / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     loop_s = sum(r["step_s"] for r in records)
     taken = summary["rollouts"]["taken"]
     result = {
@@ -66,16 +71,28 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--problems", type=int, default=100, help="held-out problems for accuracy")
     parser.add_argument("--quick", action="store_true", help="a few steps, for a smoke test")
+    parser.add_argument("--backend", default="local", choices=["local", "ray"],
+                        help="where the asynchronous run's workers live (ray: separate processes)")
+    parser.add_argument("--only", choices=["sync", "async"], help="run one mode only")
     args = parser.parse_args()
     steps, problems = (3, 16) if args.quick else (args.steps, args.problems)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tempering-bench-async-") as tmp:
-        results = {mode: run(mode, steps, problems, Path(tmp)) for mode in ("sync", "async")}
+        # synchronous with all cores (the default) and with one thread: the better one is the baseline
+        if args.only == "async":
+            print(json.dumps(run("async", steps, problems, Path(tmp), backend=args.backend), indent=2))
+            return
+        syncs = {threads: run("sync", steps, problems, Path(tmp), threads) for threads in (0, 1)}
+        results = {"async": run("async", steps, problems, Path(tmp), backend=args.backend)}
+    best = max(syncs, key=lambda t: syncs[t]["steps_per_s"])
+    results["sync"] = {**syncs[best], "threads": best or "all cores"}
+    results["sync_other_threads"] = {**syncs[1 - best if best in (0, 1) else 1], "threads": (1 - best) or "all cores"}
     results["speedup"] = results["async"]["steps_per_s"] / results["sync"]["steps_per_s"]
     results["settings"] = {"steps": steps, "task": "add (program style), 2 digits, graded in the sandbox",
                            "prompts_per_step": 16, "group_size": 8, "cores": os.cpu_count(),
-                           "sync_threads": "all cores", "async_threads": "half the cores each for sampler and learner",
-                           "max_staleness": 1, "off_policy": "tis"}
+                           "sync_threads": "the faster of all cores and one thread (the other is under sync_other_threads)",
+                           "async_threads": "half the cores each for sampler and learner",
+                           "max_staleness": 1, "off_policy": "tis", "async_backend": args.backend}
     results["wall_s"] = time.perf_counter() - start
     json.dump(results, sys.stdout, indent=2)
     print()

@@ -240,7 +240,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     start = time.perf_counter()
     pc = config.pipeline
     threads = config.threads or os.cpu_count() or 1
-    if pc.mode == "async" and pc.backend == "local" and not config.threads:
+    if pc.mode == "async" and not config.threads:
         threads = max(1, threads // 2)  # sampler and learner each get half the cores
     torch.set_num_threads(threads)
     torch.manual_seed(config.seed)

@@ -9,7 +9,8 @@ old log-probs), resets the kernel's peak-RSS mark (``/proc/self/clear_refs``), r
 complete learner step (forward, backward, AdamW update) and reports its peak RSS
 (``VmHWM``), which includes the process's resident model, gradients and optimizer state.
 The parent watches each child and stops it once its RSS passes the budget; a side's
-longest fitting length is the longest whose peak stayed within the budget. Lengths above
+longest fitting length is the longest whose peak stayed within the budget. The same peaks
+give the longest lengths within smaller budgets (3, 4 and 6 GB), also reported. Lengths above
 the model's position limit are skipped.
 
 Children run with glibc's ``MALLOC_MMAP_THRESHOLD_`` at 1 MiB (both sides alike; ``--default-malloc``
@@ -44,6 +45,7 @@ import torch
 PROMPT = 64
 CHUNK = 1024
 MMAP_THRESHOLD = 1024 * 1024
+SMALLER_BUDGETS_GB = (3, 4, 6)
 
 
 def _status(key: str, pid: str = "self") -> int:
@@ -189,8 +191,12 @@ def main(argv: list[str]) -> dict:
             if result["peak_mb"] is None or result["peak_mb"] > options.budget_gb * 1024:
                 break  # memory grows with length: longer ones do not fit either
             longest[side] = length
+    by_budget = {gb: {side: max([n for n, mb in peaks[side].items() if mb is not None and mb <= gb * 1024],
+                                default=0) for side in peaks}
+                 for gb in SMALLER_BUDGETS_GB if gb < options.budget_gb}
     return {"budget_gb": options.budget_gb, "max_len_tempering": longest.get("tempering"),
-            "max_len_trl": longest.get("trl"), "peak_mb": peaks, "model": options.model, "position_limit": limit,
+            "max_len_trl": longest.get("trl"), "peak_mb": peaks, "max_len_at_smaller_budgets_gb": by_budget,
+            "model": options.model, "position_limit": limit,
             "precision": "bf16 autocast" if options.bf16 else "fp32",
             "malloc_mmap_threshold": None if options.default_malloc else MMAP_THRESHOLD, "details": details}
 

@@ -13,7 +13,7 @@ the held-out greedy exact-match rate after training, measured for both by temper
 ``evaluate`` on the same problems (and once before training, the same for both).
 
 What cannot be matched exactly is listed under ``"unmatched"`` in the output. Needs
-``pip install trl datasets`` (pinned to the installed torch and transformers).
+``pip install -e '.[bench]'`` (TRL and datasets).
 """
 
 from __future__ import annotations

@@ -121,6 +121,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     except (ConfigError, ModelLoadError) as exc:
         print(f"temper {args.command}: {exc}", file=sys.stderr)
         status = USER_ERROR
+    except RuntimeError as exc:
+        from tempering.train import TrainingDiverged
+
+        if not isinstance(exc, TrainingDiverged):
+            raise
+        print(f"temper {args.command}: {exc}", file=sys.stderr)
+        status = 1
     except KeyboardInterrupt:
         print(f"temper {args.command}: interrupted", file=sys.stderr)
         status = 130

@@ -22,7 +22,8 @@ Stale rollouts (sampled by an older policy, in asynchronous mode) are corrected 
 ``"tis"`` and ``"decoupled"`` take them against the *proximal* policy (these weights at the
 start of the step) and multiply each token's loss by the behaviour weight
 ``pi_prox / pi_sampler`` (detached), truncated at ``is_cap`` for ``"tis"`` and left whole
-for ``"decoupled"``. Rows may carry ``weights_B``, multiplied into their policy loss (the
+for ``"decoupled"``; only batches holding rollouts older than the learner's version pay for
+the extra pass that computes ``pi_prox``. Rows may carry ``weights_B``, multiplied into their policy loss (the
 scheduler's per-domain balance).
 
 How a batch becomes forward passes is ``tempering.packing``'s: micro-batches of
@@ -300,7 +301,8 @@ class Learner:
     def step(self, batch: Batch) -> dict[str, float]:
         """Learn from one batch; returns metrics averaged over its updates (``skipped_updates``
         is a count: updates not applied because the loss or gradient was not finite)."""
-        if self.settings.off_policy != "none":
+        stale = bool((batch.policy_versions_B < self.version).any())
+        if self.settings.off_policy != "none" and stale:  # fresh batches need no correction
             batch.prox_logprobs_BT = self._per_row(batch, lambda micro: self._logprobs(self.model, micro).logprobs_BT)
         self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]

@@ -35,7 +35,7 @@ import copy
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -76,7 +76,8 @@ class RolloutWorker:
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Load new policy weights; return the seconds it took."""
         start = time.perf_counter()
-        self.model.load_state_dict(weights, strict=False)
+        if weights:  # empty when the worker shares the learner's tensors: only the version moves
+            self.model.load_state_dict(weights, strict=False)
         self.version = version
         return time.perf_counter() - start
 
@@ -223,7 +224,6 @@ class Counters:
     rollouts_taken: int = 0
     dropped_stale: int = 0
     weight_syncs: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -392,8 +392,7 @@ class Pipeline:
     def state_dict(self) -> dict:
         """Call with the feeder paused (async)."""
         return {"buffer": [copy.copy(r) for r in self._buffer], "rollout": self.rollout.call("state_dict"),
-                "reward": self.reward.call("state_dict"), "counters": copy.deepcopy(self.counters),
-                "pending_version": None if self._pending is None else self._pending[1]}
+                "reward": self.reward.call("state_dict"), "counters": copy.deepcopy(self.counters)}
 
     def load_state_dict(self, state: dict) -> None:
         self._buffer = deque(state["buffer"])

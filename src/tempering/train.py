@@ -119,7 +119,7 @@ def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
         temperature=config.rollout.temperature, micro_batch_size=lc.micro_batch_size,
         token_budget=learner_token_budget(model, config, critic), packing=lc.packing,
         logprob_chunk=lc.logprob_chunk, gradient_checkpointing=lc.gradient_checkpointing,
-        grad_clip=lc.grad_clip, bf16=lc.bf16,
+        grad_clip=lc.grad_clip, bf16=lc.bf16, off_policy=config.pipeline.off_policy, is_cap=config.pipeline.is_cap,
     )
     if lc.logprob_chunk:
         try:
@@ -309,10 +309,6 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
             batch = make_batch(groups, algorithm["advantage"], tokenizer.pad_token_id, learner, ac.gamma, ac.lam)
             if config.scheduler.balance_tokens:
                 batch.weights_B = domain_token_weights_B(groups)
-            if pc.off_policy != "none" and bool((batch.policy_versions_B < learner.version).any()):
-                learner.settings.off_policy = pc.off_policy
-            else:
-                learner.settings.off_policy = "none"
             record.update(learner.step(batch))
             record["weight_sync_s"] += pipeline.publish(model, learner.version)
             t3 = time.perf_counter()
@@ -398,12 +394,16 @@ def restore(path: Path, model, learner: Learner, mixture: Mixture, pipeline: Pip
     return state
 
 
+class TrainingDiverged(RuntimeError):
+    """Repeated non-finite steps and nothing to roll back to: the run cannot go on."""
+
+
 def rollback(run_dir: Path, model, learner: Learner, pipeline: Pipeline) -> int:
     """Repeated non-finite steps: restore the last checkpoint's weights and optimizer, keep the
     data moving forward (so the same batches are not replayed); return the step restored."""
     found = checkpoint.latest(run_dir)
     if found is None:
-        raise RuntimeError("training diverged: repeated non-finite losses or gradients, and no checkpoint "
+        raise TrainingDiverged("training diverged: repeated non-finite losses or gradients, and no checkpoint "
                            "to roll back to (set checkpoint.every)")
     state = checkpoint.load_state(found)
     checkpoint.load_model_weights(model, found)

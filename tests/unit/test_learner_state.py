@@ -67,10 +67,13 @@ def test_off_policy_correction_weights_tokens_by_proximal_over_behaviour(mode):
     # behaviour log-probs far below the current policy's: weight pi_prox / pi_behaviour is large
     model = _model()
     learner = _learner(model, off_policy=mode, is_cap=2.0)
+    learner.version = 1  # the batch (version 0) is one update old: stale, so it is corrected
     record = learner.step(_batch(logprob=-20.0))
     if mode == "tis":
         assert record["behaviour_weight"] == pytest.approx(2.0), "truncated at is_cap"
     else:
         assert record["behaviour_weight"] > 1e5
+    fresh = _learner(_model(), off_policy=mode).step(_batch(logprob=-20.0))
+    assert "behaviour_weight" not in fresh, "a batch from the current version needs no correction"
     with pytest.raises(ValueError, match="off_policy"):
         _learner(_model(), off_policy="bogus")

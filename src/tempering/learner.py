@@ -51,7 +51,7 @@ from tempering.algorithms import kl_estimate
 from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import KLCoefficient
 from tempering.algorithms.logprobs import forward_logprobs
-from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean
+from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
 from tempering.models.attention import upcast_attention
 from tempering.packing import plan_micro_batches
 from tempering.types import Batch, Rollout
@@ -132,6 +132,8 @@ class LearnerSettings:
     """Correction for stale rollouts: "none", "tis" or "decoupled" (see the module docstring)."""
     is_cap: float = 2.0
     """Truncation of the behaviour weight for "tis"."""
+    skip_zero_advantage: bool = True
+    """Leave rows whose advantages are all 0 out of the forward pass when that is exact."""
 
 
 class Learner:
@@ -270,13 +272,37 @@ class Learner:
         metrics["entropy"] = masked_mean(entropy_BT.detach(), mask_BT)
         return metrics
 
+    def _rows_with_signal(self, batch: Batch) -> Optional[torch.Tensor]:
+        """Rows that can move the weights, or None when every row must be computed.
+
+        With a loss that vanishes at zero advantage and no entropy bonus, KL term in the loss
+        or critic, a row whose advantages are all 0 adds exactly 0 to the loss and gradient;
+        aggregation is normalised by the whole batch's counts, so leaving it out changes
+        nothing. At least one row is kept, so that the update still runs (AdamW moves the
+        weights on its momentum even with a zero gradient) and reports its metrics.
+        """
+        s = self.settings
+        if not (s.skip_zero_advantage and zero_at_zero_advantage(s.loss) and s.entropy_coef == 0
+                and (self.reference is None or s.kl_in_reward) and self.critic is None):
+            return None
+        signal_B = ((batch.advantages_BT != 0) & (batch.loss_mask_BT > 0)).any(dim=1)
+        if bool(signal_B.all()):
+            return None
+        rows = torch.nonzero(signal_B)[:, 0]
+        return rows if len(rows) else torch.zeros(1, dtype=torch.long)
+
     def _update(self, batch: Batch) -> dict[str, float]:
-        """One optimizer update on a (mini-)batch, accumulated over micro-batches."""
+        """One optimizer update on a (mini-)batch, accumulated over micro-batches.
+
+        Rows without signal are left out (see :meth:`_rows_with_signal`); the metrics then
+        describe the rows computed, and ``skipped_rows`` counts the others."""
         tokens, sequences = batch.num_tokens, len(batch)
-        totals: dict[str, float] = {}
-        for rows in self._micro_batches(batch):
-            micro = batch.select(rows)
-            weight = micro.num_tokens / max(tokens, 1)
+        keep = self._rows_with_signal(batch)
+        computed = batch if keep is None else batch.select(keep)
+        totals: dict[str, float] = {"skipped_rows": float(len(batch) - len(computed))}
+        for rows in self._micro_batches(computed):
+            micro = computed.select(rows)
+            weight = micro.num_tokens / max(computed.num_tokens, 1)
             for key, value in self._micro_step(micro, tokens, sequences).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "loss" else value * weight)
         clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
@@ -303,7 +329,13 @@ class Learner:
         is a count: updates not applied because the loss or gradient was not finite)."""
         stale = bool((batch.policy_versions_B < self.version).any())
         if self.settings.off_policy != "none" and stale:  # fresh batches need no correction
-            batch.prox_logprobs_BT = self._per_row(batch, lambda micro: self._logprobs(self.model, micro).logprobs_BT)
+            keep = self._rows_with_signal(batch)  # rows the updates will compute
+            target = batch if keep is None else batch.select(keep)
+            prox_BT = self._per_row(target, lambda micro: self._logprobs(self.model, micro).logprobs_BT)
+            if keep is not None:
+                prox_BT, part_BT = batch.old_logprobs_BT.clone(), prox_BT
+                prox_BT[keep, : part_BT.shape[1]] = part_BT
+            batch.prox_logprobs_BT = prox_BT
         self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]
         updates = [self._update(batch.select(rows))
@@ -311,6 +343,7 @@ class Learner:
                    for rows in self._mini_batches(len(batch), epoch)]
         totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         totals["skipped_updates"] = sum(u["skipped_updates"] for u in updates)
+        totals["skipped_rows"] = sum(u["skipped_rows"] for u in updates) / len(updates)
         with warnings.catch_warnings():  # torch warns when every optimizer step was skipped
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()

@@ -120,6 +120,7 @@ def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
         token_budget=learner_token_budget(model, config, critic), packing=lc.packing,
         logprob_chunk=lc.logprob_chunk, gradient_checkpointing=lc.gradient_checkpointing,
         grad_clip=lc.grad_clip, bf16=lc.bf16, off_policy=config.pipeline.off_policy, is_cap=config.pipeline.is_cap,
+        skip_zero_advantage=lc.skip_zero_advantage,
     )
     if lc.logprob_chunk:
         try:

@@ -46,7 +46,7 @@ def temper(*args: str, kill_at: str | None = None, kill_during: Path | None = No
         start = _lines(metrics)
         while proc.poll() is None and _lines(metrics) <= start:
             time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.4))
+        time.sleep(rng.uniform(0.0, 0.15))  # a step of this run takes about that long
         proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=600)
     if proc.returncode not in (0, -signal.SIGKILL):

@@ -26,3 +26,14 @@ def sandbox_processes():
 
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
+
+
+def fd_targets() -> dict[int, str]:
+    """What each open descriptor of this process points at (for a failure message)."""
+    targets = {}
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            targets[int(entry)] = os.readlink(f"/proc/self/fd/{entry}")
+        except OSError:
+            continue
+    return targets

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from sandbox_helpers import SECRET, open_fds, sandbox_processes
+from sandbox_helpers import SECRET, fd_targets, open_fds, sandbox_processes
 from tempering.sandbox import CallCase, Limits, RunRequest, StdioCase, Tests, TestSpec
 
 BASELINE = {}
@@ -26,7 +26,7 @@ def run(executor, code, language="python", timeout_s=2.0, memory_mb=256, **limit
 
 def test_baseline(executor):
     """Recorded before the hostile programs, compared by the last test."""
-    BASELINE.update(fds=open_fds(), rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    BASELINE.update(fds=open_fds(), fd_targets=fd_targets(), rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                     tmp=set(os.listdir("/tmp")), disk=shutil.disk_usage("/").free)
 
 
@@ -282,7 +282,8 @@ def test_zz_nothing_left_behind(executor):
     """After every hostile program: no sandbox processes, no new host files in /tmp, no
     leaked descriptors in this process, no runaway memory growth and no disk consumed."""
     assert sandbox_processes() == []
-    assert open_fds() <= BASELINE["fds"]
+    new = {fd: target for fd, target in fd_targets().items() if BASELINE["fd_targets"].get(fd) != target}
+    assert open_fds() <= BASELINE["fds"], f"descriptors opened since the first test: {new}"
     assert not [p for p in set(os.listdir("/tmp")) - BASELINE["tmp"] if p.startswith("tempering")]
     rss_growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - BASELINE["rss"]) / 1024
     assert rss_growth_mb < 100

@@ -63,11 +63,20 @@ def needs_values(estimator: AdvantageFn) -> bool:
 def group_statistics(rewards_B: torch.Tensor, group_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-rollout mean and unbiased standard deviation of its group's rewards.
 
-    A group of one has standard deviation 0.
+    A group of one has standard deviation 0. A group whose rewards are all equal has exactly
+    that reward as its mean (a float sum divided by the count may miss it by a rounding
+    error), so its centred rewards are exactly 0 and the learner can skip its rows.
+
+    >>> mean_B, std_B = group_statistics(torch.full((3,), 0.1), torch.zeros(3, dtype=torch.long))
+    >>> bool((torch.full((3,), 0.1) - mean_B == 0).all()), float(std_B[0])
+    (True, 0.0)
     """
     groups = int(group_B.max().item()) + 1
     count_G = torch.zeros(groups).index_add_(0, group_B, torch.ones_like(rewards_B))
     mean_G = torch.zeros(groups).index_add_(0, group_B, rewards_B) / count_G
+    low_G = torch.full((groups,), float("inf")).scatter_reduce(0, group_B, rewards_B, "amin")
+    high_G = torch.full((groups,), float("-inf")).scatter_reduce(0, group_B, rewards_B, "amax")
+    mean_G = torch.where(low_G == high_G, low_G, mean_G)
     centred_B = rewards_B - mean_G[group_B]
     square_G = torch.zeros(groups).index_add_(0, group_B, centred_B**2)
     std_G = (square_G / (count_G - 1).clamp(min=1)).sqrt()

@@ -43,8 +43,16 @@ LOSSES: dict[str, LossFn] = {}
 AGGREGATIONS: dict[str, AggregationFn] = {}
 
 
-def register_loss(name: str) -> Callable[[LossFn], LossFn]:
-    return lambda fn: add(LOSSES, "loss", name, fn)
+def register_loss(name: str, zero_at_zero_advantage: bool = False) -> Callable[[LossFn], LossFn]:
+    """Register a loss. ``zero_at_zero_advantage`` declares that a row whose advantages are
+    all 0 has loss 0 and gradient 0 whatever its log-probs, so the learner may leave it out
+    of the forward pass (see ``tempering.learner``); plug-ins that do not say so are always
+    computed in full."""
+    return lambda fn: add(LOSSES, "loss", name, fn, zero_at_zero_advantage=zero_at_zero_advantage)
+
+
+def zero_at_zero_advantage(loss: LossFn) -> bool:
+    return bool(getattr(loss, "zero_at_zero_advantage", False))
 
 
 def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
@@ -67,7 +75,7 @@ def _clipped_surrogate(inputs: LossInputs, ratio_BT: torch.Tensor) -> tuple[torc
     return torch.maximum(unclipped_BT, clipped_BT), metrics
 
 
-@register_loss("ppo_clip")
+@register_loss("ppo_clip", zero_at_zero_advantage=True)
 def ppo_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate, per token: ``max(-A * r, -A * clip(r, 1 - low, 1 + high))``
     with ``r = exp(logp - old_logp)``. Separate low/high ranges allow DAPO's clip-higher."""
@@ -75,7 +83,7 @@ def ppo_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     return _clipped_surrogate(inputs, ratio_BT)
 
 
-@register_loss("dual_clip")
+@register_loss("dual_clip", zero_at_zero_advantage=True)
 def dual_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clip plus a second bound for negative advantages: ``min(ppo, -A * c)``.
 
@@ -92,7 +100,7 @@ def dual_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     return torch.where(negative_BT, capped_BT, loss_BT), metrics
 
 
-@register_loss("gspo")
+@register_loss("gspo", zero_at_zero_advantage=True)
 def gspo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: PPO clipping on one ratio per sequence, the geometric mean of its token ratios.
 
@@ -109,7 +117,7 @@ def gspo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     return _clipped_surrogate(inputs, ratio_BT)
 
 
-@register_loss("cispo")
+@register_loss("cispo", zero_at_zero_advantage=True)
 def cispo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO: REINFORCE weighted by the clipped importance ratio, held constant.
 
@@ -129,7 +137,7 @@ def cispo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     return loss_BT, metrics
 
 
-@register_loss("reinforce")
+@register_loss("reinforce", zero_at_zero_advantage=True)
 def reinforce(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """Plain REINFORCE: ``-A * logp``, gradient ``-A`` per token, no importance ratio.
 

@@ -40,6 +40,7 @@ from typing import Optional
 import torch
 
 from tempering.config import ConfigError
+from tempering.rollout import fast_llama
 from tempering.types import Group, Problem, Prompt, Rollout
 
 try:
@@ -196,11 +197,14 @@ class HFGenerator:
     """Samples completions from ``model``; one instance per policy copy."""
 
     def __init__(self, model, tokenizer, chat_template: Optional[bool] = None, batch_size: int = 256,
-                 bf16: bool = False):
+                 bf16: bool = False, fast: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.bf16 = bf16
+        # decoding steps without transformers' modules where that computes the same (fast_llama)
+        self.fast = fast and fast_llama.supports(model)
+        self._decoder = fast_llama.LlamaDecoder(model) if self.fast else None
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.chat_template = has_template if chat_template is None else chat_template
         if self.chat_template and not has_template:
@@ -250,7 +254,7 @@ class HFGenerator:
                 ))
         return [Group(p, rollouts[i * group_size : (i + 1) * group_size]) for i, p in enumerate(problems)]
 
-    def _new_cache(self, capacity: int):
+    def _new_cache(self, capacity: int, dtype: Optional[torch.dtype]):
         """A cache with preallocated layers where the model's layers are plain full attention;
         otherwise None, and the model makes its own."""
         if DynamicCache is None:
@@ -258,7 +262,6 @@ class HFGenerator:
         cache = DynamicCache(config=self.model.config)
         if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
             return None
-        dtype = torch.bfloat16 if self.bf16 else None
         cache.layers = [_PreallocatedLayer(capacity, dtype) for _ in cache.layers]
         return cache
 
@@ -288,8 +291,15 @@ class HFGenerator:
         stopped_B = torch.zeros(n, dtype=torch.bool, device=device)
         eos_ids = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
+        decoder = self._decoder if self.fast and limit > 1 else None
         with autocast:  # one context for the whole loop, so weights are cast to bf16 once
-            logits_PV, cache = self._forward(ids_PT, mask_PT, positions_PT, self._new_cache(width + limit))
+            # the decoder keeps its own float32 cache; transformers' path a bf16 one under bf16
+            cache = self._new_cache(width if decoder else width + limit,
+                                    torch.bfloat16 if self.bf16 and not decoder else None)
+            logits_PV, cache = self._forward(ids_PT, mask_PT, positions_PT, cache)
+            if decoder:
+                decoder.start(cache, width + limit, torch.bfloat16 if self.bf16 else None)
+                cache = decoder
             cache.batch_select_indices(prompt_of_row_B)
             logits_BV = logits_PV[prompt_of_row_B]
             mask_BT, position_B = mask_PT[prompt_of_row_B], positions_PT[prompt_of_row_B, -1]
@@ -310,7 +320,10 @@ class HFGenerator:
                     row_B, next_B, mask_BT, position_B = row_B[live_B], next_B[live_B], mask_BT[live_B], position_B[live_B]
                 mask_BT = torch.nn.functional.pad(mask_BT, (0, 1), value=1)
                 position_B = position_B + 1
-                logits_BV, cache = self._forward(next_B[:, None], mask_BT, position_B[:, None], cache)
+                if decoder:
+                    logits_BV = decoder.step(next_B, position_B, mask_BT)
+                else:
+                    logits_BV, cache = self._forward(next_B[:, None], mask_BT, position_B[:, None], cache)
         tokens, logprobs = tokens_BT.tolist(), logprobs_BT.tolist()
         return [(tokens[b][:length], logprobs[b][:length], "stop" if stopped else "length")
                 for b, (length, stopped) in enumerate(zip(lengths_B.tolist(), stopped_B.tolist()))]

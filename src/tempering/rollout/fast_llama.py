@@ -1,0 +1,152 @@
+"""Decoding steps for Llama-architecture models without transformers' per-layer machinery.
+
+A sampling step of a small model on CPU is mostly overhead: the built-in 3M-parameter model
+spends about a third of a decoding step (batch 64, bf16) in matrix products and the rest in
+the ~40 small operations per layer that transformers' modules run, each with its own Python
+and dispatch cost. :class:`LlamaDecoder` computes the same step from the same weights with
+fused projections (queries, keys and values in one product, gate and up in another) and
+about a dozen operations per layer, keeping keys and values in preallocated buffers that
+finished rows leave.
+
+Only the decoding steps run here; the prompt's prefill is the model's own forward, whose
+cache is copied in. It is used where it computes exactly what the model computes, which
+:func:`supports` checks from the config: ``model_type`` llama, default rotary embeddings,
+no biases, SiLU MLP, no sliding window. Other models take transformers' path. Weights are
+read from the model at every :meth:`LlamaDecoder.start`, so a sampler sharing the learner's
+model sees each update; the fused projections are copies made there (under bf16, casts),
+about the size of the model's projection weights, freed with the decoder's next start.
+
+Under bf16 autocast the products run in bf16 and the residual stream, norms, rotary
+embeddings and attention in float32, as transformers does under CPU autocast (with
+``tempering.models.attention``'s float32 attention).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+
+def supports(model: Any) -> bool:
+    """Whether :class:`LlamaDecoder` computes exactly what ``model`` computes."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) != "llama":
+        return False
+    rope = getattr(config, "rope_parameters", None) or {}
+    return (rope.get("rope_type", "default") == "default" and "rope_theta" in rope
+            and not getattr(config, "attention_bias", False) and not getattr(config, "mlp_bias", False)
+            and getattr(config, "hidden_act", None) == "silu" and not getattr(config, "sliding_window", None)
+            and getattr(config, "pretraining_tp", 1) == 1)
+
+
+def _rms_norm(x_BH: torch.Tensor, weight_H: torch.Tensor, eps: float) -> torch.Tensor:
+    x_BH = x_BH.float()
+    return weight_H * (x_BH * torch.rsqrt(x_BH.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate(x_BND: torch.Tensor, cos_B1D: torch.Tensor, sin_B1D: torch.Tensor) -> torch.Tensor:
+    half = x_BND.shape[-1] // 2
+    rotated_BND = torch.cat((-x_BND[..., half:], x_BND[..., :half]), dim=-1)
+    return x_BND * cos_B1D + rotated_BND * sin_B1D
+
+
+class LlamaDecoder:
+    """Decoding steps of a Llama model from a prefilled cache (see the module docstring)."""
+
+    def __init__(self, model: Any):
+        if not supports(model):
+            raise ValueError("LlamaDecoder supports Llama models with default rotary embeddings and no biases")
+        self.model = model
+        config = model.config
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        theta = config.rope_parameters["rope_theta"]
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+
+    def start(self, cache: Any, capacity: int, dtype: Optional[torch.dtype]) -> None:
+        """Take the prefilled ``cache`` (rows already selected) and this step's weights, in
+        ``dtype`` for the matrix products (None: the model's own)."""
+        base = self.model.model
+        cast = (lambda w: w.detach().to(dtype)) if dtype is not None else (lambda w: w.detach())
+        self.layers = []
+        for layer in base.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                layer.input_layernorm.weight.detach().float(),
+                cast(torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])),
+                cast(attention.o_proj.weight),
+                layer.post_attention_layernorm.weight.detach().float(),
+                cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                cast(mlp.down_proj.weight),
+            ))
+        self.embed = base.embed_tokens.weight.detach()
+        self.final_norm = base.norm.weight.detach().float()
+        self.head = cast(self.model.lm_head.weight)
+        self.dtype = dtype
+        self.keys, self.values = [], []
+        for layer in cache.layers:
+            rows, kv_heads, length, dim = layer.keys.shape
+            keys = layer.keys.new_zeros((rows, kv_heads, capacity, dim), dtype=torch.float32)
+            values = layer.values.new_zeros((rows, kv_heads, capacity, dim), dtype=torch.float32)
+            keys[:, :, :length], values[:, :, :length] = layer.keys, layer.values
+            self.keys.append(keys)
+            self.values.append(values)
+        self.length = cache.layers[0].keys.shape[2]
+        self.inv_freq = self.inv_freq.to(self.embed.device)
+
+    def batch_select_indices(self, rows_B: torch.Tensor) -> None:
+        """Keep only rows ``rows_B`` of the cache (repeats allowed). A selection that leaves
+        each kept row in place or moves it from beyond the new end (as the sampler's
+        ``_fill_holes`` makes them) copies only the moved rows' filled positions."""
+        count, n = len(rows_B), self.length
+        moved = (rows_B != torch.arange(count, device=rows_B.device)).nonzero()[:, 0]
+        in_place = count <= len(self.keys[0]) and bool((rows_B[moved] >= count).all())
+        for buffers in (self.keys, self.values):
+            for i, buffer in enumerate(buffers):
+                if in_place:
+                    buffer[moved, :, :n] = buffer[rows_B[moved], :, :n]
+                    buffers[i] = buffer[:count]
+                else:
+                    buffers[i] = buffer[rows_B]
+
+    def step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
+        """Logits (float32) after feeding one token per row at ``positions_B``; ``mask_BS``
+        (1 = attend) covers the cached positions and this one."""
+        with torch.autocast(ids_B.device.type, enabled=False):  # dtypes are managed here
+            return self._step(ids_B, positions_B, mask_BS)
+
+    def _step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
+        rows, heads, kv_heads, dim = len(ids_B), self.heads, self.kv_heads, self.head_dim
+        group, at, length = heads // kv_heads, self.length, self.length + 1
+        freqs_BD = positions_B[:, None].float() * self.inv_freq
+        angle_BD = torch.cat((freqs_BD, freqs_BD), dim=-1)
+        cos_B1D, sin_B1D = angle_BD.cos()[:, None], angle_BD.sin()[:, None]
+        keep_B11S = mask_BS[:, None, None, :length].bool()
+        scaling = dim ** -0.5
+        x_BH = self.embed[ids_B].float()
+        low = self.dtype
+        for (norm_in, qkv, out, norm_post, gate_up, down), keys, values in zip(self.layers, self.keys, self.values):
+            h_BH = _rms_norm(x_BH, norm_in, self.eps)
+            qkv_BF = (h_BH.to(low) if low else h_BH) @ qkv.T
+            q_BND, k_BND, v_BND = qkv_BF.float().split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+            q_BND = _rotate(q_BND.view(rows, heads, dim), cos_B1D, sin_B1D)
+            keys[:, :, at] = _rotate(k_BND.view(rows, kv_heads, dim), cos_B1D, sin_B1D)
+            values[:, :, at] = v_BND.view(rows, kv_heads, dim)
+            k_NSD = keys[:, :, :length].reshape(rows * kv_heads, length, dim)
+            v_NSD = values[:, :, :length].reshape(rows * kv_heads, length, dim)
+            scores_BKGS = torch.bmm(q_BND.reshape(rows * kv_heads, group, dim), k_NSD.transpose(1, 2)).view(
+                rows, kv_heads, group, length) * scaling
+            scores_BKGS = scores_BKGS.masked_fill(~keep_B11S, float("-inf"))
+            probs_NGS = torch.softmax(scores_BKGS, dim=-1).view(rows * kv_heads, group, length)
+            attended_BH = torch.bmm(probs_NGS, v_NSD).view(rows, heads * dim)
+            x_BH = x_BH + ((attended_BH.to(low) if low else attended_BH) @ out.T).float()
+            h_BH = _rms_norm(x_BH, norm_post, self.eps)
+            gate_BF, up_BF = ((h_BH.to(low) if low else h_BH) @ gate_up.T).chunk(2, dim=-1)
+            x_BH = x_BH + ((torch.nn.functional.silu(gate_BF) * up_BF) @ down.T).float()
+        self.length = length
+        h_BH = _rms_norm(x_BH, self.final_norm, self.eps)
+        return ((h_BH.to(low) if low else h_BH) @ self.head.T).float()
+

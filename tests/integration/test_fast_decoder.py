@@ -1,0 +1,108 @@
+"""The sampler's own decoding steps for Llama models compute what the model computes."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tempering.rollout import fast_llama
+from tempering.rollout.hf import HFGenerator, SamplingParams
+from tempering.types import Problem
+
+
+def _grouped_query_model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=40, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                         rope_theta=500.0, tie_word_embeddings=False)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_supports_only_what_it_computes_exactly():
+    assert fast_llama.supports(_grouped_query_model())
+    for change in ({"attention_bias": True}, {"mlp_bias": True}, {"hidden_act": "gelu"},
+                   {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}):
+        model = _grouped_query_model()
+        for key, value in change.items():
+            setattr(model.config, key, value)
+        assert not fast_llama.supports(model), change
+    model = _grouped_query_model()
+    model.config.model_type = "qwen2"
+    assert not fast_llama.supports(model)
+
+
+def _model_steps(model, ids_BT, mask_BT, new_BS):
+    """Logits of transformers' forward for each of the tokens ``new_BS`` after the prompt."""
+    positions_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        out = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT, use_cache=True)
+        cache, position_B, logits = out.cache, positions_BT[:, -1], []
+        for step in range(new_BS.shape[1]):
+            mask_BT = torch.nn.functional.pad(mask_BT, (0, 1), value=1)
+            position_B = position_B + 1
+            out = model(input_ids=new_BS[:, step : step + 1], attention_mask=mask_BT,
+                        position_ids=position_B[:, None], cache=cache, use_cache=True)
+            cache = out.cache
+            logits.append(out.logits[:, -1])
+    return logits
+
+
+# rows to keep before each of 4 decoding steps; [0, 4, 2, 3] moves row 4 into the hole of
+# row 1 in place, [3, 1] is a general pick
+@pytest.mark.parametrize("selections", [[None] * 4, [None, torch.tensor([0, 4, 2, 3]), torch.tensor([3, 1]), None]])
+def test_decoding_steps_give_the_models_logits_as_rows_leave(selections):
+    model = _grouped_query_model()  # 6 query heads share 2 key heads
+    gen = torch.Generator().manual_seed(1)
+    ids_BT = torch.randint(3, 40, (5, 7), generator=gen)
+    mask_BT = torch.ones_like(ids_BT)
+    mask_BT[1, :4] = 0  # left padding
+    mask_BT[3, :2] = 0
+    new_BS = torch.randint(3, 40, (5, len(selections)), generator=gen)
+    expected = _model_steps(model, ids_BT, mask_BT, new_BS)
+
+    positions_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        prefill = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT, use_cache=True)
+    decoder = fast_llama.LlamaDecoder(model)
+    decoder.start(prefill.cache, capacity=7 + len(selections), dtype=None)
+    rows, position_B, mask = torch.arange(5), positions_BT[:, -1], mask_BT
+    for step, keep in enumerate(selections):
+        if keep is not None:
+            decoder.batch_select_indices(keep)
+            rows, position_B, mask = rows[keep], position_B[keep], mask[keep]
+        mask = torch.nn.functional.pad(mask, (0, 1), value=1)
+        position_B = position_B + 1
+        logits = decoder.step(new_BS[rows, step], position_B, mask)
+        torch.testing.assert_close(logits, expected[step][rows], atol=1e-5, rtol=0)
+
+
+def test_the_sampler_draws_the_same_rollouts_with_and_without_the_decoder(tiny_policy):
+    model, tokenizer = tiny_policy
+    problems = [Problem(task="add", id=str(i), prompt=p, answer="0") for i, p in enumerate(["7+8\n", "123+456\n"])]
+    params = SamplingParams(temperature=1.1, max_new_tokens=20)
+
+    def sample(fast: bool):
+        generator = HFGenerator(model, tokenizer, fast=fast)
+        assert generator.fast == fast
+        groups = generator.generate(problems, 4, params, generator=torch.Generator().manual_seed(3))
+        return [r for g in groups for r in g.rollouts]
+
+    for one, other in zip(sample(True), sample(False)):
+        assert one.completion_ids == other.completion_ids
+        assert one.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+
+
+def test_the_bf16_decoder_stays_close_to_float32(tiny_policy):
+    model, tokenizer = tiny_policy
+    decoder = fast_llama.LlamaDecoder(model)
+    ids_BT = torch.tensor([tokenizer("47+38\n")["input_ids"]] * 2)
+    mask_BT = torch.ones_like(ids_BT)
+    with torch.no_grad():
+        prefill = model(input_ids=ids_BT, attention_mask=mask_BT, use_cache=True)
+    logits = {}
+    for dtype in (None, torch.bfloat16):
+        decoder.start(prefill.cache, capacity=ids_BT.shape[1] + 1, dtype=dtype)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+            logits[dtype] = decoder.step(torch.tensor([5, 6]), torch.full((2,), ids_BT.shape[1]),
+                                         torch.ones(2, ids_BT.shape[1] + 1, dtype=torch.long))
+    gap = (logits[None].log_softmax(-1) - logits[torch.bfloat16].log_softmax(-1)).abs().max()
+    assert 1e-4 < gap < 0.2, "bf16 products: close to the float32 numbers, but not them"

@@ -89,8 +89,8 @@ class LlamaDecoder:
         self.keys, self.values = [], []
         for layer in cache.layers:
             rows, kv_heads, length, dim = layer.keys.shape
-            keys = layer.keys.new_zeros((rows, kv_heads, capacity, dim), dtype=torch.float32)
-            values = layer.values.new_zeros((rows, kv_heads, capacity, dim), dtype=torch.float32)
+            keys = layer.keys.new_empty((rows, kv_heads, capacity, dim), dtype=torch.float32)
+            values = layer.values.new_empty((rows, kv_heads, capacity, dim), dtype=torch.float32)
             keys[:, :, :length], values[:, :, :length] = layer.keys, layer.values
             self.keys.append(keys)
             self.values.append(values)
@@ -109,8 +109,10 @@ class LlamaDecoder:
                 if in_place:
                     buffer[moved, :, :n] = buffer[rows_B[moved], :, :n]
                     buffers[i] = buffer[:count]
-                else:
-                    buffers[i] = buffer[rows_B]
+                else:  # positions beyond the filled ones are never read
+                    picked = buffer.new_empty((count,) + buffer.shape[1:])
+                    picked[:, :, :n] = buffer[rows_B, :, :n]
+                    buffers[i] = picked
 
     def step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
         """Logits (float32) after feeding one token per row at ``positions_B``; ``mask_BS``

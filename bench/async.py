@@ -14,7 +14,14 @@ before/after evaluations are left out). Prints JSON::
 
     {"sync": {"rollouts_per_s", "steps_per_s", "accuracy"},
      "async": {"rollouts_per_s", "steps_per_s", "accuracy", "dropped_stale"},
-     "speedup": async steps_per_s / sync steps_per_s, ...}
+     "speedup": async steps_per_s / sync steps_per_s,
+     "cpu_bound": {"core_s_per_step", "cores", "best_step_s", "max_speedup"}, ...}
+
+``cpu_bound`` is the ceiling this machine puts on any overlap: a step's work in CPU
+core-seconds (sampling and learning as measured on one thread, plus grading, measured as
+the busy time of all processes while the sandbox grades a step's worth of reference
+programs) spread perfectly over every core, against the synchronous step time. When the
+synchronous run already keeps the cores busy, no asynchronous schedule can beat it by more.
 
     python bench/async.py [--steps 40] [--quick]
 """
@@ -66,6 +73,47 @@ def run(mode: str, steps: int, problems: int, root: Path, threads: int = 0, back
     return result
 
 
+def busy_core_seconds() -> float:
+    """CPU seconds all processes of this machine have spent busy so far (Linux /proc/stat)."""
+    with open("/proc/stat") as stat:
+        ticks = list(map(int, stat.readline().split()[1:]))
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
+
+
+def reward_core_seconds(rounds: int = 3) -> float:
+    """Busy CPU seconds (all processes: this one and the sandbox's) to grade one step's 16 x 8
+    programs, measured on the task's reference programs; the median of ``rounds``."""
+    from tempering.rewards.base import build_reward
+    from tempering.tasks import build_task
+    from tempering.types import Rollout
+
+    task = build_task("add", seed=0, digits=[2], style="program")
+    problems = [task.train_problem(i) for i in range(16) for _ in range(8)]
+    rollouts = [Rollout(problem=p, prompt_ids=[], completion_ids=[], logprobs=[], finish_reason="stop",
+                        policy_version=0, text=task.solution(p)) for p in problems]
+    reward = build_reward("code", None)
+    try:
+        reward.score_batch(problems[:8], rollouts[:8])  # the sandbox's start-up is not a step's
+        costs = []
+        for _ in range(rounds):
+            before = busy_core_seconds()
+            reward.score_batch(problems, rollouts)
+            costs.append(busy_core_seconds() - before)
+    finally:
+        reward.close()
+    return sorted(costs)[len(costs) // 2]
+
+
+def cpu_bound(one_thread: dict, sync: dict) -> dict:
+    """The most any overlap of sampling, grading and learning can gain on this machine: a
+    step's work in core-seconds (sampling and learning on one thread each, as the async
+    run places them, plus grading) spread perfectly over every core, against the sync step."""
+    cores = os.cpu_count() or 1
+    work = one_thread["generate_s_per_step"] + one_thread["learn_s_per_step"] + reward_core_seconds()
+    return {"core_s_per_step": work, "cores": cores, "best_step_s": work / cores,
+            "max_speedup": (1 / sync["steps_per_s"]) / (work / cores)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -88,6 +136,9 @@ def main() -> None:
     results["sync"] = {**syncs[best], "threads": best or "all cores"}
     results["sync_other_threads"] = {**syncs[1 - best if best in (0, 1) else 1], "threads": (1 - best) or "all cores"}
     results["speedup"] = results["async"]["steps_per_s"] / results["sync"]["steps_per_s"]
+    one_thread = syncs[1]
+    if os.path.exists("/proc/stat"):
+        results["cpu_bound"] = cpu_bound(one_thread, results["sync"])
     results["settings"] = {"steps": steps, "task": "add (program style), 2 digits, graded in the sandbox",
                            "prompts_per_step": 16, "group_size": 8, "cores": os.cpu_count(),
                            "sync_threads": "the faster of all cores and one thread (the other is under sync_other_threads)",

@@ -59,6 +59,8 @@ UNMATCHED = [
     "tempering packed micro-batches of at most token_budget tokens (0: all sequences), chunked log-probs",
     "optimizer state: both AdamW(eps=1e-8, no weight decay), TRL's through transformers' Trainer",
     "a step of TRL also runs the Trainer's callbacks and metric logging",
+    "work done, not settings: tempering leaves rows whose advantages are all 0 out of the learner's passes "
+    "(the same update; learner.skip_zero_advantage) and decodes Llama models with its own fused steps",
 ]
 
 

@@ -22,8 +22,10 @@ Stale rollouts (sampled by an older policy, in asynchronous mode) are corrected 
 ``"tis"`` and ``"decoupled"`` take them against the *proximal* policy (these weights at the
 start of the step) and multiply each token's loss by the behaviour weight
 ``pi_prox / pi_sampler`` (detached), truncated at ``is_cap`` for ``"tis"`` and left whole
-for ``"decoupled"``; only batches holding rollouts older than the learner's version pay for
-the extra pass that computes ``pi_prox``. Rows may carry ``weights_B``, multiplied into their policy loss (the
+for ``"decoupled"``. When the step makes one update (one epoch, one mini-batch), the
+weights it differentiates are the proximal policy, so ``pi_prox`` is its own forward pass,
+detached; otherwise an extra pass computes it first, and only for batches holding
+rollouts older than the learner's version. Rows may carry ``weights_B``, multiplied into their policy loss (the
 scheduler's per-domain balance).
 
 How a batch becomes forward passes is ``tempering.packing``'s: micro-batches of
@@ -158,6 +160,7 @@ class Learner:
         self.kl = KLCoefficient(settings.kl_coef, settings.kl_target, settings.kl_horizon)
         self._reward_kl: Optional[float] = None
         self.version = 0
+        self._prox_from_forward = False
         if settings.off_policy not in OFF_POLICY:
             raise ValueError(f"off_policy={settings.off_policy!r}; known: {', '.join(OFF_POLICY)}")
 
@@ -239,12 +242,15 @@ class Learner:
                                  with_hidden=shared_critic)
             logprobs_BT, entropy_BT = out.logprobs_BT, out.entropy_BT
         mask_BT = micro.loss_mask_BT
-        anchor_BT = micro.old_logprobs_BT if micro.prox_logprobs_BT is None else micro.prox_logprobs_BT
+        prox_BT = micro.prox_logprobs_BT
+        if self._prox_from_forward:  # the step's one update: its weights are the proximal policy
+            prox_BT = logprobs_BT.detach().float() * mask_BT
+        anchor_BT = micro.old_logprobs_BT if prox_BT is None else prox_BT
         loss_BT, metrics = s.loss(LossInputs(
             logprobs_BT=logprobs_BT, old_logprobs_BT=anchor_BT, advantages_BT=micro.advantages_BT,
             mask_BT=mask_BT, clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip))
-        if micro.prox_logprobs_BT is not None:
-            behaviour_BT = torch.exp((micro.prox_logprobs_BT - micro.old_logprobs_BT) * mask_BT)
+        if prox_BT is not None:
+            behaviour_BT = torch.exp((prox_BT - micro.old_logprobs_BT) * mask_BT)
             if s.off_policy == "tis":
                 behaviour_BT = behaviour_BT.clamp(max=s.is_cap)
             loss_BT = loss_BT * behaviour_BT
@@ -328,7 +334,9 @@ class Learner:
         """Learn from one batch; returns metrics averaged over its updates (``skipped_updates``
         is a count: updates not applied because the loss or gradient was not finite)."""
         stale = bool((batch.policy_versions_B < self.version).any())
-        if self.settings.off_policy != "none" and stale:  # fresh batches need no correction
+        single_update = self.settings.ppo_epochs == 1 and self.settings.mini_batches == 1
+        self._prox_from_forward = self.settings.off_policy != "none" and stale and single_update
+        if self.settings.off_policy != "none" and stale and not single_update:  # fresh batches need no correction
             keep = self._rows_with_signal(batch)  # rows the updates will compute
             target = batch if keep is None else batch.select(keep)
             prox_BT = self._per_row(target, lambda micro: self._logprobs(self.model, micro).logprobs_BT)

@@ -96,3 +96,22 @@ def test_a_batch_without_signal_still_takes_adamw_s_momentum_step():
 def test_skipping_is_on_by_default():
     assert LearnerConfig().skip_zero_advantage
     assert LearnerSettings(LOSSES["ppo_clip"], AGGREGATIONS["token_mean"]).skip_zero_advantage
+
+
+@pytest.mark.parametrize("off_policy", ["tis", "decoupled"])
+def test_one_update_takes_the_proximal_log_probs_from_its_own_forward_pass(off_policy):
+    # the reference: the same update with pi_prox from a separate pass, as several updates need
+    model = _model()
+    batch = _signal_batch(model)
+    learner = _learner(model, off_policy=off_policy, is_cap=1.5)
+    batch.prox_logprobs_BT = learner._per_row(batch, lambda micro: learner._logprobs(model, micro).logprobs_BT)
+    before = [p.detach().clone() for p in model.parameters()]
+    learner.model.train()
+    expected_metrics = learner._update(batch)
+    expected = torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())])
+
+    change, metrics = _change(True, stale=True, off_policy=off_policy, is_cap=1.5)
+    assert expected.abs().max() > 1e-4
+    torch.testing.assert_close(change, expected, atol=1e-6, rtol=0)
+    assert metrics["behaviour_weight"] == pytest.approx(expected_metrics["behaviour_weight"], abs=1e-6)
+    assert metrics["behaviour_weight"] != pytest.approx(1.0, abs=1e-3), "the correction is at work"

@@ -41,8 +41,7 @@ def supports(model: Any) -> bool:
 
 
 def _rms_norm(x_BH: torch.Tensor, weight_H: torch.Tensor, eps: float) -> torch.Tensor:
-    x_BH = x_BH.float()
-    return weight_H * (x_BH * torch.rsqrt(x_BH.pow(2).mean(-1, keepdim=True) + eps))
+    return torch.nn.functional.rms_norm(x_BH, weight_H.shape, weight_H, eps)
 
 
 def _rotate(x_BND: torch.Tensor, cos_B1D: torch.Tensor, sin_B1D: torch.Tensor) -> torch.Tensor:
@@ -133,10 +132,11 @@ class LlamaDecoder:
         for (norm_in, qkv, out, norm_post, gate_up, down), keys, values in zip(self.layers, self.keys, self.values):
             h_BH = _rms_norm(x_BH, norm_in, self.eps)
             qkv_BF = (h_BH.to(low) if low else h_BH) @ qkv.T
-            q_BND, k_BND, v_BND = qkv_BF.float().split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-            q_BND = _rotate(q_BND.view(rows, heads, dim), cos_B1D, sin_B1D)
-            keys[:, :, at] = _rotate(k_BND.view(rows, kv_heads, dim), cos_B1D, sin_B1D)
-            values[:, :, at] = v_BND.view(rows, kv_heads, dim)
+            qkv_BF = qkv_BF.float()
+            qk_BND = _rotate(qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim), cos_B1D, sin_B1D)
+            q_BND = qk_BND[:, :heads]
+            keys[:, :, at] = qk_BND[:, heads:]
+            values[:, :, at] = qkv_BF[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
             k_NSD = keys[:, :, :length].reshape(rows * kv_heads, length, dim)
             v_NSD = values[:, :, :length].reshape(rows * kv_heads, length, dim)
             scores_BKGS = torch.bmm(q_BND.reshape(rows * kv_heads, group, dim), k_NSD.transpose(1, 2)).view(

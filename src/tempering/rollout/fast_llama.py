@@ -2,11 +2,11 @@
 
 A sampling step of a small model on CPU is mostly overhead: the built-in 3M-parameter model
 spends about a third of a decoding step (batch 64, bf16) in matrix products and the rest in
-the ~40 small operations per layer that transformers' modules run, each with its own Python
-and dispatch cost. :class:`LlamaDecoder` computes the same step from the same weights with
-fused projections (queries, keys and values in one product, gate and up in another) and
-about a dozen operations per layer, keeping keys and values in preallocated buffers that
-finished rows leave.
+the many small operations that transformers' modules run per layer, each with its own
+Python and dispatch cost. :class:`LlamaDecoder` computes the same step from the same weights
+with fewer, larger operations: fused projections (queries, keys and values in one product,
+gate and up in another), torch's fused RMS norm, one rotary pass for queries and keys
+together, and keys and values in preallocated buffers that finished rows leave.
 
 Only the decoding steps run here; the prompt's prefill is the model's own forward, whose
 cache is copied in. It is used where it computes exactly what the model computes, which

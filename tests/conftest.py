@@ -8,6 +8,9 @@ reward signal; it is not good at arithmetic.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 MINI_PRETRAIN = {
@@ -46,3 +49,18 @@ def tiny_policy(tiny_model_dir):
     from tempering.models.loading import load_model
 
     return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def bench_module():
+    """``bench_module("generation")``: the module of ``bench/generation.py``, loaded by path
+    (the bench scripts are not a package)."""
+    root = Path(__file__).resolve().parents[1] / "bench"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", root / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from tempering.config import ConfigError, load_config
+from tempering.faults import TrainingDiverged
 from tempering.rewards.cli import add_parser as add_rm_parser
 from tempering.sandbox.cli import add_parser as add_sandbox_parser
 
@@ -121,11 +122,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     except (ConfigError, ModelLoadError) as exc:
         print(f"temper {args.command}: {exc}", file=sys.stderr)
         status = USER_ERROR
-    except RuntimeError as exc:
-        from tempering.train import TrainingDiverged
-
-        if not isinstance(exc, TrainingDiverged):
-            raise
+    except TrainingDiverged as exc:
         print(f"temper {args.command}: {exc}", file=sys.stderr)
         status = 1
     except KeyboardInterrupt:

@@ -19,6 +19,10 @@ from collections import Counter
 _counts: Counter = Counter()
 
 
+class TrainingDiverged(RuntimeError):
+    """Repeated non-finite steps and nothing to roll back to: the run cannot go on."""
+
+
 def _targets() -> dict[str, int]:
     spec = os.environ.get("TEMPERING_KILL_AT", "")
     targets = {}

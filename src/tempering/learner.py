@@ -160,7 +160,6 @@ class Learner:
         self.kl = KLCoefficient(settings.kl_coef, settings.kl_target, settings.kl_horizon)
         self._reward_kl: Optional[float] = None
         self.version = 0
-        self._prox_from_forward = False
         if settings.off_policy not in OFF_POLICY:
             raise ValueError(f"off_policy={settings.off_policy!r}; known: {', '.join(OFF_POLICY)}")
 
@@ -234,7 +233,7 @@ class Learner:
         self._reward_kl = masked_mean(kl_BT, batch.loss_mask_BT)
         return self.kl.value * kl_BT
 
-    def _micro_step(self, micro: Batch, tokens: int, sequences: int) -> dict[str, float]:
+    def _micro_step(self, micro: Batch, tokens: int, sequences: int, prox_from_forward: bool) -> dict[str, float]:
         s = self.settings
         shared_critic = self.critic is not None and self.critic.shared
         with self._autocast():
@@ -243,7 +242,7 @@ class Learner:
             logprobs_BT, entropy_BT = out.logprobs_BT, out.entropy_BT
         mask_BT = micro.loss_mask_BT
         prox_BT = micro.prox_logprobs_BT
-        if self._prox_from_forward:  # the step's one update: its weights are the proximal policy
+        if prox_from_forward:  # the step's one update: its weights are the proximal policy
             prox_BT = logprobs_BT.detach().float() * mask_BT
         anchor_BT = micro.old_logprobs_BT if prox_BT is None else prox_BT
         loss_BT, metrics = s.loss(LossInputs(
@@ -297,11 +296,12 @@ class Learner:
         rows = torch.nonzero(signal_B)[:, 0]
         return rows if len(rows) else torch.zeros(1, dtype=torch.long)
 
-    def _update(self, batch: Batch) -> dict[str, float]:
+    def _update(self, batch: Batch, prox_from_forward: bool = False) -> dict[str, float]:
         """One optimizer update on a (mini-)batch, accumulated over micro-batches.
 
         Rows without signal are left out (see :meth:`_rows_with_signal`); the metrics then
-        describe the rows computed, and ``skipped_rows`` counts the others."""
+        describe the rows computed, and ``skipped_rows`` counts the others. With
+        ``prox_from_forward`` the proximal log-probs are this update's own forward pass."""
         tokens, sequences = batch.num_tokens, len(batch)
         keep = self._rows_with_signal(batch)
         computed = batch if keep is None else batch.select(keep)
@@ -309,7 +309,7 @@ class Learner:
         for rows in self._micro_batches(computed):
             micro = computed.select(rows)
             weight = micro.num_tokens / max(computed.num_tokens, 1)
-            for key, value in self._micro_step(micro, tokens, sequences).items():
+            for key, value in self._micro_step(micro, tokens, sequences, prox_from_forward).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "loss" else value * weight)
         clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
         parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -334,9 +334,9 @@ class Learner:
         """Learn from one batch; returns metrics averaged over its updates (``skipped_updates``
         is a count: updates not applied because the loss or gradient was not finite)."""
         stale = bool((batch.policy_versions_B < self.version).any())
-        single_update = self.settings.ppo_epochs == 1 and self.settings.mini_batches == 1
-        self._prox_from_forward = self.settings.off_policy != "none" and stale and single_update
-        if self.settings.off_policy != "none" and stale and not single_update:  # fresh batches need no correction
+        corrected = self.settings.off_policy != "none" and stale  # fresh batches need no correction
+        prox_from_forward = corrected and self.settings.ppo_epochs == 1 and self.settings.mini_batches == 1
+        if corrected and not prox_from_forward:
             keep = self._rows_with_signal(batch)  # rows the updates will compute
             target = batch if keep is None else batch.select(keep)
             prox_BT = self._per_row(target, lambda micro: self._logprobs(self.model, micro).logprobs_BT)
@@ -346,7 +346,7 @@ class Learner:
             batch.prox_logprobs_BT = prox_BT
         self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]
-        updates = [self._update(batch.select(rows))
+        updates = [self._update(batch.select(rows), prox_from_forward)
                    for epoch in range(self.settings.ppo_epochs)
                    for rows in self._mini_batches(len(batch), epoch)]
         totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}

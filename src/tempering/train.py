@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from tempering import checkpoint
+from tempering.faults import TrainingDiverged
 
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES, AdvantageInputs
 from tempering.algorithms.advantages import AdvantageFn, needs_values
@@ -386,17 +387,16 @@ def restore(path: Path, model, learner: Learner, mixture: Mixture, pipeline: Pip
     state = checkpoint.load_state(path)
     checkpoint.load_model_weights(model, path)
     learner.load_state_dict(state["learner"])
-    mixture.load_state_dict(state["mixture"])
+    try:  # a task whose stream the checkpoint cannot continue (another seed, a changed data file)
+        mixture.load_state_dict(state["mixture"])
+    except ValueError as exc:
+        raise ConfigError(f"cannot resume from {path}: {exc}") from None
     pipeline.load_state_dict(state["pipeline"])
     monitors.load_state_dict(state["monitors"])
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
     return state
-
-
-class TrainingDiverged(RuntimeError):
-    """Repeated non-finite steps and nothing to roll back to: the run cannot go on."""
 
 
 def rollback(run_dir: Path, model, learner: Learner, pipeline: Pipeline) -> int:

@@ -1,22 +1,10 @@
 """``bench/generation.py --quick`` on the miniature model: it runs and reports what it promises."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "generation.py"
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_generation", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_quick_generation_bench_reports_both_sides_per_batch_size(tiny_model_dir):
-    result = _bench().main(["--quick", "--model", str(tiny_model_dir), "--threads", "1",
+def test_quick_generation_bench_reports_both_sides_per_batch_size(tiny_model_dir, bench_module):
+    result = bench_module("generation").main(["--quick", "--model", str(tiny_model_dir), "--threads", "1",
                             "--precisions", "fp32,bf16", "--workloads", "group,group_fixed"])
     for batch in ("batch_1", "batch_8"):
         row = result[batch]

@@ -144,3 +144,26 @@ def test_a_new_run_refuses_a_folder_that_holds_one(tmp_path: Path):
                             capture_output=True, text=True)
     assert result.returncode == 2 and "already holds a run" in result.stderr and "--resume" in result.stderr
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n', "nothing of the old run is touched"
+
+
+def test_a_run_whose_data_file_changed_refuses_to_resume_with_a_clear_error(tmp_path, tiny_model_dir, capsys):
+    from tempering.cli import main
+
+    data = tmp_path / "data.jsonl"
+    records = [{"question": f"{i}+1=", "answer": i + 1} for i in range(40)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = tmp_path / "run"
+    args = ["train", "--quiet", "--run-dir", str(run), f"model.path={tiny_model_dir}", "steps=2", "threads=1",
+            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
+            "eval.problems_per_task=2", "eval.max_new_tokens=4", "checkpoint.every=1",
+            "tasks=[{name: dataset, options: {path: " + str(data) + ", kind: math}}]"]
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 0
+    data.write_text("".join(json.dumps(r) + "\n" for r in records[:30]))  # records removed under the run
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--quiet", "--resume", str(run)])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot resume from" in err and "the file now has" in err and "Traceback" not in err

@@ -57,15 +57,21 @@ def test_the_recomputation_check_notices_a_temperature_mismatch(tiny_policy):
     assert _max_logprob_gap(model, _rollouts(groups), tokenizer.pad_token_id, 1.0) > 1e-2
 
 
-def test_a_rows_greedy_completion_does_not_depend_on_its_batch(tiny_policy):
-    model, tokenizer = tiny_policy
-    generator = HFGenerator(model, tokenizer)
-    params = SamplingParams(greedy=True, max_new_tokens=16)
+def _assert_each_row_samples_as_alone(generator, params):
+    """Greedy rows batched together give what each gives alone; returns the batched rollouts."""
     together = _rollouts(generator.generate(_problems(), 1, params))
     for problem, batched in zip(_problems(), together):
         alone = generator.generate([problem], 1, params)[0].rollouts[0]
         assert alone.completion_ids == batched.completion_ids
         assert alone.logprobs == pytest.approx(batched.logprobs, abs=1e-5)
+    return together
+
+
+def test_a_rows_greedy_completion_does_not_depend_on_its_batch(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = HFGenerator(model, tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=16)
+    _assert_each_row_samples_as_alone(generator, params)
 
 
 def test_sampling_is_reproducible_from_a_seeded_generator(tiny_policy):
@@ -208,13 +214,9 @@ def test_rows_that_finish_early_leave_without_changing_the_others(tiny_policy):
     model, tokenizer = tiny_policy
     generator = _early_ending_generator(model, tokenizer)
     params = SamplingParams(greedy=True, max_new_tokens=16)
-    together = _rollouts(generator.generate(_problems(), 1, params))
+    together = _assert_each_row_samples_as_alone(generator, params)
     assert len({len(r.completion_ids) for r in together}) > 1, "rows end at different steps"
     assert {r.finish_reason for r in together} == {"stop", "length"}
-    for problem, batched in zip(_problems(), together):
-        alone = generator.generate([problem], 1, params)[0].rollouts[0]
-        assert alone.completion_ids == batched.completion_ids
-        assert alone.logprobs == pytest.approx(batched.logprobs, abs=1e-5)
 
 
 def test_the_decoder_and_the_preallocated_cache_sample_what_transformers_cache_samples(tiny_policy):

@@ -5,7 +5,6 @@ subprocess (as users run it) and, where a test needs to look inside, an in-proce
 """
 
 import http.client
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,13 +23,6 @@ from tempering.sandbox.server import SandboxHTTPServer
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = {"status", "exit_code", "signal", "stdout", "stderr", "wall_s", "cpu_s"}
 TOKEN = "test-token-7c1e"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("sandbox_load", ROOT / "bench" / "sandbox_load.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def cli(*args, check_status=0):
@@ -85,9 +77,9 @@ def test_cli_usage_errors_exit_2(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(bench_module):
     """``temper sandbox serve`` with a token, as a subprocess on 127.0.0.1."""
-    bench = _bench()
+    bench = bench_module("sandbox_load")
     process, url = bench.start_server(workers=2, token=TOKEN)
     yield url
     assert bench.stop_server(process) == 0
@@ -180,9 +172,9 @@ def test_non_loopback_needs_a_token(executor):
         SandboxHTTPServer(executor, "0.0.0.0", 0)
 
 
-def test_small_load_has_no_lost_duplicated_or_leaked():
+def test_small_load_has_no_lost_duplicated_or_leaked(bench_module):
     """The 2,000-request version is bench/sandbox_load.py; this one asserts correctness only."""
-    report = _bench().run_load_test(requests=300, concurrency=32, workers=2)
+    report = bench_module("sandbox_load").run_load_test(requests=300, concurrency=32, workers=2)
     assert (report["lost"], report["duplicated"], report["crossed"], report["errors"]) == (0, 0, 0, {}), report
     assert report["leaked_fds"] == 0 and report["leaked_processes"] == 0, report
     assert report["server_exit_status"] == 0

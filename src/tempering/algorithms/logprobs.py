@@ -37,14 +37,22 @@ def logprobs_from_logits(logits_BTV: torch.Tensor, input_ids_BT: torch.Tensor, t
     ``entropy_BT`` is the entropy of the same distributions when asked for, with gradient
     only if ``entropy_grad`` (an entropy bonus needs it; a metric does not).
     """
-    logp_BTV = torch.log_softmax(logits_BTV[:, :-1].float() / temperature, dim=-1)
-    picked_BT = logp_BTV.gather(-1, input_ids_BT[:, 1:, None])[..., 0]
-    logprobs_BT = torch.nn.functional.pad(picked_BT, (1, 0))
-    entropy_BT = None
+    picked_BT, entropy_BT = _pick(logits_BTV[:, :-1], input_ids_BT[:, 1:], temperature, with_entropy, entropy_grad)
+    return (torch.nn.functional.pad(picked_BT, (1, 0)),
+            None if entropy_BT is None else torch.nn.functional.pad(entropy_BT, (1, 0)))
+
+
+def _pick(logits_XV: torch.Tensor, targets_X: torch.Tensor, temperature: float, with_entropy: bool,
+          entropy_grad: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-probs of ``targets_X`` under ``softmax(logits / temperature)`` over the last
+    dimension, in float32, and the entropies when asked for (with gradient if ``entropy_grad``)."""
+    logp_XV = torch.log_softmax(logits_XV.float() / temperature, dim=-1)
+    picked_X = logp_XV.gather(-1, targets_X[..., None])[..., 0]
+    entropy_X = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy_BT = torch.nn.functional.pad(-(logp_BTV.exp() * logp_BTV).sum(-1), (1, 0))
-    return logprobs_BT, entropy_BT
+            entropy_X = -(logp_XV.exp() * logp_XV).sum(-1)
+    return picked_X, entropy_X
 
 
 def _chunk_logits(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -181,7 +189,6 @@ def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: 
     row_N, col_N = want_BT.nonzero(as_tuple=True)
     source_N = index_BT[row_N, col_N - 1]  # the position whose output predicts the token
     targets_N = input_ids_BT[row_N, col_N]
-    entropy_N = None
     if chunk > 0:
         weight_VH = output_weight(model)
         hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
@@ -191,11 +198,7 @@ def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: 
     else:
         out = model(**inputs, use_cache=False, output_hidden_states=with_hidden)
         logits_NV = out.logits.reshape(-1, out.logits.shape[-1])[source_N]
-        logp_NV = torch.log_softmax(logits_NV.float() / temperature, dim=-1)
-        logprobs_N = logp_NV.gather(-1, targets_N[:, None])[:, 0]
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
+        logprobs_N, entropy_N = _pick(logits_NV, targets_N, temperature, with_entropy, entropy_grad)
         hidden = out.hidden_states[-1] if with_hidden else None
 
     def on_rows(values_N: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,27 @@ def supports(model: Any) -> bool:
             and getattr(config, "pretraining_tp", 1) == 1)
 
 
+def select_rows(buffers: list[torch.Tensor], rows_B: torch.Tensor, length: int) -> list[torch.Tensor]:
+    """Cache buffers ``[rows, heads, capacity, dim]`` cut down to rows ``rows_B`` (repeats
+    allowed), of which only the first ``length`` positions are filled and copied.
+
+    A selection that leaves each kept row in place or moves it from beyond the new end (as
+    the sampler's ``_fill_holes`` makes them) copies only the moved rows, in place, and returns
+    views of the same buffers; any other makes new ones."""
+    count = len(rows_B)
+    moved = (rows_B != torch.arange(count, device=rows_B.device)).nonzero()[:, 0]
+    if count <= len(buffers[0]) and bool((rows_B[moved] >= count).all()):
+        for buffer in buffers:
+            buffer[moved, :, :length] = buffer[rows_B[moved], :, :length]
+        return [buffer[:count] for buffer in buffers]
+    picked = []
+    for buffer in buffers:  # positions beyond the filled ones are never read
+        new = buffer.new_empty((count,) + buffer.shape[1:])
+        new[:, :, :length] = buffer[rows_B, :, :length]
+        picked.append(new)
+    return picked
+
+
 def _rms_norm(x_BH: torch.Tensor, weight_H: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.nn.functional.rms_norm(x_BH, weight_H.shape, weight_H, eps)
 
@@ -97,21 +118,9 @@ class LlamaDecoder:
         self.inv_freq = self.inv_freq.to(self.embed.device)
 
     def batch_select_indices(self, rows_B: torch.Tensor) -> None:
-        """Keep only rows ``rows_B`` of the cache (repeats allowed). A selection that leaves
-        each kept row in place or moves it from beyond the new end (as the sampler's
-        ``_fill_holes`` makes them) copies only the moved rows' filled positions."""
-        count, n = len(rows_B), self.length
-        moved = (rows_B != torch.arange(count, device=rows_B.device)).nonzero()[:, 0]
-        in_place = count <= len(self.keys[0]) and bool((rows_B[moved] >= count).all())
-        for buffers in (self.keys, self.values):
-            for i, buffer in enumerate(buffers):
-                if in_place:
-                    buffer[moved, :, :n] = buffer[rows_B[moved], :, :n]
-                    buffers[i] = buffer[:count]
-                else:  # positions beyond the filled ones are never read
-                    picked = buffer.new_empty((count,) + buffer.shape[1:])
-                    picked[:, :, :n] = buffer[rows_B, :, :n]
-                    buffers[i] = picked
+        """Keep only rows ``rows_B`` of the cache (repeats allowed; see :func:`select_rows`)."""
+        buffers = select_rows(self.keys + self.values, rows_B, self.length)
+        self.keys, self.values = buffers[: len(self.keys)], buffers[len(self.keys) :]
 
     def step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
         """Logits (float32) after feeding one token per row at ``positions_B``; ``mask_BS``

@@ -163,23 +163,13 @@ if DynamicLayer is not None:
             return self.keys, self.values
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
-            """Keep rows ``indices`` (repeats allowed), copying only the filled positions.
-
-            A selection that leaves each kept row in place or moves it from beyond the new
-            end (see :func:`_fill_holes`) copies just the moved rows, in place."""
+            """Keep rows ``indices`` (repeats allowed), copying only the filled positions
+            (:func:`tempering.rollout.fast_llama.select_rows`)."""
             if not self.is_initialized:
                 return
-            length, count = self.keys.shape[-2], len(indices)
-            moved = (indices != torch.arange(count, device=indices.device)).nonzero()[:, 0]
-            if count <= len(self._key_buffer) and bool((indices[moved] >= count).all()):
-                self._key_buffer[moved, :, :length] = self.keys[indices[moved]]
-                self._value_buffer[moved, :, :length] = self.values[indices[moved]]
-                self._key_buffer, self._value_buffer = self._key_buffer[:count], self._value_buffer[:count]
-            else:
-                keys, values = self.keys[indices], self.values[indices]
-                self._key_buffer = self._key_buffer.new_empty(count, *self._key_buffer.shape[1:])
-                self._value_buffer = self._value_buffer.new_empty(count, *self._value_buffer.shape[1:])
-                self._key_buffer[:, :, :length], self._value_buffer[:, :, :length] = keys, values
+            length = self.keys.shape[-2]
+            self._key_buffer, self._value_buffer = fast_llama.select_rows(
+                [self._key_buffer, self._value_buffer], indices, length)
             self.keys, self.values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
 
 

@@ -72,11 +72,11 @@ SLOW_TYPES = frozenset({"knight_swap", "sokoban", "futoshiki", "zebra_puzzles", 
 """Types that take about 40 ms or more per training item (an item, or a share of building its block
 of :data:`BLOCK` seeds; measured on one contended CPU core with ``bench/rg_prefetch.py``)."""
 PREFETCH_AHEAD = 8
+"""Training items a slow type keeps generated ahead by default: a few steps of its share of the
+prompts in a mixture, without making many that a short run never uses."""
 WORKER_WAIT_S = 300.0
 """How long to wait for one result of the prefetch worker before generating it here instead
 (a worker that died leaves its result pending for ever)."""
-"""Training items a slow type keeps generated ahead by default: a few steps of its share of the
-prompts in a mixture, without making many that a short run never uses."""
 
 
 def _rg():

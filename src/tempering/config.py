@@ -120,6 +120,7 @@ class LearnerConfig(Strict):
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each batch; later passes are off-policy, corrected by the importance ratio")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer updates per pass, each on a random share of the batch; 1 = one update on the whole batch")
     bf16: bool = Field(False, description="bfloat16 autocast for forward/backward (weights stay in their dtype)")
+    share_prompts: bool = Field(True, description="rows with the same prompt (a group's samples) share one forward and backward pass over it, when that computes fewer tokens; the same update up to float summation order")
     packing: bool = Field(True, description="lay sequences end to end in rows as wide as the longest one, instead of one padded row each")
     token_budget: int = Field(0, ge=0, description="tokens per micro-batch (rows x width as the model sees them), replacing micro_batch_size; 0 = from memory_budget_gb, or micro_batch_size rows when that is 0 too")
     memory_budget_gb: float = Field(0.0, ge=0, description="size micro-batches to fit this much memory for a learner step (an estimate from the model's shape), in GB; 0 = off (micro_batch_size rows)")

@@ -32,9 +32,12 @@ How a batch becomes forward passes is ``tempering.packing``'s: micro-batches of
 ``micro_batch_size`` rows, or of at most ``token_budget`` tokens, padded or packed. Log-probs
 are computed only on trained tokens, from the model's logits or chunk by chunk from its
 hidden states (``tempering.algorithms.logprobs``). None of this changes the update beyond
-floating-point summation order. Gradient checkpointing trades compute for memory; bf16
-autocast trades precision for speed and memory (on CPU with attention kept in fp32, see
-``tempering.models.attention``).
+floating-point summation order; nor does sharing: rows with the same prompt (a group's
+samples, when they land in the same micro-batch) share one pass over it when that computes
+fewer tokens (``learner.share_prompts``, see ``tempering.algorithms.logprobs``). Gradient
+checkpointing trades compute for memory; bf16 autocast trades precision for speed and memory
+(on CPU with attention as batched bf16 products for short rows and in fp32 for long ones,
+see ``tempering.models.attention``).
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
         input_ids_BT=input_ids_BT, attention_mask_BT=attention_BT, loss_mask_BT=loss_mask_BT,
         old_logprobs_BT=old_logprobs_BT * loss_mask_BT, advantages_BT=torch.zeros((n, width)),
         policy_versions_B=torch.tensor([r.policy_version for r in rollouts]),
+        prompt_lengths_B=torch.tensor([len(r.prompt_ids) for r in rollouts]),
     )
 
 
@@ -136,6 +140,8 @@ class LearnerSettings:
     """Truncation of the behaviour weight for "tis"."""
     skip_zero_advantage: bool = True
     """Leave rows whose advantages are all 0 out of the forward pass when that is exact."""
+    share_prompts: bool = True
+    """Rows with the same prompt share its forward pass (``tempering.algorithms.logprobs``)."""
 
 
 class Learner:
@@ -203,7 +209,8 @@ class Learner:
         """``forward_logprobs`` of ``model`` on the micro-batch's trained tokens, as configured."""
         s = self.settings
         return forward_logprobs(model, micro.input_ids_BT, micro.attention_mask_BT, s.temperature,
-                                keep_BT=micro.loss_mask_BT, packing=s.packing, chunk=s.logprob_chunk, **options)
+                                keep_BT=micro.loss_mask_BT, packing=s.packing, chunk=s.logprob_chunk,
+                                prompt_lengths_B=micro.prompt_lengths_B if s.share_prompts else None, **options)
 
     def _per_row(self, batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
         """``fn`` over micro-batches without gradient, reassembled to the batch's full width."""

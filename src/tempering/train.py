@@ -104,10 +104,18 @@ def learner_token_budget(model, config: TrainConfig, critic: bool) -> int:
     return max(1, tokens)
 
 
+def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over the model's parameters, as one fused kernel where torch has it for their device
+    (CPU and CUDA: the same update, several times faster than the per-tensor loop on a small model)."""
+    parameters = list(model.parameters())
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in parameters)
+    return torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
+
+
 def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
     lc, ac = config.learner, config.algorithm
     critic = needs_values(algorithm["advantage"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay)
+    optimizer = adamw(model, lc.lr, lc.betas, lc.weight_decay)
     settings = LearnerSettings(
         loss=algorithm["loss"], aggregation=algorithm["aggregation"],
         clip_low=ac.clip_low, clip_high=ac.clip_high, dual_clip=ac.dual_clip, entropy_coef=ac.entropy_coef,
@@ -121,7 +129,7 @@ def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
         token_budget=learner_token_budget(model, config, critic), packing=lc.packing,
         logprob_chunk=lc.logprob_chunk, gradient_checkpointing=lc.gradient_checkpointing,
         grad_clip=lc.grad_clip, bf16=lc.bf16, off_policy=config.pipeline.off_policy, is_cap=config.pipeline.is_cap,
-        skip_zero_advantage=lc.skip_zero_advantage,
+        skip_zero_advantage=lc.skip_zero_advantage, share_prompts=lc.share_prompts,
     )
     if lc.logprob_chunk:
         try:

@@ -112,6 +112,8 @@ class Batch:
     """Log-probs under the learner's weights at the start of its step (off-policy correction)."""
     weights_B: Optional[torch.Tensor] = None
     """Per-row multiplier of the policy loss (per-domain balance); None = 1."""
+    prompt_lengths_B: Optional[torch.Tensor] = None
+    """Tokens of each row's prompt, so that rows with the same prompt can share its forward pass."""
 
     @property
     def num_tokens(self) -> int:
@@ -135,4 +137,5 @@ class Batch:
             returns_BT=None if self.returns_BT is None else self.returns_BT[rows, :width],
             prox_logprobs_BT=None if self.prox_logprobs_BT is None else self.prox_logprobs_BT[rows, :width],
             weights_B=None if self.weights_B is None else self.weights_B[rows],
+            prompt_lengths_B=None if self.prompt_lengths_B is None else self.prompt_lengths_B[rows],
         )

@@ -153,3 +153,23 @@ def test_each_step_uses_the_scheduled_learning_rate_and_bumps_the_policy_version
     assert lrs == pytest.approx([0.005, 0.01, 0.01, 0.005])
     assert learner.version == 4
     assert learner.reference is None, "no reference model is kept when kl_coef is 0"
+
+
+def test_the_training_optimizer_is_fused_adamw_and_updates_as_the_loop_does():
+    from tempering.train import adamw
+
+    fused_model, loop_model = _model(), _model()
+    fused = adamw(fused_model, 1e-2, (0.9, 0.99), 0.01)
+    assert fused.defaults["fused"]
+    loop = torch.optim.AdamW(loop_model.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.01, foreach=False)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for a, b in zip(fused_model.parameters(), loop_model.parameters()):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        fused.step()
+        loop.step()
+    for a, b in zip(fused_model.parameters(), loop_model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    moved = max(float((a - b).detach().abs().max()) for a, b in zip(fused_model.parameters(), _model().parameters()))
+    assert moved > 1e-3, "the steps must move the weights for the comparison to mean anything"

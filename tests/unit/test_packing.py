@@ -109,11 +109,11 @@ def test_chunked_logprobs_refuse_models_whose_logits_are_scaled():
         forward_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT, chunk=4)
 
 
-def _sgd_change(critic=None, **settings):
-    """Parameter change and metrics of one SGD(lr=1) step with an entropy bonus and a KL term,
-    so that every path through the loss is exercised."""
+def _sgd_change(critic=None, make_batch=_batch, **settings):
+    """Parameter change and metrics of one SGD(lr=1) step on ``make_batch(model)`` with an
+    entropy bonus and a KL term, so that every path through the loss is exercised."""
     model = _model()
-    batch = _batch(model)
+    batch = make_batch(model)
     if critic:
         gen = torch.Generator().manual_seed(3)
         batch.values_BT = torch.zeros_like(batch.loss_mask_BT)

@@ -9,13 +9,26 @@ Two ways from the model to log-probs:
   so no more than one chunk of logits ever exists. It assumes logits are exactly
   ``hidden @ lm_head.weight.T``: models that scale or soft-cap their logits are refused.
 
-:func:`forward_logprobs` runs the model (right-padded rows, or packed with
-``tempering.packing``) and computes log-probs only where they are wanted, usually the
-trained completion tokens, then puts them back on the batch's rows.
+:func:`forward_logprobs` runs the model (right-padded rows, packed with
+``tempering.packing``, or with shared prompts) and computes log-probs only where they are
+wanted, usually the trained completion tokens, then puts them back on the batch's rows.
+
+**Shared prompts.** A group's samples repeat one prompt, and the learner would compute each
+copy's forward and backward pass. With ``prompt_lengths_B`` given, rows whose prompts are the
+same token for token share one pass over it: the distinct prompts run first, keeping their
+keys and values (with gradient), and each row's completion then runs on the cache of its
+prompt, the way a sampler continues a prefilled prompt. A prompt's gradient is then the sum of
+what its copies would have received, so log-probs and gradients are those of the separate
+rows up to floating-point summation order. It is used when it computes fewer tokens than
+the padded or packed rows would (completions are right-padded to the longest), needs a model
+whose forward takes a cache (not with gradient checkpointing, which drops the cache) and a
+plain output layer (see :func:`output_weight`), and shares only within a micro-batch: with a
+token budget, rows are planned by length and a group's samples may be split.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -151,6 +164,101 @@ def output_weight(model: Any) -> torch.Tensor:
     return head.weight
 
 
+def _checkpointing(model: Any) -> bool:
+    """Whether the model recomputes its layers in the backward pass (transformers 5 renamed the flag)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name) or hasattr(model, name):
+            return bool(getattr(model, name))
+    return False
+
+
+def _plain_head(model: Any) -> bool:
+    try:
+        output_weight(model)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass
+class SharedPrompts:
+    """Rows regrouped as their distinct prompts and their completions (see the module docstring)."""
+
+    prompt_ids_PS: torch.Tensor
+    """Distinct prompts, right-padded."""
+    prompt_mask_PS: torch.Tensor
+    prompt_of_B: torch.Tensor
+    """Which distinct prompt each row continues."""
+    completion_ids_BC: torch.Tensor
+    """Each row's tokens after its prompt, right-padded."""
+    completion_mask_BC: torch.Tensor
+    positions_BC: torch.Tensor
+    index_BT: torch.Tensor
+    """Where the token at ``[b, t]`` is in the prompts' outputs followed by the completions'
+    (flattened): ``p * S + t`` in its prompt, ``P * S + b * C + (t - prompt length)`` after it;
+    -1 on padding."""
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_ids_PS.numel() + self.completion_ids_BC.numel()
+
+
+def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
+                  prompt_lengths_B: torch.Tensor) -> Optional[SharedPrompts]:
+    """The shared-prompt layout of right-padded rows whose first ``prompt_lengths_B`` tokens are
+    their prompts, or None when no two rows share a prompt or some row has no prompt or no
+    completion."""
+    rows, width = input_ids_BT.shape
+    lengths_B = attention_mask_BT.sum(dim=1)
+    if rows < 2 or bool((prompt_lengths_B < 1).any()) or bool((lengths_B <= prompt_lengths_B).any()):
+        return None
+    prompt_lengths = prompt_lengths_B.tolist()
+    index_of: dict[tuple, int] = {}
+    for b, length in enumerate(prompt_lengths):
+        index_of.setdefault(tuple(input_ids_BT[b, :length].tolist()), len(index_of))
+    if len(index_of) == rows:
+        return None
+    prompts = list(index_of)
+    prompt_of_B = torch.tensor([index_of[tuple(input_ids_BT[b, :n].tolist())] for b, n in enumerate(prompt_lengths)])
+    span = max(map(len, prompts))
+    prompt_ids_PS = torch.zeros((len(prompts), span), dtype=input_ids_BT.dtype)
+    prompt_mask_PS = torch.zeros((len(prompts), span), dtype=attention_mask_BT.dtype)
+    for i, prompt in enumerate(prompts):
+        prompt_ids_PS[i, : len(prompt)] = torch.tensor(prompt, dtype=input_ids_BT.dtype)
+        prompt_mask_PS[i, : len(prompt)] = 1
+    completion_lengths_B = lengths_B - prompt_lengths_B
+    reach = int(completion_lengths_B.max())
+    offsets_C = torch.arange(reach)
+    completion_mask_BC = (offsets_C < completion_lengths_B[:, None]).to(attention_mask_BT.dtype)
+    source_BC = (prompt_lengths_B[:, None] + offsets_C).clamp(max=width - 1)
+    completion_ids_BC = input_ids_BT.gather(1, source_BC) * completion_mask_BC
+    columns_T = torch.arange(width)
+    in_prompt_BT = columns_T < prompt_lengths_B[:, None]
+    index_BT = torch.where(in_prompt_BT, prompt_of_B[:, None] * span + columns_T,
+                           len(prompts) * span + torch.arange(rows)[:, None] * reach
+                           + (columns_T - prompt_lengths_B[:, None]))
+    index_BT = index_BT.masked_fill(~attention_mask_BT.bool(), -1)
+    return SharedPrompts(prompt_ids_PS, prompt_mask_PS, prompt_of_B, completion_ids_BC, completion_mask_BC,
+                         source_BC, index_BT)
+
+
+def _shared_hidden(model: Any, shared: SharedPrompts) -> torch.Tensor:
+    """The decoder's last hidden states of the shared prompts then of the completions,
+    flattened to ``[tokens, hidden]`` in the order of ``shared.index_BT``."""
+    decoder = model.get_decoder()
+    cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    prompts = decoder(input_ids=shared.prompt_ids_PS, attention_mask=shared.prompt_mask_PS,
+                      position_ids=torch.arange(shared.prompt_ids_PS.shape[1])[None].expand_as(shared.prompt_ids_PS),
+                      use_cache=True)
+    cache = prompts[cache_arg]
+    cache.batch_select_indices(shared.prompt_of_B)  # each row continues its prompt's keys and values
+    mask_BS = torch.cat([shared.prompt_mask_PS[shared.prompt_of_B], shared.completion_mask_BC], dim=1)
+    completions = decoder(input_ids=shared.completion_ids_BC, attention_mask=mask_BS,
+                          position_ids=shared.positions_BC, use_cache=True, **{cache_arg: cache})
+    size = prompts.last_hidden_state.shape[-1]
+    return torch.cat([prompts.last_hidden_state.reshape(-1, size), completions.last_hidden_state.reshape(-1, size)])
+
+
 @dataclass
 class TokenOutputs:
     logprobs_BT: torch.Tensor
@@ -163,20 +271,28 @@ class TokenOutputs:
 def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
                      temperature: float = 1.0, *, keep_BT: Optional[torch.Tensor] = None, packing: bool = False,
                      chunk: int = 0, with_entropy: bool = False, entropy_grad: bool = False,
-                     with_hidden: bool = False) -> TokenOutputs:
+                     with_hidden: bool = False, prompt_lengths_B: Optional[torch.Tensor] = None) -> TokenOutputs:
     """Log-probs (and entropies) of the tokens of right-padded rows where ``keep_BT`` is
     nonzero (every real token after the first when None).
 
-    ``packing`` runs the model on packed rows (``tempering.packing.pack``); ``chunk > 0``
-    computes log-probs from hidden states ``chunk`` tokens at a time (:func:`chunked_logprobs`),
-    ``chunk == 0`` from the model's own logits. Either way only the wanted positions' log-probs
-    are formed. The values agree with :func:`logprobs_from_logits` on the padded rows up to
-    floating-point summation order.
+    ``packing`` runs the model on packed rows (``tempering.packing.pack``); ``prompt_lengths_B``
+    lets rows with the same prompt share its pass when that computes fewer tokens (see the
+    module docstring); ``chunk > 0`` computes log-probs from hidden states ``chunk`` tokens at
+    a time (:func:`chunked_logprobs`), ``chunk == 0`` from the model's own logits. Either way
+    only the wanted positions' log-probs are formed. The values agree with
+    :func:`logprobs_from_logits` on the padded rows up to floating-point summation order.
     """
     rows, width = input_ids_BT.shape
     real_BT = attention_mask_BT.bool()
-    if packing:
-        packed = pack(input_ids_BT, attention_mask_BT)
+    shared = None
+    if prompt_lengths_B is not None and not _checkpointing(model) and _plain_head(model):
+        shared = share_prompts(input_ids_BT, attention_mask_BT, prompt_lengths_B)
+    packed = pack(input_ids_BT, attention_mask_BT) if packing else None
+    if shared is not None and shared.tokens >= (packed.input_ids_RW.numel() if packed else rows * width):
+        shared = None  # completions padded to the longest cost more than the repeated prompts
+    if shared is not None:
+        index_BT = shared.index_BT
+    elif packed is not None:
         inputs = {"input_ids": packed.input_ids_RW, "position_ids": packed.position_ids_RW}
         index_BT = packed.index_BT
     else:
@@ -189,7 +305,16 @@ def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: 
     row_N, col_N = want_BT.nonzero(as_tuple=True)
     source_N = index_BT[row_N, col_N - 1]  # the position whose output predicts the token
     targets_N = input_ids_BT[row_N, col_N]
-    if chunk > 0:
+    if shared is not None:
+        hidden = _shared_hidden(model, shared)
+        weight_VH = output_weight(model)
+        if chunk > 0:
+            logprobs_N, entropy_N = chunked_logprobs(hidden[source_N], weight_VH, targets_N, temperature, chunk,
+                                                     with_entropy, entropy_grad)
+        else:
+            logprobs_N, entropy_N = _pick(hidden[source_N] @ weight_VH.T, targets_N, temperature, with_entropy,
+                                          entropy_grad)
+    elif chunk > 0:
         weight_VH = output_weight(model)
         hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
         hidden_NH = hidden.reshape(-1, hidden.shape[-1])
@@ -207,7 +332,7 @@ def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: 
     hidden_BTH = None
     if with_hidden:
         hidden_BTH = hidden
-        if packing:
+        if packed is not None or shared is not None:
             flat_NH = hidden.reshape(-1, hidden.shape[-1])
             hidden_BTH = flat_NH[index_BT.clamp(min=0)] * real_BT[..., None]
     return TokenOutputs(on_rows(logprobs_N), None if entropy_N is None else on_rows(entropy_N), hidden_BTH)

@@ -5,8 +5,13 @@ spends about a third of a decoding step (batch 64, bf16) in matrix products and 
 the many small operations that transformers' modules run per layer, each with its own
 Python and dispatch cost. :class:`LlamaDecoder` computes the same step from the same weights
 with fewer, larger operations: fused projections (queries, keys and values in one product,
-gate and up in another), torch's fused RMS norm, one rotary pass for queries and keys
-together, and keys and values in preallocated buffers that finished rows leave.
+gate and up in another), torch's fused RMS norm, rotary embeddings as one complex
+multiplication for queries and keys together, the mask as an additive bias inside the score
+product, and keys and values in preallocated buffers that finished rows leave. For the complex
+multiplication, the query and key projections' output rows are reordered so that the two
+dimensions rotary embeddings rotate together are adjacent (:func:`interleave_halves`); the
+cached keys are in that order too, and attention scores, sums over the dimensions, are
+unchanged by it.
 
 Only the decoding steps run here; the prompt's prefill is the model's own forward, whose
 cache is copied in. It is used where it computes exactly what the model computes, which
@@ -65,10 +70,14 @@ def _rms_norm(x_BH: torch.Tensor, weight_H: torch.Tensor, eps: float) -> torch.T
     return torch.nn.functional.rms_norm(x_BH, weight_H.shape, weight_H, eps)
 
 
-def _rotate(x_BND: torch.Tensor, cos_B1D: torch.Tensor, sin_B1D: torch.Tensor) -> torch.Tensor:
-    half = x_BND.shape[-1] // 2
-    rotated_BND = torch.cat((-x_BND[..., half:], x_BND[..., :half]), dim=-1)
-    return x_BND * cos_B1D + rotated_BND * sin_B1D
+def interleave_halves(dim: int) -> torch.Tensor:
+    """The order of a head's dimensions that puts dimension ``i`` of the first half next to
+    dimension ``i`` of the second: the pairs rotary embeddings rotate together.
+
+    >>> interleave_halves(6).tolist()
+    [0, 3, 1, 4, 2, 5]
+    """
+    return torch.stack((torch.arange(dim // 2), torch.arange(dim // 2) + dim // 2), dim=1).reshape(-1)
 
 
 class LlamaDecoder:
@@ -91,12 +100,18 @@ class LlamaDecoder:
         ``dtype`` for the matrix products (None: the model's own)."""
         base = self.model.model
         cast = (lambda w: w.detach().to(dtype)) if dtype is not None else (lambda w: w.detach())
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        pairs = interleave_halves(dim)
+        # queries' and keys' dimensions in rotation pairs (see the module docstring)
+        query_rows = (torch.arange(heads)[:, None] * dim + pairs).reshape(-1)
+        key_rows = (torch.arange(kv_heads)[:, None] * dim + pairs).reshape(-1)
         self.layers = []
         for layer in base.layers:
             attention, mlp = layer.self_attn, layer.mlp
             self.layers.append((
                 layer.input_layernorm.weight.detach().float(),
-                cast(torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])),
+                cast(torch.cat([attention.q_proj.weight[query_rows], attention.k_proj.weight[key_rows],
+                                attention.v_proj.weight])),
                 cast(attention.o_proj.weight),
                 layer.post_attention_layernorm.weight.detach().float(),
                 cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
@@ -111,7 +126,7 @@ class LlamaDecoder:
             rows, kv_heads, length, dim = layer.keys.shape
             keys = layer.keys.new_empty((rows, kv_heads, capacity, dim), dtype=torch.float32)
             values = layer.values.new_empty((rows, kv_heads, capacity, dim), dtype=torch.float32)
-            keys[:, :, :length], values[:, :, :length] = layer.keys, layer.values
+            keys[:, :, :length], values[:, :, :length] = layer.keys[..., pairs], layer.values
             self.keys.append(keys)
             self.values.append(values)
         self.length = cache.layers[0].keys.shape[2]
@@ -131,28 +146,27 @@ class LlamaDecoder:
     def _step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
         rows, heads, kv_heads, dim = len(ids_B), self.heads, self.kv_heads, self.head_dim
         group, at, length = heads // kv_heads, self.length, self.length + 1
-        freqs_BD = positions_B[:, None].float() * self.inv_freq
-        angle_BD = torch.cat((freqs_BD, freqs_BD), dim=-1)
-        cos_B1D, sin_B1D = angle_BD.cos()[:, None], angle_BD.sin()[:, None]
-        keep_B11S = mask_BS[:, None, None, :length].bool()
+        angle_BP = positions_B[:, None].float() * self.inv_freq
+        turn_B1P = torch.polar(torch.ones_like(angle_BP), angle_BP)[:, None]  # e^(i angle) per rotation pair
+        # 0 where a row attends and -inf where not, one row per key head's group of queries
+        bias_N1S = torch.zeros(mask_BS[:, None, :length].shape).masked_fill_(mask_BS[:, None, :length] == 0,
+                                                                          float("-inf"))
+        bias_N1S = bias_N1S.repeat_interleave(kv_heads, dim=0) if kv_heads > 1 else bias_N1S
         scaling = dim ** -0.5
         x_BH = self.embed[ids_B].float()
         low = self.dtype
         for (norm_in, qkv, out, norm_post, gate_up, down), keys, values in zip(self.layers, self.keys, self.values):
             h_BH = _rms_norm(x_BH, norm_in, self.eps)
-            qkv_BF = (h_BH.to(low) if low else h_BH) @ qkv.T
-            qkv_BF = qkv_BF.float()
-            qk_BND = _rotate(qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim), cos_B1D, sin_B1D)
-            q_BND = qk_BND[:, :heads]
+            qkv_BF = ((h_BH.to(low) if low else h_BH) @ qkv.T).float()
+            pairs_BNP2 = qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim // 2, 2)
+            qk_BND = torch.view_as_real(torch.view_as_complex(pairs_BNP2) * turn_B1P).view(rows, heads + kv_heads, dim)
             keys[:, :, at] = qk_BND[:, heads:]
             values[:, :, at] = qkv_BF[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
             k_NSD = keys[:, :, :length].reshape(rows * kv_heads, length, dim)
             v_NSD = values[:, :, :length].reshape(rows * kv_heads, length, dim)
-            scores_BKGS = torch.bmm(q_BND.reshape(rows * kv_heads, group, dim), k_NSD.transpose(1, 2)).view(
-                rows, kv_heads, group, length) * scaling
-            scores_BKGS = scores_BKGS.masked_fill(~keep_B11S, float("-inf"))
-            probs_NGS = torch.softmax(scores_BKGS, dim=-1).view(rows * kv_heads, group, length)
-            attended_BH = torch.bmm(probs_NGS, v_NSD).view(rows, heads * dim)
+            scores_NGS = torch.baddbmm(bias_N1S, qk_BND[:, :heads].reshape(rows * kv_heads, group, dim),
+                                       k_NSD.transpose(1, 2), alpha=scaling)
+            attended_BH = torch.bmm(torch.softmax(scores_NGS, dim=-1), v_NSD).view(rows, heads * dim)
             x_BH = x_BH + ((attended_BH.to(low) if low else attended_BH) @ out.T).float()
             h_BH = _rms_norm(x_BH, norm_post, self.eps)
             gate_BF, up_BF = ((h_BH.to(low) if low else h_BH) @ gate_up.T).chunk(2, dim=-1)
@@ -160,4 +174,3 @@ class LlamaDecoder:
         self.length = length
         h_BH = _rms_norm(x_BH, self.final_norm, self.eps)
         return ((h_BH.to(low) if low else h_BH) @ self.head.T).float()
-

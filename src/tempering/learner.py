@@ -33,8 +33,8 @@ How a batch becomes forward passes is ``tempering.packing``'s: micro-batches of
 are computed only on trained tokens, from the model's logits or chunk by chunk from its
 hidden states (``tempering.algorithms.logprobs``). None of this changes the update beyond
 floating-point summation order; nor does sharing: rows with the same prompt (a group's
-samples, when they land in the same micro-batch) share one pass over it when that computes
-fewer tokens (``learner.share_prompts``, see ``tempering.algorithms.logprobs``). Gradient
+samples; token-budget micro-batches keep them together) share one pass over it when that
+computes fewer tokens (``learner.share_prompts``, see ``tempering.algorithms.logprobs``). Gradient
 checkpointing trades compute for memory; bf16 autocast trades precision for speed and memory
 (on CPU with attention as batched bf16 products for short rows and in fp32 for long ones,
 see ``tempering.models.attention``).
@@ -55,10 +55,10 @@ from tempering import faults
 from tempering.algorithms import kl_estimate
 from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import KLCoefficient
-from tempering.algorithms.logprobs import forward_logprobs
+from tempering.algorithms.logprobs import can_share_prompts, distinct_prompts, forward_logprobs
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
 from tempering.models.attention import upcast_attention
-from tempering.packing import plan_micro_batches
+from tempering.packing import plan_micro_batches, plan_shared_micro_batches
 from tempering.types import Batch, Rollout
 
 
@@ -199,9 +199,17 @@ class Learner:
         return torch.autocast("cpu", dtype=torch.bfloat16) if self.settings.bf16 else nullcontext()
 
     def _micro_batches(self, batch: Batch) -> list[torch.Tensor]:
-        """Row indices of each micro-batch (see ``tempering.packing.plan_micro_batches``)."""
+        """Row indices of each micro-batch (see ``tempering.packing.plan_micro_batches``; with a
+        token budget and shared prompts, ``plan_shared_micro_batches``, so that a group's rows
+        stay together)."""
         s = self.settings
         lengths = batch.attention_mask_BT.sum(dim=1).tolist()
+        if (s.token_budget > 0 and s.share_prompts and batch.prompt_lengths_B is not None
+                and can_share_prompts(self.model)):
+            _, prompt_of = distinct_prompts(batch.input_ids_BT, batch.prompt_lengths_B)
+            if len(set(prompt_of)) < len(prompt_of):
+                return [torch.tensor(rows) for rows in plan_shared_micro_batches(
+                    prompt_of, batch.prompt_lengths_B.tolist(), lengths, s.token_budget)]
         return [torch.tensor(rows) for rows in plan_micro_batches(lengths, s.token_budget, s.packing,
                                                                    s.micro_batch_size)]
 

@@ -116,6 +116,55 @@ def plan_micro_batches(lengths: list[int], token_budget: int, packing: bool, max
     return micro_batches
 
 
+def plan_shared_micro_batches(prompt_of_B: list[int], prompt_lengths: list[int], lengths: list[int],
+                              token_budget: int) -> list[list[int]]:
+    """Row indices of each micro-batch, keeping rows that continue the same prompt together.
+
+    For rows whose prompts are shared (``tempering.algorithms.logprobs.share_prompts``): the
+    cost of a micro-batch is its shared layout, each distinct prompt once, as wide as the
+    longest, plus every row's completion, as wide as the longest. Prompt groups are taken
+    from the longest completion down, as many as fit ``token_budget``; a group that does not
+    fit alone is cut into runs of rows that do (at least one row each). The layout that then
+    runs costs at most this (the learner takes it or a cheaper one).
+
+    >>> plan_shared_micro_batches([0, 0, 0, 1, 1], [2, 2, 2, 3, 3], [5, 6, 4, 7, 5], 16)
+    [[1, 0, 2], [3, 4]]
+    >>> plan_shared_micro_batches([0, 0, 0, 1, 1], [2, 2, 2, 3, 3], [5, 6, 4, 7, 5], 10)
+    [[1, 0], [2], [3], [4]]
+    """
+    members: dict[int, list[int]] = {}
+    for row, prompt in enumerate(prompt_of_B):
+        members.setdefault(prompt, []).append(row)
+    reach = [length - prompt for length, prompt in zip(lengths, prompt_lengths)]
+    for rows in members.values():
+        rows.sort(key=lambda r: -reach[r])
+    order = sorted(members, key=lambda g: -reach[members[g][0]])
+    plans: list[list[int]] = []
+    current: list[int] = []
+    prompts: set[int] = set()
+
+    def cost(rows: list[int], groups: set[int]) -> int:
+        return (len(groups) * max(prompt_lengths[members[g][0]] for g in groups)
+                + len(rows) * max(reach[r] for r in rows))
+
+    for group in order:
+        if current and cost(current + members[group], prompts | {group}) <= token_budget:
+            current += members[group]
+            prompts.add(group)
+            continue
+        if current:
+            plans.append(current)
+        current, prompts = [], {group}
+        for row in members[group]:  # alone, cut where it overflows
+            if current and cost(current + [row], prompts) > token_budget:
+                plans.append(current)
+                current = []
+            current.append(row)
+    if current:
+        plans.append(current)
+    return plans
+
+
 FP32 = 4
 RUNTIME_BYTES = 512 * 1024**2
 """Resident size of Python, torch and transformers themselves before any model (measured: about

@@ -14,6 +14,7 @@ from tempering.algorithms.advantages import grpo
 from tempering.algorithms import logprobs as logprobs_module
 from tempering.algorithms.logprobs import forward_logprobs, share_prompts
 from tempering.learner import collate
+from tempering.packing import plan_shared_micro_batches
 from tempering.models.attention import matmul_attention, upcast_attention
 
 
@@ -109,7 +110,8 @@ def shared_passes(monkeypatch):
 
 
 @pytest.mark.parametrize("critic", [None, "head"])
-@pytest.mark.parametrize("settings", [{}, {"packing": True, "logprob_chunk": 3}, {"micro_batch_size": 5}])
+@pytest.mark.parametrize("settings", [{}, {"packing": True, "logprob_chunk": 3}, {"micro_batch_size": 5},
+                                      {"token_budget": 30}, {"token_budget": 14, "packing": True}])
 def test_a_learner_step_with_shared_prompts_is_the_step_without(settings, critic, shared_passes):
     alone, alone_metrics = _sgd_change(False, critic, **settings)
     assert not shared_passes
@@ -165,3 +167,25 @@ def test_under_autocast_a_left_padded_forward_stays_finite_and_near_fp32():
             out = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT, output_hidden_states=True)
     assert all(torch.isfinite(h).all() for h in out.hidden_states)
     assert (out.logits.float() - fp32)[mask_BT.bool()].abs().max() < 0.05
+
+
+def test_token_budget_plans_keep_a_prompts_rows_together_within_the_budget():
+    model = _model()
+    batch = _group_batch(model)
+    prompt_of = share_prompts(batch.input_ids_BT, batch.attention_mask_BT, batch.prompt_lengths_B).prompt_of_B.tolist()
+    lengths = batch.attention_mask_BT.sum(1).tolist()
+    prompt_lengths = batch.prompt_lengths_B.tolist()
+    for budget in (8, 14, 20, 30, 1000):
+        plans = plan_shared_micro_batches(prompt_of, prompt_lengths, lengths, budget)
+        assert sorted(r for rows in plans for r in rows) == list(range(len(batch)))
+        split = [g for g in set(prompt_of) if len({i for i, rows in enumerate(plans) for r in rows if prompt_of[r] == g}) > 1]
+        for rows in plans:
+            prompts = {prompt_of[r] for r in rows}
+            cost = len(prompts) * max(prompt_lengths[r] for r in rows) + len(rows) * max(
+                lengths[r] - prompt_lengths[r] for r in rows)
+            assert len(rows) == 1 or cost <= budget, (budget, rows)
+            # a group is cut only when it does not fit alone
+            for g in prompts & set(split):
+                group = [r for r in range(len(batch)) if prompt_of[r] == g]
+                assert prompt_lengths[group[0]] + len(group) * max(lengths[r] - prompt_lengths[r] for r in group) > budget
+    assert len(plan_shared_micro_batches(prompt_of, prompt_lengths, lengths, 1000)) == 1

@@ -22,8 +22,9 @@ what its copies would have received, so log-probs and gradients are those of the
 rows up to floating-point summation order. It is used when it computes fewer tokens than
 the padded or packed rows would (completions are right-padded to the longest), needs a model
 whose forward takes a cache (not with gradient checkpointing, which drops the cache) and a
-plain output layer (see :func:`output_weight`), and shares only within a micro-batch: with a
-token budget, rows are planned by length and a group's samples may be split.
+plain output layer (see :func:`output_weight`), and shares only within a micro-batch (the
+learner's token-budget plans keep a prompt's rows together where they fit,
+``tempering.packing.plan_shared_micro_batches``).
 """
 
 from __future__ import annotations
@@ -203,6 +204,20 @@ class SharedPrompts:
         return self.prompt_ids_PS.numel() + self.completion_ids_BC.numel()
 
 
+def can_share_prompts(model: Any) -> bool:
+    """Whether :func:`forward_logprobs` can share prompts for ``model``."""
+    return not _checkpointing(model) and _plain_head(model)
+
+
+def distinct_prompts(input_ids_BT: torch.Tensor, prompt_lengths_B: torch.Tensor) -> tuple[list[tuple], list[int]]:
+    """The distinct prompts of right-padded rows (their first ``prompt_lengths_B`` tokens), in
+    order of first appearance, and which of them each row has."""
+    index_of: dict[tuple, int] = {}
+    prompt_of = [index_of.setdefault(tuple(input_ids_BT[b, :n].tolist()), len(index_of))
+                 for b, n in enumerate(prompt_lengths_B.tolist())]
+    return list(index_of), prompt_of
+
+
 def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
                   prompt_lengths_B: torch.Tensor) -> Optional[SharedPrompts]:
     """The shared-prompt layout of right-padded rows whose first ``prompt_lengths_B`` tokens are
@@ -212,14 +227,10 @@ def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
     lengths_B = attention_mask_BT.sum(dim=1)
     if rows < 2 or bool((prompt_lengths_B < 1).any()) or bool((lengths_B <= prompt_lengths_B).any()):
         return None
-    prompt_lengths = prompt_lengths_B.tolist()
-    index_of: dict[tuple, int] = {}
-    for b, length in enumerate(prompt_lengths):
-        index_of.setdefault(tuple(input_ids_BT[b, :length].tolist()), len(index_of))
-    if len(index_of) == rows:
+    prompts, prompt_of = distinct_prompts(input_ids_BT, prompt_lengths_B)
+    if len(prompts) == rows:
         return None
-    prompts = list(index_of)
-    prompt_of_B = torch.tensor([index_of[tuple(input_ids_BT[b, :n].tolist())] for b, n in enumerate(prompt_lengths)])
+    prompt_of_B = torch.tensor(prompt_of)
     span = max(map(len, prompts))
     prompt_ids_PS = torch.zeros((len(prompts), span), dtype=input_ids_BT.dtype)
     prompt_mask_PS = torch.zeros((len(prompts), span), dtype=attention_mask_BT.dtype)
@@ -285,7 +296,7 @@ def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: 
     rows, width = input_ids_BT.shape
     real_BT = attention_mask_BT.bool()
     shared = None
-    if prompt_lengths_B is not None and not _checkpointing(model) and _plain_head(model):
+    if prompt_lengths_B is not None and can_share_prompts(model):
         shared = share_prompts(input_ids_BT, attention_mask_BT, prompt_lengths_B)
     packed = pack(input_ids_BT, attention_mask_BT) if packing else None
     if shared is not None and shared.tokens >= (packed.input_ids_RW.numel() if packed else rows * width):

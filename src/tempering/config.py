@@ -73,6 +73,7 @@ class RolloutConfig(Strict):
     max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
     stop: list[str] = Field(default_factory=list, description="strings that end a completion (kept in it)")
     batch_size: int = Field(256, ge=1, description="sequences generated together")
+    share_decoding: bool = Field(True, description="rows whose tokens so far are the same (a group's samples until they differ) are decoded as one row, each still drawing its own tokens: the same distribution and log-probs for less work")
     bf16: bool = Field(False, description="bfloat16 autocast while sampling, faster where the CPU has native bf16 (AVX512-BF16, AMX) and on GPUs; the recorded log-probs are then the bf16 pass's (set learner.bf16 too, so that the learner's are close to them)")
 
 
@@ -120,6 +121,7 @@ class LearnerConfig(Strict):
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each batch; later passes are off-policy, corrected by the importance ratio")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer updates per pass, each on a random share of the batch; 1 = one update on the whole batch")
     bf16: bool = Field(False, description="bfloat16 autocast for forward/backward (weights stay in their dtype)")
+    merge_duplicates: bool = Field(True, description="identical rows (a group's samples that came out the same, with the same advantages) are computed once and weighted by their count when that cannot change the update (the conditions of skip_zero_advantage); logged as merged_rows")
     share_prompts: bool = Field(True, description="rows with the same prompt (a group's samples) share one forward and backward pass over it, when that computes fewer tokens; the same update up to float summation order")
     packing: bool = Field(True, description="lay sequences end to end in rows as wide as the longest one, instead of one padded row each")
     token_budget: int = Field(0, ge=0, description="tokens per micro-batch (rows x width as the model sees them), replacing micro_batch_size; 0 = from memory_budget_gb, or micro_batch_size rows when that is 0 too")

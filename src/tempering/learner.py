@@ -142,6 +142,8 @@ class LearnerSettings:
     """Leave rows whose advantages are all 0 out of the forward pass when that is exact."""
     share_prompts: bool = True
     """Rows with the same prompt share its forward pass (``tempering.algorithms.logprobs``)."""
+    merge_duplicates: bool = True
+    """Identical rows are computed once, weighted by their count, when that is exact."""
 
 
 class Learner:
@@ -292,18 +294,25 @@ class Learner:
         metrics["entropy"] = masked_mean(entropy_BT.detach(), mask_BT)
         return metrics
 
+    def _rows_stand_alone(self) -> bool:
+        """Whether each row's part of the loss is its policy loss alone: a built-in loss (or a
+        plug-in declared ``zero_at_zero_advantage``), no entropy bonus, KL term in the loss or
+        critic. Aggregation sums rows' token losses with the whole batch's counts as
+        normalisers, so a row's contribution is then its own, whatever else is computed."""
+        s = self.settings
+        return (zero_at_zero_advantage(s.loss) and s.entropy_coef == 0
+                and (self.reference is None or s.kl_in_reward) and self.critic is None)
+
     def _rows_with_signal(self, batch: Batch) -> Optional[torch.Tensor]:
         """Rows that can move the weights, or None when every row must be computed.
 
-        With a loss that vanishes at zero advantage and no entropy bonus, KL term in the loss
-        or critic, a row whose advantages are all 0 adds exactly 0 to the loss and gradient;
-        aggregation is normalised by the whole batch's counts, so leaving it out changes
-        nothing. At least one row is kept, so that the update still runs (AdamW moves the
-        weights on its momentum even with a zero gradient) and reports its metrics.
+        When rows stand alone (:meth:`_rows_stand_alone`) and the loss vanishes at zero
+        advantage, a row whose advantages are all 0 adds exactly 0 to the loss and gradient,
+        so leaving it out changes nothing. At least one row is kept, so that the update still
+        runs (AdamW moves the weights on its momentum even with a zero gradient) and reports
+        its metrics.
         """
-        s = self.settings
-        if not (s.skip_zero_advantage and zero_at_zero_advantage(s.loss) and s.entropy_coef == 0
-                and (self.reference is None or s.kl_in_reward) and self.critic is None):
+        if not (self.settings.skip_zero_advantage and self._rows_stand_alone()):
             return None
         signal_B = ((batch.advantages_BT != 0) & (batch.loss_mask_BT > 0)).any(dim=1)
         if bool(signal_B.all()):
@@ -311,16 +320,51 @@ class Learner:
         rows = torch.nonzero(signal_B)[:, 0]
         return rows if len(rows) else torch.zeros(1, dtype=torch.long)
 
+    def _merge_duplicates(self, batch: Batch) -> tuple[Batch, int]:
+        """The batch with each set of identical rows computed once, its policy loss weighted
+        by their count, and how many rows that saved.
+
+        Rows are identical when everything the loss reads is: tokens, trained-token mask,
+        advantages, the sampler's log-probs (bitwise: the sampler decodes rows with the same
+        tokens as one, so a group's identical samples have the same), proximal log-probs,
+        policy version and weight. When rows stand alone, ``count`` copies of a row contribute
+        ``count`` times its loss and gradient, so the update is unchanged."""
+        if not (self.settings.merge_duplicates and self._rows_stand_alone()) or len(batch) < 2:
+            return batch, 0
+        parts = [batch.input_ids_BT * batch.attention_mask_BT, batch.loss_mask_BT, batch.advantages_BT,
+                 batch.old_logprobs_BT, batch.policy_versions_B[:, None]]
+        parts += [t for t in (batch.prox_logprobs_BT, None if batch.weights_B is None else batch.weights_B[:, None])
+                  if t is not None]
+        rows_BF = torch.cat([part.double() for part in parts], dim=1).numpy()
+        first: dict[bytes, int] = {}  # a row's content -> its place among the rows kept
+        order: list[int] = []
+        counts: list[int] = []
+        for row in range(len(rows_BF)):
+            place = first.setdefault(rows_BF[row].tobytes(), len(order))
+            if place == len(order):
+                order.append(row)
+                counts.append(0)
+            counts[place] += 1
+        if len(order) == len(batch):
+            return batch, 0
+        merged = batch.select(torch.tensor(order))
+        weights_B = torch.tensor(counts, dtype=torch.float32)
+        merged.weights_B = weights_B if merged.weights_B is None else merged.weights_B * weights_B
+        return merged, len(batch) - len(order)
+
     def _update(self, batch: Batch, prox_from_forward: bool = False) -> dict[str, float]:
         """One optimizer update on a (mini-)batch, accumulated over micro-batches.
 
-        Rows without signal are left out (see :meth:`_rows_with_signal`); the metrics then
-        describe the rows computed, and ``skipped_rows`` counts the others. With
+        Rows without signal are left out (see :meth:`_rows_with_signal`) and identical rows
+        computed once (:meth:`_merge_duplicates`); the metrics then describe the rows computed,
+        and ``skipped_rows`` and ``merged_rows`` count the others. With
         ``prox_from_forward`` the proximal log-probs are this update's own forward pass."""
         tokens, sequences = batch.num_tokens, len(batch)
         keep = self._rows_with_signal(batch)
         computed = batch if keep is None else batch.select(keep)
         totals: dict[str, float] = {"skipped_rows": float(len(batch) - len(computed))}
+        computed, merged = self._merge_duplicates(computed)
+        totals["merged_rows"] = float(merged)
         for rows in self._micro_batches(computed):
             micro = computed.select(rows)
             weight = micro.num_tokens / max(computed.num_tokens, 1)

@@ -49,9 +49,9 @@ class RolloutWorker:
     """Samples groups with its own policy copy (or the learner's, when they share a process)."""
 
     def __init__(self, model: Any, tokenizer: Any, chat_template: Optional[bool], batch_size: int,
-                 sampling: SamplingParams, group_size: int, seed: int, bf16: bool = False):
+                 sampling: SamplingParams, group_size: int, seed: int, bf16: bool = False, share: bool = True):
         self.model = model
-        self.generator = HFGenerator(model, tokenizer, chat_template, batch_size, bf16)
+        self.generator = HFGenerator(model, tokenizer, chat_template, batch_size, bf16, share=share)
         self.sampling, self.group_size = sampling, group_size
         self.rng = torch.Generator().manual_seed(seed)
         self.version = 0
@@ -67,7 +67,7 @@ class RolloutWorker:
         model, tokenizer, _ = load_policy(cfg.model.path, cfg.model.dtype, cfg.pretrain, progress=False)
         model.eval()
         return cls(model, tokenizer, cfg.model.chat_template, cfg.rollout.batch_size, sampling_params(cfg),
-                   cfg.rollout.group_size, seed, cfg.rollout.bf16)
+                   cfg.rollout.group_size, seed, cfg.rollout.bf16, cfg.rollout.share_decoding)
 
     def sample(self, problems: list[Problem]) -> list[Group]:
         faults.point("sample")

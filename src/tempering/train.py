@@ -130,6 +130,7 @@ def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
         logprob_chunk=lc.logprob_chunk, gradient_checkpointing=lc.gradient_checkpointing,
         grad_clip=lc.grad_clip, bf16=lc.bf16, off_policy=config.pipeline.off_policy, is_cap=config.pipeline.is_cap,
         skip_zero_advantage=lc.skip_zero_advantage, share_prompts=lc.share_prompts,
+        merge_duplicates=lc.merge_duplicates,
     )
     if lc.logprob_chunk:
         try:
@@ -205,7 +206,7 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
         policy = model if shares else copy.deepcopy(model).eval()
         rollout = LocalHandle(RolloutWorker(policy, tokenizer, config.model.chat_template, config.rollout.batch_size,
                                             sampling_params(config), config.rollout.group_size, config.seed,
-                                            config.rollout.bf16))
+                                            config.rollout.bf16, config.rollout.share_decoding))
         reward = LocalHandle(RewardWorker(rewarder))
     else:
         rollout, reward = ray_workers(config)

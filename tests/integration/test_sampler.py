@@ -278,3 +278,60 @@ def test_smollm2_samples_chat_prompts_with_exact_log_probs():
     rollouts = _rollouts(groups)
     assert all(r.text for r in rollouts)
     assert _max_logprob_gap(model, rollouts, tokenizer.pad_token_id, 1.0) < 1e-4
+
+
+def _decoded_rows(generator: HFGenerator, model):
+    """Rows the generator computes at each decoding step (the decoder's, or the model's
+    forward passes after the prefill), recorded while in use."""
+    rows: list[int] = []
+    if generator.fast:
+        step = generator._decoder.step
+        generator._decoder.step = lambda ids_B, *args: rows.append(len(ids_B)) or step(ids_B, *args)
+        return rows, lambda: setattr(generator._decoder, "step", step)
+    forward_rows, handle = _forward_rows(model)
+    return forward_rows, handle.remove
+
+
+@pytest.mark.parametrize("path", ["decoder", "preallocated", "transformers"])
+def test_rows_with_the_same_tokens_are_decoded_once_and_sample_what_separate_rows_sample(tiny_policy, path):
+    model, tokenizer = tiny_policy
+    params = SamplingParams(temperature=0.7, max_new_tokens=16)
+
+    def sample(share: bool):
+        generator = _early_ending_generator(model, tokenizer)
+        generator.share = share
+        generator.fast = path == "decoder"
+        if path == "transformers":
+            generator._new_cache = lambda capacity, dtype: None
+        rows, stop = _decoded_rows(generator, model)
+        try:
+            groups = generator.generate(_problems(), 6, params, generator=torch.Generator().manual_seed(5))
+        finally:
+            stop()
+        return _rollouts(groups), rows[0 if generator.fast else 1:]
+
+    shared, shared_rows = sample(True)
+    alone, alone_rows = sample(False)
+    for one, other in zip(shared, alone):
+        assert one.completion_ids == other.completion_ids
+        assert one.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+    distinct = {tuple(r.completion_ids) for r in shared}
+    assert len(distinct) < len(shared), "some samples come out the same at this temperature"
+    assert len(distinct) > len(PROMPTS), "and some differ"
+    assert sum(shared_rows) < sum(alone_rows)
+    assert max(shared_rows) <= len(distinct)
+    assert _max_logprob_gap(model, shared, tokenizer.pad_token_id, 0.7) < 1e-4
+
+
+def test_greedy_samples_of_one_prompt_are_decoded_as_one_row(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = HFGenerator(model, tokenizer)
+    rows, stop = _decoded_rows(generator, model)
+    try:
+        groups = generator.generate(_problems(), 5, SamplingParams(greedy=True, max_new_tokens=12))
+    finally:
+        stop()
+    assert all(count <= len(PROMPTS) for count in rows)
+    for group in groups:
+        assert len({tuple(r.completion_ids) for r in group.rollouts}) == 1
+        assert len({tuple(r.logprobs) for r in group.rollouts}) == 1, "identical rows get bitwise-equal log-probs"

@@ -45,25 +45,28 @@ def supports(model: Any) -> bool:
             and getattr(config, "pretraining_tp", 1) == 1)
 
 
-def select_rows(buffers: list[torch.Tensor], rows_B: torch.Tensor, length: int) -> list[torch.Tensor]:
-    """Cache buffers ``[rows, heads, capacity, dim]`` cut down to rows ``rows_B`` (repeats
-    allowed), of which only the first ``length`` positions are filled and copied.
+def select_rows(stores: list[torch.Tensor], rows_B: torch.Tensor, length: int) -> list[torch.Tensor]:
+    """Cache storage ``[row capacity, heads, positions, dim]`` rearranged so that its first
+    ``len(rows_B)`` rows hold rows ``rows_B`` (repeats allowed), of which only the first
+    ``length`` positions are filled and copied; returns the storage (new, larger, when the
+    selection does not fit).
 
-    A selection that leaves each kept row in place or moves it from beyond the new end (as
-    the sampler's ``_fill_holes`` makes them) copies only the moved rows, in place, and returns
-    views of the same buffers; any other makes new ones."""
+    Only the rows whose content changes are copied, from a gathered copy of their sources, so
+    any selection is safe in place: a finished row's hole filled from the end, a row copied
+    into a free one (a sample that diverges from the rows it was decoded with)."""
     count = len(rows_B)
+    if count > len(stores[0]):
+        grown = []
+        for store in stores:  # positions beyond the filled ones are never read
+            new = store.new_empty((count,) + store.shape[1:])
+            new[:, :, :length] = store[rows_B, :, :length]
+            grown.append(new)
+        return grown
     moved = (rows_B != torch.arange(count, device=rows_B.device)).nonzero()[:, 0]
-    if count <= len(buffers[0]) and bool((rows_B[moved] >= count).all()):
-        for buffer in buffers:
-            buffer[moved, :, :length] = buffer[rows_B[moved], :, :length]
-        return [buffer[:count] for buffer in buffers]
-    picked = []
-    for buffer in buffers:  # positions beyond the filled ones are never read
-        new = buffer.new_empty((count,) + buffer.shape[1:])
-        new[:, :, :length] = buffer[rows_B, :, :length]
-        picked.append(new)
-    return picked
+    if len(moved):
+        for store in stores:
+            store[moved, :, :length] = store[rows_B[moved], :, :length]
+    return stores
 
 
 def _rms_norm(x_BH: torch.Tensor, weight_H: torch.Tensor, eps: float) -> torch.Tensor:
@@ -95,9 +98,10 @@ class LlamaDecoder:
         theta = config.rope_parameters["rope_theta"]
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
 
-    def start(self, cache: Any, capacity: int, dtype: Optional[torch.dtype]) -> None:
-        """Take the prefilled ``cache`` (rows already selected) and this step's weights, in
-        ``dtype`` for the matrix products (None: the model's own)."""
+    def start(self, cache: Any, capacity: int, dtype: Optional[torch.dtype], rows: int = 0) -> None:
+        """Take the prefilled ``cache`` and this step's weights, in ``dtype`` for the matrix
+        products (None: the model's own); keys and values get room for ``capacity`` positions
+        and ``rows`` rows (at least the cache's)."""
         base = self.model.model
         cast = (lambda w: w.detach().to(dtype)) if dtype is not None else (lambda w: w.detach())
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
@@ -121,21 +125,22 @@ class LlamaDecoder:
         self.final_norm = base.norm.weight.detach().float()
         self.head = cast(self.model.lm_head.weight)
         self.dtype = dtype
-        self.keys, self.values = [], []
-        for layer in cache.layers:
-            rows, kv_heads, length, dim = layer.keys.shape
-            keys = layer.keys.new_empty((rows, kv_heads, capacity, dim), dtype=torch.float32)
-            values = layer.values.new_empty((rows, kv_heads, capacity, dim), dtype=torch.float32)
-            keys[:, :, :length], values[:, :, :length] = layer.keys[..., pairs], layer.values
-            self.keys.append(keys)
-            self.values.append(values)
-        self.length = cache.layers[0].keys.shape[2]
+        self.stores = []  # keys of every layer, then values: [row capacity, key heads, positions, dim]
+        filled, _, length, _ = cache.layers[0].keys.shape
+        for part in ("keys", "values"):
+            for layer in cache.layers:
+                tensor = getattr(layer, part)
+                store = tensor.new_empty((max(rows, filled), tensor.shape[1], capacity, tensor.shape[3]),
+                                         dtype=torch.float32)
+                store[:filled, :, :length] = tensor[..., pairs] if part == "keys" else tensor
+                self.stores.append(store)
+        self.rows, self.length = filled, length
         self.inv_freq = self.inv_freq.to(self.embed.device)
 
     def batch_select_indices(self, rows_B: torch.Tensor) -> None:
-        """Keep only rows ``rows_B`` of the cache (repeats allowed; see :func:`select_rows`)."""
-        buffers = select_rows(self.keys + self.values, rows_B, self.length)
-        self.keys, self.values = buffers[: len(self.keys)], buffers[len(self.keys) :]
+        """Make the cache's rows ``rows_B`` of the current ones (repeats allowed; see :func:`select_rows`)."""
+        self.stores = select_rows(self.stores, rows_B, self.length)
+        self.rows = len(rows_B)
 
     def step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
         """Logits (float32) after feeding one token per row at ``positions_B``; ``mask_BS``
@@ -155,7 +160,10 @@ class LlamaDecoder:
         scaling = dim ** -0.5
         x_BH = self.embed[ids_B].float()
         low = self.dtype
-        for (norm_in, qkv, out, norm_post, gate_up, down), keys, values in zip(self.layers, self.keys, self.values):
+        layers = len(self.layers)
+        for (norm_in, qkv, out, norm_post, gate_up, down), keys, values in zip(
+                self.layers, self.stores[:layers], self.stores[layers:]):
+            keys, values = keys[:rows], values[:rows]
             h_BH = _rms_norm(x_BH, norm_in, self.eps)
             qkv_BF = ((h_BH.to(low) if low else h_BH) @ qkv.T).float()
             pairs_BNP2 = qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim // 2, 2)

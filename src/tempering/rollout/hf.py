@@ -147,8 +147,10 @@ if DynamicLayer is not None:
             self.device = key_states.device
             rows, heads, _, dim = key_states.shape
             dtype = self.dtype or key_states.dtype
-            self._key_buffer = key_states.new_empty(rows, heads, self.capacity, dim, dtype=dtype)
-            self._value_buffer = value_states.new_empty(rows, heads, self.capacity, value_states.shape[3], dtype=dtype)
+            # stores keep their row capacity; buffers are views of the rows in use
+            self._key_store = self._key_buffer = key_states.new_empty(rows, heads, self.capacity, dim, dtype=dtype)
+            self._value_store = self._value_buffer = value_states.new_empty(rows, heads, self.capacity,
+                                                                            value_states.shape[3], dtype=dtype)
             self.keys, self.values = self._key_buffer[:, :, :0], self._value_buffer[:, :, :0]
             self.is_initialized = True
 
@@ -163,35 +165,64 @@ if DynamicLayer is not None:
             return self.keys, self.values
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
-            """Keep rows ``indices`` (repeats allowed), copying only the filled positions
-            (:func:`tempering.rollout.fast_llama.select_rows`)."""
+            """Make the rows ``indices`` of the current ones (repeats allowed), copying only the
+            filled positions of changed rows (:func:`tempering.rollout.fast_llama.select_rows`)."""
             if not self.is_initialized:
                 return
-            length = self.keys.shape[-2]
-            self._key_buffer, self._value_buffer = fast_llama.select_rows(
-                [self._key_buffer, self._value_buffer], indices, length)
+            length, rows = self.keys.shape[-2], len(indices)
+            self._key_store, self._value_store = fast_llama.select_rows(
+                [self._key_store, self._value_store], indices, length)
+            self._key_buffer, self._value_buffer = self._key_store[:rows], self._value_store[:rows]
             self.keys, self.values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
 
 
-def _fill_holes(done_B: torch.Tensor) -> torch.Tensor:
-    """Indices of the rows not done, ordered so that each stays where it is unless it sits
-    beyond their count, in which case it moves into a done row's place."""
-    live_B = (~done_B).nonzero()[:, 0]
-    count = len(live_B)
-    index_B = torch.arange(count, device=done_B.device)
-    index_B[done_B[:count].nonzero()[:, 0]] = live_B[live_B >= count]
-    return index_B
+def continue_histories(history_B: torch.Tensor, next_B: torch.Tensor, share: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cache rows of the next decoding step, after each live row (following history
+    ``history_B``, a cache row) drew ``next_B``: ``(source_H, token_H, history_B)``, where
+    new cache row ``h`` continues old row ``source_H[h]`` with ``token_H[h]`` and each live row
+    now follows ``history_B``.
+
+    With ``share``, rows that followed one history and drew the same token still follow one
+    (their next distributions are the same computation); without, every row gets its own. A
+    continuation keeps its source's cache row where it can, and the others take the rows that
+    ended or follow on from the last, so that few rows are copied.
+
+    >>> [t.tolist() for t in continue_histories(torch.tensor([0, 0, 0, 1]), torch.tensor([7, 5, 7, 5]), True)]
+    [[0, 1, 0], [5, 5, 7], [2, 0, 2, 1]]
+    >>> [t.tolist() for t in continue_histories(torch.tensor([0, 2, 3]), torch.tensor([4, 4, 4]), False)]
+    [[0, 3, 2], [4, 4, 4], [0, 2, 1]]
+    """
+    if share:
+        base = int(next_B.max()) + 1
+        pairs_K, of_B = torch.unique(history_B * base + next_B, return_inverse=True)
+        parent_K, token_K = pairs_K // base, pairs_K % base
+    else:
+        parent_K, token_K, of_B = history_B, next_B, torch.arange(len(history_B))
+    count = len(parent_K)
+    slot_K = [-1] * count
+    kept = set()
+    for k, parent in enumerate(parent_K.tolist()):
+        if parent < count and parent not in kept:
+            slot_K[k] = parent
+            kept.add(parent)
+    free = iter(slot for slot in range(count) if slot not in kept)
+    slot_K = torch.tensor([slot if slot >= 0 else next(free) for slot in slot_K])
+    source_H, token_H = torch.empty_like(parent_K), torch.empty_like(token_K)
+    source_H[slot_K], token_H[slot_K] = parent_K, token_K
+    return source_H, token_H, slot_K[of_B]
 
 
 class HFGenerator:
     """Samples completions from ``model``; one instance per policy copy."""
 
     def __init__(self, model, tokenizer, chat_template: Optional[bool] = None, batch_size: int = 256,
-                 bf16: bool = False, fast: bool = True):
+                 bf16: bool = False, fast: bool = True, share: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.bf16 = bf16
+        self.share = share  # rows with the same tokens so far are decoded as one (continue_histories)
         # decoding steps without transformers' modules where that computes the same (fast_llama)
         self.fast = fast and fast_llama.supports(model)
         self._decoder = fast_llama.LlamaDecoder(model) if self.fast else None
@@ -286,16 +317,16 @@ class HFGenerator:
             # the decoder keeps its own float32 cache; transformers' path a bf16 one under bf16
             cache = self._new_cache(width if decoder else width + limit,
                                     torch.bfloat16 if self.bf16 and not decoder else None)
-            logits_PV, cache = self._forward(ids_PT, mask_PT, positions_PT, cache)
+            logits_HV, cache = self._forward(ids_PT, mask_PT, positions_PT, cache)
             if decoder:
-                decoder.start(cache, width + limit, torch.bfloat16 if self.bf16 else None)
+                decoder.start(cache, width + limit, torch.bfloat16 if self.bf16 else None, rows=n)
                 cache = decoder
-            cache.batch_select_indices(prompt_of_row_B)
-            logits_BV = logits_PV[prompt_of_row_B]
-            mask_BT, position_B = mask_PT[prompt_of_row_B], positions_PT[prompt_of_row_B, -1]
-            row_B = torch.arange(n, device=device)  # which of the n rows each running row is
+            # histories: the distinct token sequences decoded so far, one cache row each (at
+            # first, the distinct prompts); every running row follows one
+            mask_HT, position_H = mask_PT, positions_PT[:, -1]
+            history_B, row_B = prompt_of_row_B, torch.arange(n, device=device)
             for step in range(limit):
-                next_B, logprob_B = pick_tokens(logits_BV, params, generator)
+                next_B, logprob_B = pick_tokens(logits_HV[history_B], params, generator)
                 tokens_BT[row_B, step], logprobs_BT[row_B, step] = next_B, logprob_B
                 done_B = torch.isin(next_B, eos_ids)
                 if params.stop:
@@ -304,16 +335,16 @@ class HFGenerator:
                 stopped_B[row_B[done_B]] = True
                 if step == limit - 1 or bool(done_B.all()):
                     break
-                if bool(done_B.any()):
-                    live_B = _fill_holes(done_B)
-                    cache.batch_select_indices(live_B)
-                    row_B, next_B, mask_BT, position_B = row_B[live_B], next_B[live_B], mask_BT[live_B], position_B[live_B]
-                mask_BT = torch.nn.functional.pad(mask_BT, (0, 1), value=1)
-                position_B = position_B + 1
+                live_B = (~done_B).nonzero()[:, 0]
+                row_B, history_B, next_B = row_B[live_B], history_B[live_B], next_B[live_B]
+                source_H, token_H, history_B = continue_histories(history_B, next_B, self.share)
+                cache.batch_select_indices(source_H)
+                mask_HT = torch.nn.functional.pad(mask_HT[source_H], (0, 1), value=1)
+                position_H = position_H[source_H] + 1
                 if decoder:
-                    logits_BV = decoder.step(next_B, position_B, mask_BT)
+                    logits_HV = decoder.step(token_H, position_H, mask_HT)
                 else:
-                    logits_BV, cache = self._forward(next_B[:, None], mask_BT, position_B[:, None], cache)
+                    logits_HV, cache = self._forward(token_H[:, None], mask_HT, position_H[:, None], cache)
         tokens, logprobs = tokens_BT.tolist(), logprobs_BT.tolist()
         return [(tokens[b][:length], logprobs[b][:length], "stop" if stopped else "length")
                 for b, (length, stopped) in enumerate(zip(lengths_B.tolist(), stopped_B.tolist()))]

@@ -1,6 +1,6 @@
 """tempering against TRL's GRPOTrainer on the same model, task and settings; prints one JSON object.
 
-    python bench/vs_trl.py [--models tiny,smollm2] [--quick] [--steps-tiny N] [--steps-smollm2 N]
+    python bench/vs_trl.py [--models tiny,smollm2] [--bf16] [--no-savings] [--quick] [--steps-tiny N] [--steps-smollm2 N]
 
 For each model both sides start from the same weights and train on the same problems (the
 first ``steps x prompts`` training problems of tempering's ``add`` task, in order), with the
@@ -59,9 +59,15 @@ UNMATCHED = [
     "tempering packed micro-batches of at most token_budget tokens (0: all sequences), chunked log-probs",
     "optimizer state: both AdamW(eps=1e-8, no weight decay), TRL's through transformers' Trainer",
     "a step of TRL also runs the Trainer's callbacks and metric logging",
-    "work done, not settings: tempering leaves rows whose advantages are all 0 out of the learner's passes "
-    "(the same update; learner.skip_zero_advantage) and decodes Llama models with its own fused steps",
+    "work done, not settings (each the same numbers up to float summation order; --no-savings turns "
+    "the first four off): tempering leaves rows whose advantages are all 0 out of the learner's passes "
+    "(learner.skip_zero_advantage), computes identical rows once weighted by their count "
+    "(learner.merge_duplicates), runs a prompt once for the rows that share it (learner.share_prompts), "
+    "decodes samples with the same tokens so far as one row (rollout.share_decoding), and decodes Llama "
+    "models with its own fused steps",
 ]
+SAVINGS = ["learner.skip_zero_advantage", "learner.merge_duplicates", "learner.share_prompts",
+           "rollout.share_decoding"]
 
 
 def _task(spec: dict, seed: int):
@@ -74,7 +80,7 @@ def _accuracy(model, tokenizer, spec: dict, seed: int, problems: int, max_new_to
                     {spec["reward"]: spec["reward_options"]})["accuracy"]
 
 
-def run_tempering(spec: dict, steps: int, bf16: bool) -> dict:
+def run_tempering(spec: dict, steps: int, bf16: bool, savings: bool = True) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         config = load_config(None, [
             f"model.path={spec['path']}", f"steps={steps}", f"seed={SHARED['seed']}", "threads=1",
@@ -91,11 +97,12 @@ def run_tempering(spec: dict, steps: int, bf16: bool) -> dict:
             f"algorithm.clip_low={SHARED['clip']}", f"algorithm.clip_high={SHARED['clip']}",
             "algorithm.advantage=grpo", "algorithm.aggregation=token_mean", "algorithm.kl_coef=0",
             f"eval.problems_per_task={spec['eval_problems']}", f"eval.max_new_tokens={spec['max_completion']}",
-        ])
+        ] + ([] if savings else [f"{name}=false" for name in SAVINGS]))
         summary = train(config, progress=False)
         records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return {"s_per_step": statistics.fmean(r["step_s"] for r in records),
             "split": {key: statistics.fmean(r[key] for r in records) for key in ("generate_s", "reward_s", "learn_s")},
+            "rows_left_out": {key: statistics.fmean(r[key] for r in records) for key in ("skipped_rows", "merged_rows")},
             "accuracy_before": summary["eval_before"]["accuracy"], "accuracy": summary["eval_after"]["accuracy"]}
 
 
@@ -153,6 +160,8 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 steps, few evaluation problems")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast on both sides (TRL's default)")
+    parser.add_argument("--no-savings", action="store_true",
+                        help="also time tempering with " + ", ".join(SAVINGS) + " off (tempering_no_savings_s_per_step)")
     for name, spec in MODELS.items():
         parser.add_argument(f"--steps-{name}", type=int, default=spec["steps"])
     options = parser.parse_args(argv)
@@ -168,11 +177,16 @@ def main(argv: list[str]) -> dict:
             steps, spec["eval_problems"] = 2, 8
         trl_side = run_trl(spec, steps, options.bf16)
         ours = run_tempering(spec, steps, options.bf16)
+        plain = run_tempering(spec, steps, options.bf16, savings=False) if options.no_savings else None
         result[name] = {
             "tempering_s_per_step": ours["s_per_step"], "trl_s_per_step": trl_side["s_per_step"],
             "ratio": trl_side["s_per_step"] / ours["s_per_step"],
             "tempering_accuracy": ours["accuracy"], "trl_accuracy": trl_side["accuracy"],
-            "accuracy_before": ours["accuracy_before"], "tempering_split_s": ours["split"], "steps": steps, "max_completion_length": spec["max_completion"],
+            "accuracy_before": ours["accuracy_before"], "tempering_split_s": ours["split"],
+            "tempering_rows_left_out_per_step": ours["rows_left_out"],
+            **({"tempering_no_savings_s_per_step": plain["s_per_step"], "tempering_no_savings_accuracy": plain["accuracy"]}
+               if plain else {}),
+            "steps": steps, "max_completion_length": spec["max_completion"],
             "learning_rate": spec["lr"], "eval_problems": spec["eval_problems"], "reward": spec["reward"],
             "reward_options": spec["reward_options"],
             "trl_micro_batch": spec["trl_micro_batch"], "token_budget": spec["token_budget"],

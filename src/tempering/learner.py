@@ -34,7 +34,9 @@ are computed only on trained tokens, from the model's logits or chunk by chunk f
 hidden states (``tempering.algorithms.logprobs``). None of this changes the update beyond
 floating-point summation order; nor does sharing: rows with the same prompt (a group's
 samples; token-budget micro-batches keep them together) share one pass over it when that
-computes fewer tokens (``learner.share_prompts``, see ``tempering.algorithms.logprobs``). Gradient
+computes fewer tokens (``learner.share_prompts``, see ``tempering.algorithms.logprobs``), and
+identical rows (samples that came out the same) are computed once, weighted by their count,
+when that is exact (``learner.merge_duplicates``, :meth:`Learner._merge_duplicates`). Gradient
 checkpointing trades compute for memory; bf16 autocast trades precision for speed and memory
 (on CPU with attention as batched bf16 products for short rows and in fp32 for long ones,
 see ``tempering.models.attention``).

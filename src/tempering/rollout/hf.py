@@ -7,10 +7,16 @@ ratios. Top-p truncation changes which tokens can be drawn, not the recorded log
 
 Where the time goes, and what is done about it:
 
-- a prompt is prefilled once, however many of its group's samples share the batch; its
-  keys and values are then copied to each of those rows;
+- the cache holds *histories*, the distinct token sequences decoded so far, not rows: a
+  prompt is prefilled once, however many of its group's samples share the batch, and its
+  samples are decoded as one row for as long as they draw the same tokens; each draws its
+  own token from that row's distribution, and a sample that draws a different one gets a
+  cache row of its own, copied from the one it leaves (:func:`continue_histories`). The
+  distributions and log-probs are those of separate rows (the same computation), so this
+  changes no number; it saves most of a step where a policy is confident (``share=False``
+  gives every sample its own row);
 - a row that ends (end-of-sequence or a stop string) leaves the running batch at once, with
-  its cache rows, so a decoding step costs what the live rows cost;
+  its cache rows, so a decoding step costs what the live histories cost;
 - the cache is a preallocated buffer written in place (transformers' ``DynamicLayer``
   copies a layer's whole cache to append one position);
 - a token is drawn by inverting the cumulative distribution with one uniform number per row
@@ -26,8 +32,9 @@ what it was batched with (up to floating-point summation order). Draws come from
 ``torch.Generator`` passed in, so the same problems, parameters and seed give the same
 rollouts.
 
-Not done here: sharing one copy of a prompt's cache across its group (attention over shared
-prefixes needs its own kernel), speculative decoding, continuous batching across calls.
+Not done here: attention over a prefix shared by histories that have diverged (each keeps
+its own copy of the keys and values before the point where it left), speculative decoding,
+continuous batching across calls.
 """
 
 from __future__ import annotations

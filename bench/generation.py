@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
             "group: end-of-sequence ends a row; tokens counted up to and including it on both sides",
             "group_fixed, distinct_fixed: end-of-sequence stops neither side; every row makes max_new_tokens tokens",
             "bf16: torch.autocast(bfloat16) around generate; HFGenerator(bf16=True) on tempering's side",
+            "tempering decodes samples of a prompt that have drawn the same tokens so far as one row "
+            "(rollout.share_decoding; the same distribution and log-probs); generate computes every row",
             "tok/s is each side's best run of `repeats`, calls alternating between the sides",
         ],
     }

@@ -205,7 +205,7 @@ def continue_histories(history_B: torch.Tensor, next_B: torch.Tensor, share: boo
         pairs_K, of_B = torch.unique(history_B * base + next_B, return_inverse=True)
         parent_K, token_K = pairs_K // base, pairs_K % base
     else:
-        parent_K, token_K, of_B = history_B, next_B, torch.arange(len(history_B))
+        parent_K, token_K, of_B = history_B, next_B, torch.arange(len(history_B), device=history_B.device)
     count = len(parent_K)
     slot_K = [-1] * count
     kept = set()
@@ -214,7 +214,7 @@ def continue_histories(history_B: torch.Tensor, next_B: torch.Tensor, share: boo
             slot_K[k] = parent
             kept.add(parent)
     free = iter(slot for slot in range(count) if slot not in kept)
-    slot_K = torch.tensor([slot if slot >= 0 else next(free) for slot in slot_K])
+    slot_K = torch.tensor([slot if slot >= 0 else next(free) for slot in slot_K], device=history_B.device)
     source_H, token_H = torch.empty_like(parent_K), torch.empty_like(token_K)
     source_H[slot_K], token_H[slot_K] = parent_K, token_K
     return source_H, token_H, slot_K[of_B]

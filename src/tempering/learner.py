@@ -326,15 +326,15 @@ class Learner:
         """The batch with each set of identical rows computed once, its policy loss weighted
         by their count, and how many rows that saved.
 
-        Rows are identical when everything the loss reads is: tokens, trained-token mask,
+        Rows are identical when everything the loss reads is: tokens and length, trained-token mask,
         advantages, the sampler's log-probs (bitwise: the sampler decodes rows with the same
         tokens as one, so a group's identical samples have the same), proximal log-probs,
         policy version and weight. When rows stand alone, ``count`` copies of a row contribute
         ``count`` times its loss and gradient, so the update is unchanged."""
         if not (self.settings.merge_duplicates and self._rows_stand_alone()) or len(batch) < 2:
             return batch, 0
-        parts = [batch.input_ids_BT * batch.attention_mask_BT, batch.loss_mask_BT, batch.advantages_BT,
-                 batch.old_logprobs_BT, batch.policy_versions_B[:, None]]
+        parts = [batch.input_ids_BT * batch.attention_mask_BT, batch.attention_mask_BT, batch.loss_mask_BT,
+                 batch.advantages_BT, batch.old_logprobs_BT, batch.policy_versions_B[:, None]]
         parts += [t for t in (batch.prox_logprobs_BT, None if batch.weights_B is None else batch.weights_B[:, None])
                   if t is not None]
         rows_BF = torch.cat([part.double() for part in parts], dim=1).numpy()

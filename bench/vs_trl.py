@@ -161,6 +161,11 @@ def run_trl(spec: dict, steps: int, bf16: bool, seed: int) -> dict:
                                   spec["max_completion"])}
 
 
+def seed_list(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]`` (argparse reports a ValueError as a bad value)."""
+    return [int(seed) for seed in text.split(",")]
+
+
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: " + ", ".join(MODELS))
@@ -170,7 +175,8 @@ def main(argv: list[str]) -> dict:
                         help="also time tempering with " + ", ".join(SAVINGS) + " off (tempering_no_savings_s_per_step)")
     for name, spec in MODELS.items():
         parser.add_argument(f"--steps-{name}", type=int, default=spec["steps"])
-        parser.add_argument(f"--seeds-{name}", default=spec["seeds"], help="comma-separated")
+        parser.add_argument(f"--seeds-{name}", type=seed_list, default=seed_list(spec["seeds"]),
+                            help="comma-separated integers")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
     import trl
@@ -182,8 +188,8 @@ def main(argv: list[str]) -> dict:
         steps = getattr(options, f"steps_{name}")
         if options.quick:
             steps, spec["eval_problems"] = 2, 8
-            setattr(options, f"seeds_{name}", getattr(options, f"seeds_{name}").split(",")[0])
-        seeds = [int(seed) for seed in getattr(options, f"seeds_{name}").split(",")]
+            setattr(options, f"seeds_{name}", getattr(options, f"seeds_{name}")[:1])
+        seeds = getattr(options, f"seeds_{name}")
         runs = []
         for seed in seeds:
             trl_side = run_trl(spec, steps, options.bf16, seed)

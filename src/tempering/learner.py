@@ -412,7 +412,6 @@ class Learner:
                    for rows in self._mini_batches(len(batch), epoch)]
         totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         totals["skipped_updates"] = sum(u["skipped_updates"] for u in updates)
-        totals["skipped_rows"] = sum(u["skipped_rows"] for u in updates) / len(updates)
         with warnings.catch_warnings():  # torch warns when every optimizer step was skipped
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()

@@ -26,13 +26,12 @@ import torch
 from tqdm import tqdm
 
 from tempering import checkpoint
-from tempering.faults import TrainingDiverged
-
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES, AdvantageInputs
 from tempering.algorithms.advantages import AdvantageFn, needs_values
 from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_penalty
 from tempering.algorithms.logprobs import output_weight
 from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_resolved
+from tempering.faults import TrainingDiverged
 from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, collate, lr_factor
 from tempering.models.loading import load_policy

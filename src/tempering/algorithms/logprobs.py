@@ -35,7 +35,8 @@ from typing import Any, Optional
 
 import torch
 
-from tempering.packing import pack
+from tempering.models.attention import full_attention_cache
+from tempering.packing import first_fit_decreasing, pack
 
 SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 """Config fields of models whose logits are not the plain output projection."""
@@ -205,8 +206,9 @@ class SharedPrompts:
 
 
 def can_share_prompts(model: Any) -> bool:
-    """Whether :func:`forward_logprobs` can share prompts for ``model``."""
-    return not _checkpointing(model) and _plain_head(model)
+    """Whether :func:`forward_logprobs` can share prompts for ``model``: no gradient
+    checkpointing, a plain output layer, and a cache of plain full-attention layers."""
+    return not _checkpointing(model) and _plain_head(model) and full_attention_cache(model.config) is not None
 
 
 def distinct_prompts(input_ids_BT: torch.Tensor, prompt_lengths_B: torch.Tensor) -> tuple[list[tuple], list[int]]:
@@ -298,9 +300,12 @@ def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: 
     shared = None
     if prompt_lengths_B is not None and can_share_prompts(model):
         shared = share_prompts(input_ids_BT, attention_mask_BT, prompt_lengths_B)
-    packed = pack(input_ids_BT, attention_mask_BT) if packing else None
-    if shared is not None and shared.tokens >= (packed.input_ids_RW.numel() if packed else rows * width):
-        shared = None  # completions padded to the longest cost more than the repeated prompts
+    if shared is not None:
+        lengths = attention_mask_BT.sum(dim=1).tolist()
+        unshared = len(first_fit_decreasing(lengths, max(lengths))) * max(lengths) if packing else rows * width
+        if shared.tokens >= unshared:
+            shared = None  # completions padded to the longest cost more than the repeated prompts
+    packed = pack(input_ids_BT, attention_mask_BT) if packing and shared is None else None
     if shared is not None:
         index_BT = shared.index_BT
     elif packed is not None:
@@ -316,21 +321,16 @@ def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: 
     row_N, col_N = want_BT.nonzero(as_tuple=True)
     source_N = index_BT[row_N, col_N - 1]  # the position whose output predicts the token
     targets_N = input_ids_BT[row_N, col_N]
-    if shared is not None:
-        hidden = _shared_hidden(model, shared)
+    if shared is not None or chunk > 0:  # from the decoder's hidden states and the output layer
         weight_VH = output_weight(model)
+        hidden = (_shared_hidden(model, shared) if shared is not None
+                  else model.get_decoder()(**inputs, use_cache=False).last_hidden_state)
+        hidden_NH = hidden.reshape(-1, hidden.shape[-1])[source_N]
         if chunk > 0:
-            logprobs_N, entropy_N = chunked_logprobs(hidden[source_N], weight_VH, targets_N, temperature, chunk,
+            logprobs_N, entropy_N = chunked_logprobs(hidden_NH, weight_VH, targets_N, temperature, chunk,
                                                      with_entropy, entropy_grad)
         else:
-            logprobs_N, entropy_N = _pick(hidden[source_N] @ weight_VH.T, targets_N, temperature, with_entropy,
-                                          entropy_grad)
-    elif chunk > 0:
-        weight_VH = output_weight(model)
-        hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
-        hidden_NH = hidden.reshape(-1, hidden.shape[-1])
-        logprobs_N, entropy_N = chunked_logprobs(hidden_NH[source_N], weight_VH, targets_N, temperature, chunk,
-                                                 with_entropy, entropy_grad)
+            logprobs_N, entropy_N = _pick(hidden_NH @ weight_VH.T, targets_N, temperature, with_entropy, entropy_grad)
     else:
         out = model(**inputs, use_cache=False, output_hidden_states=with_hidden)
         logits_NV = out.logits.reshape(-1, out.logits.shape[-1])[source_N]

@@ -134,13 +134,12 @@ class LlamaDecoder:
                                          dtype=torch.float32)
                 store[:filled, :, :length] = tensor[..., pairs] if part == "keys" else tensor
                 self.stores.append(store)
-        self.rows, self.length = filled, length
+        self.length = length
         self.inv_freq = self.inv_freq.to(self.embed.device)
 
     def batch_select_indices(self, rows_B: torch.Tensor) -> None:
         """Make the cache's rows ``rows_B`` of the current ones (repeats allowed; see :func:`select_rows`)."""
         self.stores = select_rows(self.stores, rows_B, self.length)
-        self.rows = len(rows_B)
 
     def step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
         """Logits (float32) after feeding one token per row at ``positions_B``; ``mask_BS``

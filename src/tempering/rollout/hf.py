@@ -47,13 +47,14 @@ from typing import Optional
 import torch
 
 from tempering.config import ConfigError
+from tempering.models.attention import full_attention_cache
 from tempering.rollout import fast_llama
 from tempering.types import Group, Problem, Prompt, Rollout
 
 try:
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.cache_utils import DynamicLayer
 except ImportError:  # transformers releases before the layered cache: the model makes its own cache
-    DynamicCache = DynamicLayer = None
+    DynamicLayer = None
 
 
 @dataclass(frozen=True)
@@ -285,12 +286,9 @@ class HFGenerator:
     def _new_cache(self, capacity: int, dtype: Optional[torch.dtype]):
         """A cache with preallocated layers where the model's layers are plain full attention;
         otherwise None, and the model makes its own."""
-        if DynamicCache is None:
-            return None
-        cache = DynamicCache(config=self.model.config)
-        if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
-            return None
-        cache.layers = [_PreallocatedLayer(capacity, dtype) for _ in cache.layers]
+        cache = full_attention_cache(self.model.config)
+        if cache is not None:
+            cache.layers = [_PreallocatedLayer(capacity, dtype) for _ in cache.layers]
         return cache
 
     def _forward(self, ids_BT, mask_BT, positions_BT, cache):
@@ -345,7 +343,8 @@ class HFGenerator:
                 live_B = (~done_B).nonzero()[:, 0]
                 row_B, history_B, next_B = row_B[live_B], history_B[live_B], next_B[live_B]
                 source_H, token_H, history_B = continue_histories(history_B, next_B, self.share)
-                cache.batch_select_indices(source_H)
+                if len(source_H) != len(mask_HT) or bool((source_H != torch.arange(len(source_H), device=device)).any()):
+                    cache.batch_select_indices(source_H)  # some history ended, moved or split
                 mask_HT = torch.nn.functional.pad(mask_HT[source_H], (0, 1), value=1)
                 position_H = position_H[source_H] + 1
                 if decoder:

@@ -25,7 +25,7 @@ import torch
 from tempering.config import load_config
 from tempering.learner import collate
 from tempering.models.loading import load_policy
-from tempering.train import build_learner, resolve_algorithm
+from tempering.build import build_learner, resolve_algorithm
 from tempering.types import Problem, Rollout
 
 SHAPES = {"tiny": ("builtin:tiny", 64, (24, 48)), "smollm2": ("builtin:smollm2", 16, (96, 160))}

@@ -71,7 +71,7 @@ def tempering_step(model_path: str, length: int, bf16: bool) -> dict:
     from tempering.algorithms.logprobs import forward_logprobs
     from tempering.config import load_config
     from tempering.models.loading import load_policy
-    from tempering.train import build_learner, resolve_algorithm
+    from tempering.build import build_learner, resolve_algorithm
     from tempering.types import Batch
 
     config = load_config(None, [f"model.path={model_path}", "learner.gradient_checkpointing=true",

@@ -69,7 +69,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.evaluate import evaluate
     from tempering.models.loading import load_policy
     from tempering.rollout.hf import HFGenerator
-    from tempering.train import build_tasks
+    from tempering.build import build_tasks
 
     config = _load(args)
     model, tokenizer, _ = load_policy(args.model or config.model.path, config.model.dtype, config.pretrain)

@@ -105,46 +105,49 @@ def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
 OFF_POLICY = ("none", "tis", "decoupled")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LearnerSettings:
+    """How the learner computes an update. Every field is required: ``tempering.build.learner_settings``
+    fills them from the config, so a test that builds them there runs a real run's path."""
+
     loss: LossFn
     aggregation: AggregationFn
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float = 3.0
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    kl_in_reward: bool = False
-    kl_target: float = 0.0
-    kl_horizon: int = 10000
-    critic: Optional[str] = None
+    clip_low: float
+    clip_high: float
+    dual_clip: float
+    entropy_coef: float
+    kl_coef: float
+    kl_estimator: str
+    kl_in_reward: bool
+    kl_target: float
+    kl_horizon: int
+    critic: Optional[str]
     """None, "head" (a value head on the policy) or "model" (a separate critic model)."""
-    value_coef: float = 0.5
-    value_clip: float = 0.2
-    norm_length: int = 1
+    value_coef: float
+    value_clip: float
+    norm_length: int
     """The aggregation's constant (``token_sum_norm``)."""
-    ppo_epochs: int = 1
-    mini_batches: int = 1
-    temperature: float = 1.0
-    micro_batch_size: int = 64
-    token_budget: int = 0
+    ppo_epochs: int
+    mini_batches: int
+    temperature: float
+    micro_batch_size: int
+    token_budget: int
     """Tokens per micro-batch (rows x width as the model sees them); 0 = ``micro_batch_size`` rows."""
-    packing: bool = False
-    logprob_chunk: int = 0
+    packing: bool
+    logprob_chunk: int
     """Tokens of logits at a time; 0 = the model's whole logits at once."""
-    gradient_checkpointing: bool = False
-    grad_clip: float = 1.0
-    bf16: bool = False
-    off_policy: str = "none"
+    gradient_checkpointing: bool
+    grad_clip: float
+    bf16: bool
+    off_policy: str
     """Correction for stale rollouts: "none", "tis" or "decoupled" (see the module docstring)."""
-    is_cap: float = 2.0
+    is_cap: float
     """Truncation of the behaviour weight for "tis"."""
-    skip_zero_advantage: bool = True
+    skip_zero_advantage: bool
     """Leave rows whose advantages are all 0 out of the forward pass when that is exact."""
-    share_prompts: bool = True
+    share_prompts: bool
     """Rows with the same prompt share its forward pass (``tempering.algorithms.logprobs``)."""
-    merge_duplicates: bool = True
+    merge_duplicates: bool
     """Identical rows are computed once, weighted by their count, when that is exact."""
 
 

@@ -2,8 +2,10 @@
 
 Two workers with small interfaces do the work between the scheduler and the learner:
 
-- :class:`RolloutWorker` samples groups for problems with a copy of the policy
-  (``sample``), takes new weights by version (``set_weights``), and owns its RNG;
+- :class:`RolloutWorker` samples groups for problems (``sample``) with any
+  :class:`~tempering.rollout.base.Generator` (a Hugging Face model in this process, or
+  another sampler that keeps the protocol), takes new weights by version
+  (``set_weights``), and owns its RNG;
 - :class:`RewardWorker` scores groups in place (``score``) and owns the reward
   normalizer's statistics.
 
@@ -13,7 +15,8 @@ find it), restarts it when it dies and re-issues the call that was in flight, up
 ``restart_limit`` times.
 
 :class:`Pipeline` turns them into *rounds*: ``prompts`` problems drawn from the scheduler,
-sampled, scored and observed by the scheduler. In ``sync`` mode a round is made when the
+sampled, scored and observed by the scheduler; the learner asks for them one at a time
+(``next_round``), each with what it cost. In ``sync`` mode a round is made when the
 learner asks for it, with the learner's current weights (staleness 0). In ``async`` mode a
 feeder thread keeps up to ``buffer_rounds`` rounds ready while the learner trains; new
 weights reach the rollout worker between rounds, so a round can be older than the learner
@@ -41,33 +44,18 @@ from typing import Any, Callable, Optional
 import torch
 
 from tempering import faults
-from tempering.rollout.hf import HFGenerator, SamplingParams
-from tempering.types import Group, Problem
+from tempering.rollout.base import Generator, SamplingParams
+from tempering.types import Group, Problem, Round
 
 
 class RolloutWorker:
-    """Samples groups with its own policy copy (or the learner's, when they share a process)."""
+    """Samples groups with a :class:`~tempering.rollout.base.Generator` and owns its random stream."""
 
-    def __init__(self, model: Any, tokenizer: Any, chat_template: Optional[bool], batch_size: int,
-                 sampling: SamplingParams, group_size: int, seed: int, bf16: bool = False, share: bool = True):
-        self.model = model
-        self.generator = HFGenerator(model, tokenizer, chat_template, batch_size, bf16, share=share)
+    def __init__(self, generator: Generator, sampling: SamplingParams, group_size: int, seed: int):
+        self.generator = generator
         self.sampling, self.group_size = sampling, group_size
         self.rng = torch.Generator().manual_seed(seed)
         self.version = 0
-
-    @classmethod
-    def from_config(cls, config: dict, seed: int, threads: int = 1) -> "RolloutWorker":
-        """A worker that loads its own model (for another process, e.g. a Ray actor)."""
-        from tempering.config import TrainConfig
-        from tempering.models.loading import load_policy
-
-        torch.set_num_threads(threads)
-        cfg = TrainConfig.model_validate(config)
-        model, tokenizer, _ = load_policy(cfg.model.path, cfg.model.dtype, cfg.pretrain, progress=False)
-        model.eval()
-        return cls(model, tokenizer, cfg.model.chat_template, cfg.rollout.batch_size, sampling_params(cfg),
-                   cfg.rollout.group_size, seed, cfg.rollout.bf16, cfg.rollout.share_decoding)
 
     def sample(self, problems: list[Problem]) -> list[Group]:
         faults.point("sample")
@@ -76,8 +64,7 @@ class RolloutWorker:
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Load new policy weights; return the seconds it took."""
         start = time.perf_counter()
-        if weights:  # empty when the worker shares the learner's tensors: only the version moves
-            self.model.load_state_dict(weights, strict=False)
+        self.generator.load_weights(weights)  # empty when the generator shares the learner's tensors
         self.version = version
         return time.perf_counter() - start
 
@@ -98,14 +85,6 @@ class RewardWorker:
     def __init__(self, rewarder: Any):
         self.rewarder = rewarder
 
-    @classmethod
-    def from_config(cls, config: dict) -> "RewardWorker":
-        from tempering.config import TrainConfig
-        from tempering.train import build_rewarder, build_tasks
-
-        cfg = TrainConfig.model_validate(config)
-        return cls(build_rewarder(cfg, build_tasks(cfg)))
-
     def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
         record = self.rewarder.score(groups)
         return groups, record
@@ -118,12 +97,6 @@ class RewardWorker:
 
     def close(self) -> None:
         self.rewarder.close()
-
-
-def sampling_params(config: Any) -> SamplingParams:
-    rc = config.rollout
-    return SamplingParams(temperature=rc.temperature, top_p=rc.top_p, max_new_tokens=rc.max_new_tokens,
-                          stop=tuple(rc.stop))
 
 
 class LocalHandle:
@@ -144,16 +117,17 @@ class LocalHandle:
 class RayHandle:
     """A worker run as a named Ray actor, restarted (and the call re-issued) when it dies.
 
-    ``factory`` is a classmethod-style constructor and its arguments; after a restart,
-    ``on_restart(handle)`` brings the new actor up to date (weights, statistics).
+    ``build(*args)`` makes the worker inside the actor (a module-level function, so Ray can
+    ship it by name); after a restart, ``on_restart(handle)`` brings the new actor up to date
+    (weights, statistics).
     """
 
-    def __init__(self, cls: type, factory: str, args: tuple, name: str, restart_limit: int,
+    def __init__(self, build: Callable[..., Any], args: tuple, name: str, restart_limit: int,
                  num_cpus: float = 1.0, on_restart: Optional[Callable[["RayHandle"], None]] = None):
         import ray
 
         self._ray = ray
-        self.cls, self.factory, self.args, self.name = cls, factory, args, name
+        self.build, self.args, self.name = build, args, name
         self.restart_limit, self.num_cpus, self.on_restart = restart_limit, num_cpus, on_restart
         self.restarts = 0
         self.actor = self._start()
@@ -162,7 +136,7 @@ class RayHandle:
         name = self.name if not self.restarts else f"{self.name}-restart{self.restarts}"
         remote = self._ray.remote(_ActorShell).options(name=name, num_cpus=self.num_cpus,
                                                         max_concurrency=1, lifetime=None)
-        actor = remote.remote(self.cls, self.factory, self.args)
+        actor = remote.remote(self.build, self.args)
         self._ray.get(actor.call.remote("ping"))
         return actor
 
@@ -194,27 +168,15 @@ class RayHandle:
 
 
 class _ActorShell:
-    """The one actor class: builds any worker by its factory and forwards calls to it."""
+    """The one actor class: builds any worker with its builder and forwards calls to it."""
 
-    def __init__(self, cls: type, factory: str, args: tuple):
-        self.worker = getattr(cls, factory)(*args)
+    def __init__(self, build: Callable[..., Any], args: tuple):
+        self.worker = build(*args)
 
     def call(self, method: str, *args: Any) -> Any:
         if method == "ping" or (method == "close" and not hasattr(self.worker, "close")):
             return None
         return getattr(self.worker, method)(*args)
-
-
-@dataclass
-class Round:
-    """One sampling round: scored groups, the reward means, and what it cost."""
-
-    groups: list[Group]
-    record: dict[str, float]
-    version: int
-    generate_s: float
-    reward_s: float
-    sync_s: float = 0.0
 
 
 @dataclass
@@ -247,7 +209,6 @@ class Pipeline:
         self._stop = False
         self._error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
-        self.last_rounds: list[Round] = []
         self._last_weights: Optional[tuple[dict, int]] = None
         if hasattr(rollout, "on_restart"):
             rollout.on_restart = self._refresh_rollout
@@ -303,7 +264,7 @@ class Pipeline:
                     self._buffer.append(made)
                     self._busy = False
                     self._cond.notify_all()
-        except BaseException as exc:  # surfaced to the learner's thread by take()
+        except BaseException as exc:  # surfaced to the learner's thread by next_round()
             with self._cond:
                 self._error = exc
                 self._cond.notify_all()
@@ -313,10 +274,10 @@ class Pipeline:
             self._thread = threading.Thread(target=self._feed, name="feeder", daemon=True)
             self._thread.start()
 
-    def take(self, n: int) -> list[Group]:
-        """The next round's groups that are fresh enough (``collect_groups``' ``sample``)."""
-        if n != self.prompts:
-            raise ValueError(f"rounds have {self.prompts} problems, {n} asked")
+    def next_round(self) -> Round:
+        """The next round fresh enough to train on: made now (sync) or taken from the buffer
+        (async). Rounds more than ``max_staleness`` versions behind the learner are dropped
+        and counted; the one returned carries its ``staleness``."""
         while True:
             if self.mode == "sync":
                 made = self._buffer.popleft() if self._buffer else self._make_round()
@@ -328,16 +289,12 @@ class Pipeline:
                     made = self._buffer.popleft()
                     self._cond.notify_all()
             count = sum(len(g.rollouts) for g in made.groups)
-            if self.learner_version - made.version > self.max_staleness:
+            made.staleness = self.learner_version - made.version
+            if made.staleness > self.max_staleness:
                 self.counters.dropped_stale += count
                 continue
             self.counters.rollouts_taken += count
-            self.last_rounds.append(made)
-            return made.groups
-
-    def score_of(self, groups: list[Group]) -> dict[str, float]:
-        """The reward means of the round ``take`` just returned (``collect_groups``' ``score``)."""
-        return self.last_rounds[-1].record
+            return made
 
     def publish(self, model: Any, version: int) -> float:
         """New learner weights: the rollout worker gets them now (sync) or before its next round
@@ -356,13 +313,6 @@ class Pipeline:
             with self._cond:
                 self._pending = (weights, version)
         return time.perf_counter() - start
-
-    def round_timings(self) -> dict[str, float]:
-        """Sums over the rounds taken since the last call: generate_s, reward_s, weight_sync_s."""
-        rounds, self.last_rounds = self.last_rounds, []
-        return {"generate_s": sum(r.generate_s for r in rounds), "reward_s": sum(r.reward_s for r in rounds),
-                "weight_sync_s": sum(r.sync_s for r in rounds),
-                "staleness": max((self.learner_version - r.version for r in rounds), default=0)}
 
     @property
     def buffered(self) -> int:

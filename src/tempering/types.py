@@ -90,6 +90,24 @@ class Group:
 
 
 @dataclass
+class Round:
+    """One sampling round: the scored groups of a draw of problems, their reward means, and
+    what the round cost (the pipeline makes rounds; a step trains on one or more)."""
+
+    groups: list[Group]
+    record: dict[str, float]
+    """Means over the round's rollouts of each reward and its components."""
+    version: int
+    """Policy version that sampled the round."""
+    generate_s: float
+    reward_s: float
+    sync_s: float = 0.0
+    """Seconds the rollout worker spent taking new weights before this round."""
+    staleness: int = 0
+    """Learner versions between the round's policy and the learner that took it."""
+
+
+@dataclass
 class Batch:
     """Right-padded learner input: one row per rollout, prompt then completion.
 

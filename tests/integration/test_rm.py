@@ -106,7 +106,7 @@ def test_the_real_tiny_model_learns_the_preference_well_above_chance(tmp_path):
 
 def test_a_missing_reward_model_is_a_config_error_before_any_run(tmp_path):
     from tempering.config import ConfigError
-    from tempering.train import build_rewarder, build_tasks
+    from tempering.build import build_rewarder, build_tasks
 
     config = TrainConfig.model_validate({"tasks": [{"name": "add", "rewards": {"model": 1.0}}],
                                          "rewards": {"options": {"model": {"path": str(tmp_path / "none")}}}})

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tempering.config import TrainConfig, load_config
 from tempering.evaluate import evaluate
 from tempering.rollout.hf import HFGenerator
-from tempering.train import build_tasks, train
+from tempering.build import build_tasks
+from tempering.train import train
 
 TASK_NAMES = {"add", "sub", "mul"}
 SMALL_RUN = {

@@ -7,7 +7,7 @@ from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
 from tempering.config import ConfigError, load_config
 from tempering.learner import Learner
 from tempering.models.tiny import build_model
-from tempering.train import build_learner, resolve_algorithm
+from tempering.build import build_learner, resolve_algorithm
 
 
 @pytest.mark.parametrize("key, names", [

@@ -3,7 +3,7 @@
 import pytest
 
 from tempering.config import ConfigError, TrainConfig, apply_override, load_config, save_resolved
-from tempering.train import build_tasks, resolve_algorithm
+from tempering.build import build_tasks, resolve_algorithm
 
 
 def _error(overrides, path=None) -> str:

@@ -5,7 +5,7 @@ import pytest
 from tempering.algorithms.dapo import collect_groups, has_signal, mask_truncated, overlong_penalty
 from tempering.config import AlgorithmConfig
 from tempering.train import shape_overlong
-from tempering.types import Group, Problem, Rollout
+from tempering.types import Group, Problem, Rollout, Round
 
 PROBLEM = Problem(task="t", id="0", prompt="", answer="")
 
@@ -15,26 +15,26 @@ def _rollout(reward=0.0, length=2, finish_reason="stop"):
 
 
 class Source:
-    """Hands out pre-made rounds of groups, given as rewards per group, and scores nothing."""
+    """Hands out pre-made rounds of groups, given as rewards per group, each with its reward
+    mean and costs (round i took i + 1 seconds to sample, 0.5 to score, staleness i)."""
 
     def __init__(self, rounds):
         self.rounds = [[Group(PROBLEM, [_rollout(r) for r in rewards]) for rewards in groups] for groups in rounds]
-        self.asked = []
+        self.asked = 0
 
-    def sample(self, n):
-        self.asked.append(n)
-        return self.rounds[len(self.asked) - 1][:n]
-
-    @staticmethod
-    def score(groups):
+    def next_round(self):
+        groups = self.rounds[self.asked]
         rollouts = [r for g in groups for r in g.rollouts]
-        return {"reward": sum(r.reward for r in rollouts) / len(rollouts)}
+        made = Round(groups, {"reward": sum(r.reward for r in rollouts) / len(rollouts)}, version=0,
+                     generate_s=self.asked + 1.0, reward_s=0.5, sync_s=0.25, staleness=self.asked)
+        self.asked += 1
+        return made
 
 
 def test_without_dynamic_sampling_one_round_is_kept_whole_and_flat_groups_are_counted():
     source = Source([[[1, 1], [1, 0], [0, 0]]])
-    groups, record = collect_groups(source.sample, source.score, 3, dynamic=False, max_extra_rounds=5)
-    assert source.asked == [3]
+    groups, record = collect_groups(source.next_round, 3, dynamic=False, max_extra_rounds=5)
+    assert source.asked == 1
     assert len(groups) == 3
     # two of three groups are flat; none dropped; mean reward (2 + 1 + 0) / 6
     assert record["zero_signal_fraction"] == pytest.approx(2 / 3)
@@ -50,8 +50,8 @@ def test_dynamic_sampling_drops_flat_groups_and_samples_until_the_batch_is_full(
         [[0, 1], [1, 1], [1, 0]],  # round 3: two more; the batch of 3 is full, the surplus unused
         [[0, 1], [0, 1], [0, 1]],  # never asked for
     ])
-    groups, record = collect_groups(source.sample, source.score, 3, dynamic=True, max_extra_rounds=5)
-    assert source.asked == [3, 3, 3]
+    groups, record = collect_groups(source.next_round, 3, dynamic=True, max_extra_rounds=5)
+    assert source.asked == 3
     assert [[r.reward for r in g.rollouts] for g in groups] == [[1, 0], [0, 1], [1, 0]]
     # 9 groups sampled; flat, so dropped: 2 in round 1, 3 in round 2, 1 in round 3
     assert record["dropped_groups"] == 2 + 3 + 1
@@ -60,19 +60,22 @@ def test_dynamic_sampling_drops_flat_groups_and_samples_until_the_batch_is_full(
     assert record["sampling_rounds"] == 3
     # mean reward over all 18 sampled rollouts: (2 + 1 + 0) + 0 + (1 + 2 + 1) = 7
     assert record["reward"] == pytest.approx(7 / 18)
+    # the step's costs are its rounds' sums (1 + 2 + 3 s sampling), its staleness the largest
+    assert (record["generate_s"], record["reward_s"], record["weight_sync_s"]) == (6.0, 1.5, 0.75)
+    assert record["staleness"] == 2
 
 
 def test_dynamic_sampling_stops_after_the_extra_rounds_with_a_smaller_batch():
     source = Source([[[1, 0], [1, 1]], [[0, 0], [1, 1]], [[0, 0], [0, 0]]])
-    groups, record = collect_groups(source.sample, source.score, 2, dynamic=True, max_extra_rounds=1)
-    assert source.asked == [2, 2], "one first round and one extra round"
+    groups, record = collect_groups(source.next_round, 2, dynamic=True, max_extra_rounds=1)
+    assert source.asked == 2, "one first round and one extra round"
     assert len(groups) == 1
     assert record["dropped_groups"] == 3 and record["dropped_fraction"] == pytest.approx(3 / 4)
 
 
 def test_when_no_group_has_signal_the_last_round_is_trained_on_as_it_is():
     source = Source([[[1, 1]], [[0, 0]]])
-    groups, record = collect_groups(source.sample, source.score, 1, dynamic=True, max_extra_rounds=1)
+    groups, record = collect_groups(source.next_round, 1, dynamic=True, max_extra_rounds=1)
     assert [[r.reward for r in g.rollouts] for g in groups] == [[0, 0]]
     # the first round's group was dropped; the last round's is used, so not counted as dropped
     assert record["dropped_groups"] == 1 and record["dropped_fraction"] == pytest.approx(1 / 2)

@@ -7,11 +7,12 @@ every parameter is exactly minus its accumulated gradient.
 import pytest
 import torch
 
-from tempering.algorithms import AGGREGATIONS, LOSSES, AdvantageInputs, token_logprobs
+from tempering.algorithms import AGGREGATIONS, AdvantageInputs, token_logprobs
 from tempering.algorithms.advantages import grpo
-from tempering.learner import Learner, LearnerSettings, collate, lr_factor
+from tempering.learner import Learner, collate, lr_factor
 from tempering.models.tiny import build_model
 from tempering.types import Problem, Rollout
+from real_settings import run_settings
 
 VOCAB = 12
 PAD = 0
@@ -86,10 +87,8 @@ def _batch(model):
 
 def _learner(model, **settings) -> Learner:
     """A learner with plain SGD(lr=1) and a constant schedule; ``settings`` override the defaults."""
-    defaults = dict(loss=LOSSES["ppo_clip"], aggregation=AGGREGATIONS["token_mean"], temperature=TEMPERATURE,
-                    grad_clip=0.0)
     return Learner(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda step: 1.0,
-                   LearnerSettings(**{**defaults, **settings}))
+                   run_settings(**{"temperature": TEMPERATURE, "grad_clip": 0.0, **settings}))
 
 
 def _sgd_step(micro_batch_size, aggregation="token_mean", kl_coef=0.0, grad_clip=0.0):
@@ -142,8 +141,7 @@ def test_gradient_clipping_bounds_the_step_and_reports_the_norm_before_clipping(
 def test_each_step_uses_the_scheduled_learning_rate_and_bumps_the_policy_version():
     model = _model()
     batch = _batch(model)
-    settings = LearnerSettings(loss=LOSSES["ppo_clip"], aggregation=AGGREGATIONS["token_mean"],
-                               temperature=TEMPERATURE)
+    settings = run_settings(temperature=TEMPERATURE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     learner = Learner(model, optimizer, lambda step: lr_factor(step, 2, 4, "linear", 0.0), settings)
 
@@ -156,7 +154,7 @@ def test_each_step_uses_the_scheduled_learning_rate_and_bumps_the_policy_version
 
 
 def test_the_training_optimizer_is_fused_adamw_and_updates_as_the_loop_does():
-    from tempering.train import adamw
+    from tempering.build import adamw
 
     fused_model, loop_model = _model(), _model()
     fused = adamw(fused_model, 1e-2, (0.9, 0.99), 0.01)

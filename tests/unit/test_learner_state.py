@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from tempering.algorithms import AGGREGATIONS, LOSSES
-from tempering.learner import Learner, LearnerSettings, collate
+from tempering.learner import Learner, collate
 from tempering.models.tiny import build_model
 from tempering.types import Problem, Rollout
+from real_settings import run_settings
 
 PROBLEM = Problem(task="t", id="0", prompt="", answer="0")
 
@@ -22,7 +22,7 @@ def _model(seed=0):
 def _learner(model, **settings):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     return Learner(model, optimizer, lambda step: 1.0 / (step + 1),
-                   LearnerSettings(loss=LOSSES["ppo_clip"], aggregation=AGGREGATIONS["token_mean"], **settings))
+                   run_settings(**settings))
 
 
 def _batch(logprob=-1.0, version=0):

@@ -21,11 +21,13 @@ def _params(model):
 def test_ppo_epochs_repeat_the_update_against_the_samplers_logprobs():
     # Two epochs in one step = two one-epoch steps on the same batch: the second update's
     # importance ratio is against the batch's (sampler's) log-probs, not the updated policy's.
+    # Without off-policy correction: with it (a run's default), the second one-epoch step sees a
+    # batch older than the learner and takes its ratios against the proximal policy instead.
     model_a, model_b = _model(), _model()
     batch = _batch(model_a)
     start = _params(model_a)
-    epochs = _learner(model_a, ppo_epochs=2)
-    once = _learner(model_b)
+    epochs = _learner(model_a, ppo_epochs=2, off_policy="none")
+    once = _learner(model_b, off_policy="none")
 
     metrics = epochs.step(batch)
     once.step(batch)

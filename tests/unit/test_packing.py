@@ -14,7 +14,7 @@ from tempering.models.attention import NAME, upcast_attention
 from tempering.models.tiny import build_model
 from tempering.packing import (activation_bytes_per_token, first_fit_decreasing, pack, plan_micro_batches,
                                tokens_for_memory)
-from tempering.train import build_learner, resolve_algorithm
+from tempering.build import build_learner, resolve_algorithm
 
 
 def _params(model):

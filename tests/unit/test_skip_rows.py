@@ -10,7 +10,7 @@ from test_learner import _batch, _learner, _model
 from tempering.algorithms import AGGREGATIONS, LOSSES, AdvantageInputs
 from tempering.algorithms.advantages import grpo
 from tempering.config import LearnerConfig
-from tempering.learner import LearnerSettings
+from real_settings import run_settings
 
 # groups 0 and 2 have equal rewards: rows 0-2 and 5-6 carry no signal, rows 3-4 do
 REWARDS_B = torch.tensor([0.7, 0.7, 0.7, 1.0, 0.0, 0.3, 0.3])
@@ -95,7 +95,7 @@ def test_a_batch_without_signal_still_takes_adamw_s_momentum_step():
 
 def test_skipping_is_on_by_default():
     assert LearnerConfig().skip_zero_advantage
-    assert LearnerSettings(LOSSES["ppo_clip"], AGGREGATIONS["token_mean"]).skip_zero_advantage
+    assert run_settings().skip_zero_advantage
 
 
 @pytest.mark.parametrize("off_policy", ["tis", "decoupled"])

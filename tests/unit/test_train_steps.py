@@ -1,4 +1,4 @@
-"""The two pieces of the RL step that live in train.py: scoring groups and forming the batch."""
+"""Two pieces of the RL step: scoring groups (the rewarder) and forming the batch (train.make_batch)."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch
 from tempering.algorithms.advantages import grpo
 from tempering.rewards import Rewarder
 from tempering.tasks import build_task
-from tempering.train import make_batch, reward_groups
+from tempering.train import make_batch
 from tempering.types import Group, Rollout
 
 
@@ -15,7 +15,7 @@ def _rollout(problem, text, completion_ids):
                    logprobs=[-0.5] * len(completion_ids), text=text, finish_reason="stop", policy_version=0)
 
 
-def test_reward_groups_scores_rollouts_in_place_and_averages_over_all_of_them():
+def test_rewarder_scores_rollouts_in_place_and_averages_over_all_of_them():
     task = build_task("add", seed=0)
     problem = task.train_problem(0)
     group = Group(problem, [
@@ -24,7 +24,7 @@ def test_reward_groups_scores_rollouts_in_place_and_averages_over_all_of_them():
         _rollout(problem, "garbage", [7]),                    # 0
     ])
 
-    record = reward_groups([group], Rewarder([task]))
+    record = Rewarder([task]).score([group])
 
     assert [r.reward for r in group.rollouts] == pytest.approx([1.1, 0.1, 0.0])
     assert group.rollouts[1].reward_components == {"exact_match": 0.0, "format": 1.0}

@@ -15,10 +15,9 @@ Not done: per-task reward thresholds for "signal" (equal rewards, exactly, is th
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
-from tempering.types import Group, Rollout
+from tempering.types import Group, Rollout, Round
 
 
 def has_signal(group: Group) -> bool:
@@ -34,37 +33,38 @@ def has_signal(group: Group) -> bool:
     return max(rewards) != min(rewards)
 
 
-def collect_groups(sample: Callable[[int], list[Group]], score: Callable[[list[Group]], dict[str, float]],
-                   wanted: int, dynamic: bool, max_extra_rounds: int) -> tuple[list[Group], dict[str, float]]:
-    """Sample and score ``wanted`` groups per round; with ``dynamic``, keep only groups with signal.
+def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
+                   max_extra_rounds: int) -> tuple[list[Group], dict[str, float]]:
+    """Take scored rounds of ``wanted`` groups; with ``dynamic``, keep only groups with signal.
 
     Without ``dynamic`` this is one round and every group is kept. With it, rounds continue
-    (each of ``wanted`` groups) until ``wanted`` groups with signal are kept or
-    ``max_extra_rounds`` extra rounds are spent; surplus groups of the last round are not
-    used. If no group has signal after all rounds, the last round is kept as is, so a step
-    always has a batch (its group-relative advantages are 0).
+    until ``wanted`` groups with signal are kept or ``max_extra_rounds`` extra rounds are
+    spent; surplus groups of the last round are not used. If no group has signal after all
+    rounds, the last round is kept as is, so a step always has a batch (its group-relative
+    advantages are 0).
 
     The record holds the scores' means over every sampled rollout (dropped ones included,
-    so ``accuracy`` is the sampler's); the sums ``generate_s``, ``reward_s`` and
-    ``completion_tokens``; ``dropped_groups``, ``dropped_fraction`` (of sampled groups),
-    ``zero_signal_fraction`` (of sampled groups, measured also without ``dynamic``) and
-    ``sampling_rounds``.
+    so ``accuracy`` is the sampler's); the rounds' summed costs ``generate_s``, ``reward_s``,
+    ``weight_sync_s`` and their largest ``staleness``; ``completion_tokens``;
+    ``dropped_groups``, ``dropped_fraction`` (of sampled groups), ``zero_signal_fraction``
+    (of sampled groups, measured also without ``dynamic``) and ``sampling_rounds``.
     """
     kept: list[Group] = []
-    totals: dict[str, float] = {"generate_s": 0.0, "reward_s": 0.0, "completion_tokens": 0}
+    totals: dict[str, float] = {"generate_s": 0.0, "reward_s": 0.0, "weight_sync_s": 0.0,
+                                "staleness": 0, "completion_tokens": 0}
     weighted: dict[str, float] = {}
     sampled_groups = sampled_rollouts = flat = rounds = 0
     groups: list[Group] = []
     while rounds == 0 or (dynamic and len(kept) < wanted and rounds <= max_extra_rounds):
-        t0 = time.perf_counter()
-        groups = sample(wanted)
-        t1 = time.perf_counter()
-        record = score(groups)
-        totals["generate_s"] += t1 - t0
-        totals["reward_s"] += time.perf_counter() - t1
+        made = next_round()
+        groups = made.groups
+        totals["generate_s"] += made.generate_s
+        totals["reward_s"] += made.reward_s
+        totals["weight_sync_s"] += made.sync_s
+        totals["staleness"] = max(totals["staleness"], made.staleness)
         count = sum(len(g.rollouts) for g in groups)
         totals["completion_tokens"] += sum(len(r.completion_ids) for g in groups for r in g.rollouts)
-        for key, value in record.items():
+        for key, value in made.record.items():
             weighted[key] = weighted.get(key, 0.0) + value * count
         sampled_rollouts += count
         sampled_groups += len(groups)

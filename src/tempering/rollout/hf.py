@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import inspect
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -49,21 +48,13 @@ import torch
 from tempering.config import ConfigError
 from tempering.models.attention import full_attention_cache
 from tempering.rollout import fast_llama
+from tempering.rollout.base import SamplingParams
 from tempering.types import Group, Problem, Prompt, Rollout
 
 try:
     from transformers.cache_utils import DynamicLayer
 except ImportError:  # transformers releases before the layered cache: the model makes its own cache
     DynamicLayer = None
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    stop: tuple[str, ...] = field(default_factory=tuple)
-    greedy: bool = False
 
 
 _BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
@@ -222,7 +213,8 @@ def continue_histories(history_B: torch.Tensor, next_B: torch.Tensor, share: boo
 
 
 class HFGenerator:
-    """Samples completions from ``model``; one instance per policy copy."""
+    """Samples completions from ``model`` (a :class:`~tempering.rollout.base.Generator`); one
+    instance per policy copy."""
 
     def __init__(self, model, tokenizer, chat_template: Optional[bool] = None, batch_size: int = 256,
                  bf16: bool = False, fast: bool = True, share: bool = True):
@@ -250,6 +242,11 @@ class HFGenerator:
         config_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
         return {i for i in ids if i is not None}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """New policy weights into the model this generator samples from (none: it shares them)."""
+        if weights:
+            self.model.load_state_dict(weights, strict=False)
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str) and not self.chat_template:

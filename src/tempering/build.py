@@ -1,0 +1,303 @@
+"""Config -> objects: every builder ``temper train`` (and the workers it places) uses.
+
+This is the one place that reads a :class:`~tempering.config.TrainConfig`. Components take
+plain arguments and settings dataclasses whose fields are all required, so their values
+come from the config's fields (and their defaults) and nowhere else; a unit test that wants
+a real run's settings builds them here from a config too.
+
+A bad name, option or combination found while building is a :class:`ConfigError` naming the
+key. :func:`build_run` puts a whole run together; ``tempering.train`` loops over it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
+from tempering.algorithms.advantages import needs_values
+from tempering.algorithms.logprobs import output_weight
+from tempering.config import ConfigError, TrainConfig
+from tempering.evaluate import evaluate
+from tempering.learner import Learner, LearnerSettings, lr_factor
+from tempering.models.loading import load_policy
+from tempering.packing import tokens_for_memory
+from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
+from tempering.registry import resolve
+from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
+from tempering.rollout.base import SamplingParams
+from tempering.rollout.hf import HFGenerator
+from tempering.scheduler import Mixture, Settings
+from tempering.tasks import Task, build_task
+
+
+def set_threads(config: TrainConfig) -> int:
+    """torch's CPU threads for this run (``threads``; 0 = all cores, halved in async mode where
+    sampler and learner each get half); returns the number set."""
+    threads = config.threads or os.cpu_count() or 1
+    if config.pipeline.mode == "async" and not config.threads:
+        threads = max(1, threads // 2)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def make_run_dir(run_dir: str | None) -> Path:
+    path = Path(run_dir) if run_dir else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_tasks(config: TrainConfig) -> list[Task]:
+    """The configured tasks; a bad name, option or reward is a ConfigError naming the entry."""
+    tasks = []
+    for i, spec in enumerate(config.tasks):
+        try:
+            task = build_task(spec.name, seed=config.seed, **spec.options)
+            if spec.rewards is not None:
+                task.rewards = dict(spec.rewards)
+            for reward in task.rewards:
+                resolve_reward(reward)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"tasks.{i} ({spec.name}): {exc}") from None
+        tasks.append(task)
+    if len({t.name for t in tasks}) != len(tasks):
+        raise ConfigError("tasks: each task may appear once; give repeated ones distinct names")
+    return tasks
+
+
+def resolve_algorithm(config: TrainConfig) -> dict:
+    """The configured advantage estimator, loss and aggregation, or a ConfigError naming the key.
+
+    Also refuses settings that are valid alone but not together.
+    """
+    found = {}
+    ac = config.algorithm
+    for key, registry in (("advantage", ADVANTAGES), ("loss", LOSSES), ("aggregation", AGGREGATIONS)):
+        try:
+            found[key] = resolve(registry, getattr(ac, key), key)
+        except ValueError as exc:
+            raise ConfigError(f"algorithm.{key}: {exc}") from None
+    if ac.overlong_buffer > config.rollout.max_new_tokens:
+        raise ConfigError(f"algorithm.overlong_buffer={ac.overlong_buffer}: must not exceed "
+                          f"rollout.max_new_tokens={config.rollout.max_new_tokens}")
+    if ac.kl_target > 0 and ac.kl_coef == 0:
+        raise ConfigError("algorithm.kl_target: an adaptive KL coefficient needs a starting algorithm.kl_coef > 0")
+    return found
+
+
+def sampling_params(config: TrainConfig) -> SamplingParams:
+    rc = config.rollout
+    return SamplingParams(temperature=rc.temperature, top_p=rc.top_p, max_new_tokens=rc.max_new_tokens,
+                          stop=tuple(rc.stop))
+
+
+def learner_token_budget(model, config: TrainConfig, critic: bool) -> int:
+    """``learner.token_budget``, or the one ``learner.memory_budget_gb`` allows (0 when neither is set)."""
+    lc, ac = config.learner, config.algorithm
+    if lc.token_budget or not lc.memory_budget_gb:
+        return lc.token_budget
+    frozen = int(ac.kl_coef > 0) + int(critic and ac.critic == "model")
+    try:
+        tokens = tokens_for_memory(lc.memory_budget_gb, model, lc.gradient_checkpointing, lc.logprob_chunk, frozen)
+    except ValueError as exc:
+        raise ConfigError(f"learner.memory_budget_gb={lc.memory_budget_gb}: {exc}") from None
+    return max(1, tokens)
+
+
+def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) -> LearnerSettings:
+    """The learner's settings, every field from the config (``algorithm`` from
+    :func:`resolve_algorithm`, ``token_budget`` from :func:`learner_token_budget`)."""
+    lc, ac = config.learner, config.algorithm
+    return LearnerSettings(
+        loss=algorithm["loss"], aggregation=algorithm["aggregation"],
+        clip_low=ac.clip_low, clip_high=ac.clip_high, dual_clip=ac.dual_clip, entropy_coef=ac.entropy_coef,
+        kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator, kl_in_reward=ac.kl_in_reward,
+        kl_target=ac.kl_target, kl_horizon=ac.kl_horizon,
+        critic=ac.critic if needs_values(algorithm["advantage"]) else None,
+        value_coef=ac.value_coef, value_clip=ac.value_clip,
+        norm_length=ac.norm_length or config.rollout.max_new_tokens,
+        ppo_epochs=lc.ppo_epochs, mini_batches=lc.mini_batches,
+        temperature=config.rollout.temperature, micro_batch_size=lc.micro_batch_size,
+        token_budget=token_budget, packing=lc.packing,
+        logprob_chunk=lc.logprob_chunk, gradient_checkpointing=lc.gradient_checkpointing,
+        grad_clip=lc.grad_clip, bf16=lc.bf16, off_policy=config.pipeline.off_policy, is_cap=config.pipeline.is_cap,
+        skip_zero_advantage=lc.skip_zero_advantage, share_prompts=lc.share_prompts,
+        merge_duplicates=lc.merge_duplicates,
+    )
+
+
+def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over the model's parameters, as one fused kernel where torch has it for their device
+    (CPU and CUDA: the same update, several times faster than the per-tensor loop on a small model)."""
+    parameters = list(model.parameters())
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in parameters)
+    return torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
+
+
+def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
+    lc = config.learner
+    budget = learner_token_budget(model, config, needs_values(algorithm["advantage"]))
+    settings = learner_settings(config, algorithm, budget)
+    if lc.logprob_chunk:
+        try:
+            output_weight(model)
+        except ValueError as exc:
+            raise ConfigError(f"learner.logprob_chunk={lc.logprob_chunk}: {exc}") from None
+    schedule = lambda step: lr_factor(step, lc.warmup_steps, config.steps, lc.schedule, lc.min_lr_ratio)  # noqa: E731
+    return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings)
+
+
+def normalize_settings(config: Any) -> NormalizeSettings:
+    """From a ``NormalizeConfig``."""
+    return NormalizeSettings(**config.model_dump())
+
+
+def monitor_settings(config: Any) -> MonitorSettings:
+    """From a ``MonitorConfig``."""
+    return MonitorSettings(**config.model_dump())
+
+
+def scheduler_settings(config: Any) -> Settings:
+    """From a ``SchedulerConfig`` (its strategy and batch balance are passed elsewhere)."""
+    return Settings(**config.model_dump(exclude={"strategy", "balance_tokens", "max_domain_token_share"}))
+
+
+def build_rewarder(config: TrainConfig, tasks: list[Task]) -> Rewarder:
+    """The tasks' rewards with their options and normalization; a bad option is a ConfigError."""
+    rc = config.rewards
+    try:
+        return Rewarder(tasks, rc.options, {name: normalize_settings(n) for name, n in rc.task_normalize.items()},
+                        normalize_settings(rc.normalize))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def build_mixture(config: TrainConfig, tasks: list[Task]) -> Mixture:
+    try:
+        return Mixture(tasks, [s.weight for s in config.tasks], config.seed, config.scheduler.strategy,
+                       scheduler_settings(config.scheduler))
+    except ValueError as exc:
+        raise ConfigError(f"tasks: {exc} (tasks.N.weight)") from None
+
+
+def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:
+    rc = config.rollout
+    generator = HFGenerator(model, tokenizer, config.model.chat_template, rc.batch_size, rc.bf16,
+                            share=rc.share_decoding)
+    return RolloutWorker(generator, sampling_params(config), rc.group_size, config.seed)
+
+
+def remote_rollout_worker(data: dict, threads: int) -> RolloutWorker:
+    """A rollout worker that loads its own model (in another process: a Ray actor)."""
+    torch.set_num_threads(threads)
+    config = TrainConfig.model_validate(data)
+    model, tokenizer, _ = load_policy(config.model.path, config.model.dtype, config.pretrain, progress=False)
+    return rollout_worker(config, model.eval(), tokenizer)
+
+
+def remote_reward_worker(data: dict) -> RewardWorker:
+    """A reward worker with its own tasks and rewards (in another process: a Ray actor)."""
+    config = TrainConfig.model_validate(data)
+    return RewardWorker(build_rewarder(config, build_tasks(config)))
+
+
+def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewarder: Rewarder) -> Pipeline:
+    """Workers placed as configured: the sync local pipeline shares the learner's model."""
+    pc = config.pipeline
+    shares = pc.mode == "sync" and pc.backend == "local"
+    if pc.backend == "local":
+        policy = model if shares else copy.deepcopy(model).eval()
+        rollout = LocalHandle(rollout_worker(config, policy, tokenizer))
+        reward = LocalHandle(RewardWorker(rewarder))
+    else:
+        rollout, reward = ray_workers(config)
+    return Pipeline(mixture, rollout, reward, config.rollout.prompts_per_step, pc.mode, pc.max_staleness,
+                    pc.buffer_rounds, shares_policy=shares)
+
+
+def ray_running() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized()
+
+
+def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("pipeline.backend=ray needs Ray: pip install 'tempering[ray]'") from None
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, started here
+        ray.init(address=config.pipeline.ray_address, include_dashboard=False, log_to_driver=False,
+                 namespace="tempering", ignore_reinit_error=True)
+    data = config.model_dump(mode="json")
+    tag = f"{os.getpid()}-{id(config):x}"
+    threads = max(1, (config.threads or os.cpu_count() or 1) // 2)
+    limit = config.pipeline.restart_limit
+    rollout = RayHandle(remote_rollout_worker, (data, threads), f"tempering-rollout-{tag}", limit, num_cpus=0)
+    reward = RayHandle(remote_reward_worker, (data,), f"tempering-reward-{tag}", limit, num_cpus=0)
+    return rollout, reward
+
+
+@dataclass
+class Run:
+    """Everything a training run is made of, built from its config."""
+
+    config: TrainConfig
+    run_dir: Path
+    model: Any
+    tokenizer: Any
+    model_path: str
+    tasks: list[Task]
+    algorithm: dict
+    rewarder: Rewarder
+    monitors: RewardMonitors
+    mixture: Mixture
+    learner: Learner
+    pipeline: Pipeline
+    evaluate: Callable[[], dict]
+    """Greedy held-out accuracy of the current policy (see ``tempering.evaluate``)."""
+    owns_ray: bool
+    """Whether this run started the Ray cluster it uses (and so shuts it down)."""
+
+    def close(self) -> None:
+        self.pipeline.close()
+        if self.config.pipeline.backend != "local":
+            self.rewarder.close()  # the driver's copy only named the rewards; the actor's did the work
+        if self.owns_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
+    """Build a run: everything that can be refused is checked before the model is loaded."""
+    set_threads(config)
+    torch.manual_seed(config.seed)
+    tasks = build_tasks(config)
+    algorithm = resolve_algorithm(config)
+    rewarder = build_rewarder(config, tasks)
+    monitors = RewardMonitors(rewarder.specs, rewarder.metrics, monitor_settings(config.rewards.monitors))
+    mixture = build_mixture(config, tasks)
+    if not resume and config.run_dir and (Path(config.run_dir) / "metrics.jsonl").exists():
+        raise ConfigError(f"run_dir={config.run_dir} already holds a run; continue it with "
+                          f"`temper train --resume {config.run_dir}` or choose another folder")
+    model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
+    run_dir = make_run_dir(config.run_dir)
+    learner = build_learner(model, config, algorithm)
+    eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
+    ec = config.eval
+    evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
+                                  config.rewards.options)
+    owns_ray = config.pipeline.backend == "ray" and not ray_running()
+    pipeline = build_pipeline(config, mixture, model, tokenizer, rewarder)
+    return Run(config, run_dir, model, tokenizer, model_path, tasks, algorithm, rewarder, monitors, mixture,
+               learner, pipeline, evaluation, owns_ray)

@@ -1,0 +1,46 @@
+"""What the rest of tempering asks of a sampler: the :class:`Generator` protocol.
+
+A generator turns problems into groups of sampled completions, keeping for every
+completion token the exact id the model drew and its log-probability under the
+temperature-scaled distribution, stamped with the policy version that sampled it. The
+pipeline's rollout worker, held-out evaluation and the benchmarks speak only to this
+protocol, so another way of sampling (an inference server, a multi-turn environment around
+a generator) plugs in without touching them. :class:`tempering.rollout.hf.HFGenerator` is
+the one in this package: a KV-cached decoding loop over a Hugging Face model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, runtime_checkable
+
+import torch
+
+from tempering.types import Group, Problem
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    """Nucleus mass; 1 = off. Decides which tokens can be drawn, not the recorded log-probs."""
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    """Strings that end a completion (kept in it)."""
+    greedy: bool = False
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Samples groups of completions with exact token ids and log-probs."""
+
+    def generate(self, problems: list[Problem], group_size: int, params: SamplingParams,
+                 policy_version: int = 0, generator: Optional[torch.Generator] = None) -> list[Group]:
+        """``group_size`` rollouts for each problem, in problem order, stamped ``policy_version``;
+        random draws come from ``generator`` (the caller's seeded stream)."""
+        ...
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Take new policy weights (a state dict, possibly partial). An empty dict means the
+        generator already shares the learner's tensors and only the version moves."""
+        ...

@@ -15,7 +15,7 @@ the statistics to new weights:
 
 - ``static``: the configured weights (the default; draws exactly what it always drew);
 - ``temperature``: weight x dataset size ** (1 / T), the multilingual-pretraining recipe;
-  tasks without a ``size`` (procedural ones are unbounded) count as ``unbounded_size``;
+  tasks without a ``size`` (procedural ones are unbounded) count as ``UNBOUNDED_SIZE``;
 - ``learnability``: prefer tasks whose groups vary in success, by the mean within-group
   variance of success (p(1 - p) of each group's rate p for 0/1 success): a group whose
   rollouts all succeed or all fail has no reward variance and teaches nothing. Per group, not
@@ -72,22 +72,25 @@ class TaskStats:
     level: int = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Settings:
-    """How an adaptive mixture reads its statistics (see the module docstring)."""
+    """How an adaptive mixture reads its statistics (see the module docstring); every field
+    is required (``tempering.build.scheduler_settings`` fills them from the config)."""
 
-    floor: float = 0.1
+    floor: float
     """Share of the static weights mixed into adaptive weights; 1 = static, 0 = no exploration."""
-    temperature: float = 2.0
+    temperature: float
     """For ``temperature``: 1 = proportional to size, larger = flatter."""
-    unbounded_size: float = 10_000.0
-    """For ``temperature``: the size assumed for tasks without one."""
-    fast_rate: float = 0.3
-    slow_rate: float = 0.05
-    promote_at: float = 0.8
+    fast_rate: float
+    slow_rate: float
+    promote_at: float
     """Curricula: success rate above which a task moves up a level; > 1 = never."""
-    min_samples: int = 64
+    min_samples: int
     """Curricula: rollouts at a level before it may be left."""
+
+
+UNBOUNDED_SIZE = 10_000.0
+"""For ``temperature``: the size assumed for tasks without one."""
 
 
 Strategy = Callable[[Sequence[Task], Sequence[float], Sequence[TaskStats], Settings], list[float]]
@@ -129,12 +132,15 @@ def temperature(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[Ta
                 settings: Settings) -> list[float]:
     """Weight x size ** (1/T): large datasets get more, but less than in proportion.
 
+    >>> from tempering.build import scheduler_settings
+    >>> from tempering.config import SchedulerConfig
     >>> class T: size = 100
     >>> class U: size = 1
-    >>> [round(w, 3) for w in temperature([T(), U()], [1, 1], [], Settings(temperature=2.0))]
+    >>> settings = scheduler_settings(SchedulerConfig(temperature=2.0))
+    >>> [round(w, 3) for w in temperature([T(), U()], [1, 1], [], settings)]
     [0.909, 0.091]
     """
-    sizes = [float(getattr(task, "size", None) or settings.unbounded_size) for task in tasks]
+    sizes = [float(getattr(task, "size", None) or UNBOUNDED_SIZE) for task in tasks]
     return _normalized([b * s ** (1 / settings.temperature) for b, s in zip(base, sizes)])
 
 
@@ -158,7 +164,7 @@ class Mixture:
     """Draws each problem's task with probability proportional to the strategy's weights."""
 
     def __init__(self, tasks: Sequence[Task], weights: Sequence[float], seed: int,
-                 strategy: str | Strategy = "static", settings: Settings | None = None):
+                 strategy: str | Strategy, settings: Settings):
         if len(tasks) != len(weights):
             raise ValueError("one weight per task is needed")
         if not any(w > 0 for w in weights):
@@ -168,7 +174,7 @@ class Mixture:
         self.tasks = list(tasks)
         self.base = list(weights)
         self.strategy = STRATEGIES[strategy] if isinstance(strategy, str) else strategy
-        self.settings = settings or Settings()
+        self.settings = settings
         self.cursors = {task.name: 0 for task in tasks}
         self.stats = {task.name: TaskStats(level=getattr(task, "level", 0)) for task in tasks}
         self._pending: dict[str, dict] = {}
@@ -251,8 +257,11 @@ class Mixture:
     def table(self) -> str:
         """Per-task training statistics as plain text, for the end of a run.
 
+        >>> from tempering.build import scheduler_settings
+        >>> from tempering.config import SchedulerConfig
         >>> from tempering.tasks import build_task
-        >>> print(StaticMixture([build_task("add", seed=0)], [1.0], seed=0).table())
+        >>> settings = scheduler_settings(SchedulerConfig())
+        >>> print(StaticMixture([build_task("add", seed=0)], [1.0], seed=0, settings=settings).table())
         task  weight  success  groups  dropped
         add   100.0%     0.0%       0        0
         """
@@ -299,8 +308,8 @@ class Mixture:
 class StaticMixture(Mixture):
     """The configured weights, never changed: the default mixture."""
 
-    def __init__(self, tasks: Sequence[Task], weights: Sequence[float], seed: int):
-        super().__init__(tasks, weights, seed, "static")
+    def __init__(self, tasks: Sequence[Task], weights: Sequence[float], seed: int, settings: Settings):
+        super().__init__(tasks, weights, seed, "static", settings)
 
 
 def _domain(group: Group) -> str:

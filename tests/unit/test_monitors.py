@@ -4,13 +4,20 @@ import logging
 
 import pytest
 
-from tempering.rewards.monitors import MonitorSettings, RewardMonitors, harness_touches
+from tempering.build import monitor_settings
+from tempering.config import MonitorConfig
+from tempering.rewards.monitors import RewardMonitors, harness_touches
 from tempering.tasks import build_task
-from tempering.types import Group, Problem, Rollout
+from tempering.types import Group, Rollout
 
 SPECS = {"add": {"exact_match": 1.0, "format": 0.1}}
 METRICS = {"add": "exact_match"}
 TASK = build_task("add", seed=0)
+
+
+def _settings(**fields):
+    """A run's monitor thresholds with ``fields`` (MonitorConfig names) changed."""
+    return monitor_settings(MonitorConfig(**fields))
 
 
 def _groups(texts_by_problem, tokens=20, components=None):
@@ -29,7 +36,7 @@ def _clean(n=8):
     return _groups([[TASK.solution(TASK.train_problem(i))] * 2 for i in range(n)])
 
 
-def _run(steps, settings=MonitorSettings(window=3)):
+def _run(steps, settings=_settings(window=3)):
     """Feed (groups, record) pairs; return the last step's monitor metrics."""
     monitors = RewardMonitors(SPECS, METRICS, settings)
     out = {}
@@ -123,20 +130,20 @@ def test_same_completion_fires_when_many_prompts_get_one_answer():
 def test_dominance_fires_when_format_outweighs_the_metric_and_not_otherwise():
     format_heavy = {"add": {"exact_match": 1.0, "format": 1.0}}
     wrong_but_formatted = _groups([["answer: 1"]] * 8, components={"exact_match": 0.0, "format": 1.0})
-    monitors = RewardMonitors(format_heavy, METRICS, MonitorSettings(window=3))
+    monitors = RewardMonitors(format_heavy, METRICS, _settings(window=3))
     out = monitors.update(wrong_but_formatted, {"reward": 1.0})
     assert out["monitor/dominance"] == 1.0 and out["monitor/dominance/alert"] == 1.0
     right = _groups([["answer: 1"]] * 8, components={"exact_match": 1.0, "format": 1.0})
-    assert RewardMonitors(format_heavy, METRICS).update(right, {"reward": 2.0})["monitor/dominance/alert"] == 0.0
+    assert RewardMonitors(format_heavy, METRICS, _settings()).update(right, {"reward": 2.0})["monitor/dominance/alert"] == 0.0
 
 
 def test_a_warning_is_logged_when_an_alert_starts_not_every_step(caplog):
-    monitors = RewardMonitors(SPECS, METRICS)
+    monitors = RewardMonitors(SPECS, METRICS, _settings())
     same = _groups([["answer: 100"] * 2 for _ in range(8)])
     with caplog.at_level(logging.WARNING, logger="tempering.rewards"):
         for _ in range(3):
             monitors.update(same, {"reward": 0.5})
     assert caplog.text.count("same_completion") == 1
-    restored = RewardMonitors(SPECS, METRICS)
+    restored = RewardMonitors(SPECS, METRICS, _settings())
     restored.load_state_dict(monitors.state_dict())
     assert restored.alerting == monitors.alerting == {"same_completion"}

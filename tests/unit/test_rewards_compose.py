@@ -8,9 +8,16 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tempering.rewards import NormalizeSettings, RewardResult, Rewarder, RunningNormalizer, register_reward
+from tempering.build import normalize_settings
+from tempering.config import NormalizeConfig
+from tempering.rewards import RewardResult, Rewarder, RunningNormalizer, register_reward
 from tempering.rewards.base import REWARDS
 from tempering.types import Group, Problem, Rollout
+
+
+def _normalize(**fields):
+    """A run's normalization settings with ``fields`` (NormalizeConfig names) changed."""
+    return normalize_settings(NormalizeConfig(**fields))
 
 
 @dataclass
@@ -113,7 +120,7 @@ def test_a_rollout_whose_grader_failed_is_dropped_and_counted_and_an_empty_group
 
 def test_ema_normalization_per_domain_with_clipping_and_state():
     rewarder = Rewarder([FakeTask("a", {"exact_match": 1.0}), FakeTask("b", {"exact_match": 1.0})],
-                        normalize={"a": NormalizeSettings(mode="ema", decay=0.5, clip=0.5)})
+                        normalize={"a": _normalize(mode="ema", decay=0.5, clip=0.5)})
     groups = [_group("a", "1", ["answer: 1", "answer: 0"]), _group("b", "1", ["answer: 1", "answer: 0"], 1)]
     record = rewarder.score(groups)
     assert [r.reward for r in groups[0].rollouts] == pytest.approx([0.5, -0.5])   # +-1, clipped
@@ -123,17 +130,17 @@ def test_ema_normalization_per_domain_with_clipping_and_state():
     restored.load_state_dict(rewarder.state_dict())
     assert restored.normalizer.moments == rewarder.normalizer.moments
     with pytest.raises(ValueError, match="rewards.task_normalize.c: no such task"):
-        Rewarder([FakeTask("a", {"exact_match": 1.0})], normalize={"c": NormalizeSettings()})
+        Rewarder([FakeTask("a", {"exact_match": 1.0})], normalize={"c": _normalize()})
 
 
 def test_running_statistics_follow_a_shifting_reward_and_smoothing_shrinks_to_the_mean():
-    norm = RunningNormalizer({}, NormalizeSettings(mode="ema", decay=0.9))
+    norm = RunningNormalizer({}, _normalize(mode="ema", decay=0.9))
     for _ in range(200):
         out = norm("d", [10.0, 12.0])
     mean, std = norm.mean_std("d")
     assert (mean, std) == (pytest.approx(11.0), pytest.approx(1.0))
     assert out == pytest.approx([-1.0, 1.0], abs=1e-5)
-    smooth = RunningNormalizer({}, NormalizeSettings(smoothing=0.5))
+    smooth = RunningNormalizer({}, _normalize(smoothing=0.5))
     smooth("d", [0.0, 1.0])
     assert smooth("d", [0.0, 1.0]) == pytest.approx([0.25, 0.75])
 

@@ -4,8 +4,12 @@ import json
 
 import pytest
 
+from tempering.build import scheduler_settings
+from tempering.config import SchedulerConfig
 from tempering.scheduler import StaticMixture
 from tempering.tasks import build_task
+
+SETTINGS = scheduler_settings(SchedulerConfig())
 
 
 def _tasks():
@@ -14,7 +18,7 @@ def _tasks():
 
 def test_each_task_serves_its_training_stream_in_order():
     tasks = _tasks()
-    mixture = StaticMixture(tasks, [1.0, 1.0, 1.0], seed=0)
+    mixture = StaticMixture(tasks, [1.0, 1.0, 1.0], seed=0, settings=SETTINGS)
     problems = mixture.next_problems(30)
     for task in tasks:
         mine = [p for p in problems if p.task == task.name]
@@ -24,32 +28,32 @@ def test_each_task_serves_its_training_stream_in_order():
 
 
 def test_a_task_with_weight_zero_is_never_trained_on():
-    mixture = StaticMixture(_tasks(), [1.0, 0.0, 2.0], seed=0)
+    mixture = StaticMixture(_tasks(), [1.0, 0.0, 2.0], seed=0, settings=SETTINGS)
     assert {p.task for p in mixture.next_problems(200)} == {"add", "mul"}
 
 
 def test_the_same_seed_draws_the_same_problems():
-    assert StaticMixture(_tasks(), [1, 1, 1], seed=4).next_problems(20) == \
-        StaticMixture(_tasks(), [1, 1, 1], seed=4).next_problems(20)
+    assert StaticMixture(_tasks(), [1, 1, 1], seed=4, settings=SETTINGS).next_problems(20) == \
+        StaticMixture(_tasks(), [1, 1, 1], seed=4, settings=SETTINGS).next_problems(20)
 
 
 def test_a_restored_state_continues_with_the_same_problems():
-    mixture = StaticMixture(_tasks(), [1, 2, 3], seed=0)
+    mixture = StaticMixture(_tasks(), [1, 2, 3], seed=0, settings=SETTINGS)
     mixture.next_problems(7)
     state = json.loads(json.dumps(mixture.state_dict()))  # as a checkpoint would store it
     expected = mixture.next_problems(10)
 
-    resumed = StaticMixture(_tasks(), [1, 2, 3], seed=99)
+    resumed = StaticMixture(_tasks(), [1, 2, 3], seed=99, settings=SETTINGS)
     resumed.load_state_dict(state)
     assert resumed.next_problems(10) == expected
 
 
 def test_the_mixture_state_holds_each_tasks_stream_state():
-    mixture = StaticMixture(_tasks(), [1, 2, 3], seed=0)
+    mixture = StaticMixture(_tasks(), [1, 2, 3], seed=0, settings=SETTINGS)
     mixture.next_problems(12)
     state = json.loads(json.dumps(mixture.state_dict()))
     assert {name: s["next_index"] for name, s in state["tasks"].items()} == mixture.cursors
-    resumed = StaticMixture(_tasks(), [1, 2, 3], seed=0)
+    resumed = StaticMixture(_tasks(), [1, 2, 3], seed=0, settings=SETTINGS)
     resumed.load_state_dict(state)
     assert {t.name: t.next_index for t in resumed.tasks} == mixture.cursors
 
@@ -60,4 +64,4 @@ def test_the_mixture_state_holds_each_tasks_stream_state():
 ])
 def test_bad_weights_are_refused(weights, message):
     with pytest.raises(ValueError, match=message):
-        StaticMixture(_tasks(), weights, seed=0)
+        StaticMixture(_tasks(), weights, seed=0, settings=SETTINGS)

@@ -6,9 +6,19 @@ from dataclasses import dataclass
 
 import pytest
 
-from tempering.scheduler import Mixture, Settings, StaticMixture
+from tempering.build import scheduler_settings
+from tempering.config import SchedulerConfig
+from tempering.scheduler import Mixture, StaticMixture
 from tempering.tasks import build_task
 from tempering.types import Group, Problem, Rollout
+
+
+def _settings(**fields):
+    """A run's scheduler settings with ``fields`` (SchedulerConfig names) changed."""
+    return scheduler_settings(SchedulerConfig(**fields))
+
+
+SETTINGS = _settings()
 
 
 @dataclass
@@ -61,7 +71,7 @@ def _tasks():
 
 @pytest.mark.parametrize("strategy", ["learnability"])
 def test_most_weight_goes_to_the_learnable_task_and_the_floor_stays(strategy):
-    mixture = Mixture(_tasks(), [1, 1, 1], seed=0, strategy=strategy, settings=Settings(floor=0.15))
+    mixture = Mixture(_tasks(), [1, 1, 1], seed=0, strategy=strategy, settings=_settings(floor=0.15))
     record = _run(mixture, 30, random.Random(0))
     assert record["domain/half/weight"] > 0.8
     for name in ("never", "always"):
@@ -71,7 +81,7 @@ def test_most_weight_goes_to_the_learnable_task_and_the_floor_stays(strategy):
 
 def test_learnability_reads_the_variance_inside_groups_not_the_tasks_mean_rate():
     tasks = [FakeTask("split", 0.5, split=True), FakeTask("half", 0.5)]
-    mixture = Mixture(tasks, [1, 1], seed=0, strategy="learnability", settings=Settings(floor=0.1))
+    mixture = Mixture(tasks, [1, 1], seed=0, strategy="learnability", settings=_settings(floor=0.1))
     record = _run(mixture, 10, random.Random(0))
     split, half = mixture.stats["split"], mixture.stats["half"]
     assert split.fast == pytest.approx(0.5, abs=0.25) and half.fast == pytest.approx(0.5, abs=0.25), \
@@ -83,7 +93,7 @@ def test_learnability_reads_the_variance_inside_groups_not_the_tasks_mean_rate()
 @pytest.mark.parametrize("strategy", ["learnability", "learning_progress"])
 def test_weights_follow_a_change_in_a_tasks_success_rate(strategy):
     tasks = _tasks()
-    mixture = Mixture(tasks, [1, 1, 1], seed=0, strategy=strategy, settings=Settings(floor=0.1))
+    mixture = Mixture(tasks, [1, 1, 1], seed=0, strategy=strategy, settings=_settings(floor=0.1))
     rng = random.Random(1)
     _run(mixture, 20, rng)
     before = mixture.weights[0] / sum(mixture.weights)
@@ -96,13 +106,13 @@ def test_weights_follow_a_change_in_a_tasks_success_rate(strategy):
 
 def test_temperature_flattens_dataset_sizes():
     tasks = [FakeTask("big", 0.5, size=10_000), FakeTask("small", 0.5, size=100)]
-    weights = Mixture(tasks, [1, 1], seed=0, strategy="temperature", settings=Settings(temperature=2.0)).weights
+    weights = Mixture(tasks, [1, 1], seed=0, strategy="temperature", settings=_settings(temperature=2.0)).weights
     assert weights[0] / weights[1] == pytest.approx(10.0)  # 100x the data, sqrt -> 10x the draws
 
 
 def test_a_curriculum_moves_up_when_a_level_is_mastered():
     task = FakeTask("climb", 1.0, levels=3)
-    mixture = Mixture([task], [1], seed=0, strategy="static", settings=Settings(promote_at=0.8, min_samples=64))
+    mixture = Mixture([task], [1], seed=0, strategy="static", settings=_settings(promote_at=0.8, min_samples=64))
     record = _run(mixture, 1, random.Random(0))  # 16 x 8 = 128 rollouts at level 0
     assert record["domain/climb/level"] == 1 and task.level == 1
     _run(mixture, 3, random.Random(0))
@@ -111,11 +121,11 @@ def test_a_curriculum_moves_up_when_a_level_is_mastered():
 
 
 def test_an_adaptive_state_resumes_exactly():
-    mixture = Mixture(_tasks(), [1, 1, 1], seed=3, strategy="learnability")
+    mixture = Mixture(_tasks(), [1, 1, 1], seed=3, strategy="learnability", settings=SETTINGS)
     _run(mixture, 4, random.Random(0))
     state = json.loads(json.dumps(mixture.state_dict()))
     expected = mixture.next_problems(20)
-    resumed = Mixture(_tasks(), [1, 1, 1], seed=99, strategy="learnability")
+    resumed = Mixture(_tasks(), [1, 1, 1], seed=99, strategy="learnability", settings=SETTINGS)
     resumed.load_state_dict(state)
     assert resumed.weights == pytest.approx(mixture.weights)
     assert resumed.next_problems(20) == expected
@@ -125,9 +135,9 @@ def test_the_static_mixture_draws_what_it_always_drew():
     tasks = [build_task(name, seed=0) for name in ("add", "sub", "mul")]
     rng = random.Random(0)  # the draw before adaptive strategies existed: rng.choices over the weights
     expected = [t.name for t in rng.choices(tasks, weights=[1, 2, 3], k=50)]
-    assert [p.task for p in StaticMixture(tasks, [1, 2, 3], seed=0).next_problems(50)] == expected
+    assert [p.task for p in StaticMixture(tasks, [1, 2, 3], seed=0, settings=SETTINGS).next_problems(50)] == expected
 
 
 def test_an_unknown_strategy_names_the_known_ones():
     with pytest.raises(ValueError, match="known: learnability, learning_progress, static, temperature"):
-        Mixture(_tasks(), [1, 1, 1], seed=0, strategy="bandit")
+        Mixture(_tasks(), [1, 1, 1], seed=0, strategy="bandit", settings=SETTINGS)

@@ -35,12 +35,13 @@ class Rewarder:
     """Scores groups in place for a fixed set of tasks; see the module docstring.
 
     ``options``: reward name -> keyword options. ``normalize``: task name -> settings
-    (statistics are kept per domain). ``threads``: rewards scored at the same time.
+    (statistics are kept per domain); ``default_normalize`` for the other tasks (None: no
+    normalization). ``threads``: rewards scored at the same time.
     """
 
     def __init__(self, tasks: Sequence[Task], options: Optional[dict[str, dict[str, Any]]] = None,
                  normalize: Optional[dict[str, NormalizeSettings]] = None,
-                 default_normalize: NormalizeSettings = NormalizeSettings(), threads: int = 4):
+                 default_normalize: Optional[NormalizeSettings] = None, threads: int = 4):
         options = options or {}
         self.specs = {t.name: {**dict(t.rewards), **({} if t.metric in t.rewards else {t.metric: 0.0})}
                       for t in tasks}
@@ -149,7 +150,8 @@ class Rewarder:
         active = False
         total = 0.0
         for domain, rollouts in by_domain.items():
-            active |= self.normalizer.settings_for(domain).active
+            settings = self.normalizer.settings_for(domain)
+            active |= settings is not None and settings.active
             for rollout, value in zip(rollouts, self.normalizer(domain, [r.reward for r in rollouts])):
                 rollout.reward = value
                 total += value

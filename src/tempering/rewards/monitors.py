@@ -104,21 +104,24 @@ def length_growth(lengths: list[float], rewards: list[float], window: int) -> tu
     return (after - before) / max(before, 1e-9), gain
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MonitorSettings:
-    window: int = 20
+    """Alert thresholds; every field is required (``tempering.build.monitor_settings`` fills them
+    from the config)."""
+
+    window: int
     """steps in each of the two windows compared for length growth"""
-    heldout_gap: float = 0.15
+    heldout_gap: float
     """alert when training reward rose this much more than held-out accuracy since the first evaluation"""
-    length_growth: float = 0.3
+    length_growth: float
     """alert when mean length grew by this fraction ..."""
-    length_reward_gain: float = 0.02
+    length_reward_gain: float
     """... while mean reward grew by less than this"""
-    harness: float = 0.0
+    harness: float
     """alert when more than this share of completions touch the harness"""
-    same_completion: float = 0.3
+    same_completion: float
     """alert when one completion is shared by more than this share of distinct prompts"""
-    dominance: float = 0.6
+    dominance: float
     """alert when a non-metric component holds more than this share of the weighted reward"""
 
 
@@ -126,7 +129,7 @@ class RewardMonitors:
     """Runs the monitors each step and keeps the short history two of them need."""
 
     def __init__(self, specs: dict[str, dict[str, float]], metrics: dict[str, str],
-                 settings: MonitorSettings = MonitorSettings()):
+                 settings: MonitorSettings):
         self.specs, self.metrics, self.settings = specs, metrics, settings
         self.history: dict[str, list[float]] = {"reward": [], "length": [], "eval": [], "eval_reward": []}
         self.alerting: set[str] = set()

@@ -22,16 +22,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal, Optional, Sequence
 
 
-@dataclass(frozen=True)
+EPS = 1e-6
+"""Added to the running std before dividing by it."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class NormalizeSettings:
-    mode: Literal["none", "ema"] = "none"
-    decay: float = 0.99
-    clip: float = 0.0
-    smoothing: float = 0.0
-    eps: float = 1e-6
+    """One domain's normalization; every field is required (``tempering.build.normalize_settings``
+    fills them from the config)."""
+
+    mode: Literal["none", "ema"]
+    decay: float
+    clip: float
+    smoothing: float
 
     @property
     def active(self) -> bool:
@@ -41,18 +47,19 @@ class NormalizeSettings:
 class RunningNormalizer:
     """Per-domain running mean/std of rewards, applied as configured per domain.
 
-    >>> norm = RunningNormalizer({"add": NormalizeSettings(mode="ema", decay=0.5)})
+    >>> norm = RunningNormalizer({"add": NormalizeSettings(mode="ema", decay=0.5, clip=0.0, smoothing=0.0)})
     >>> [round(x, 3) for x in norm("add", [0.0, 1.0])]
     [-1.0, 1.0]
     >>> [round(x, 3) for x in norm("sub", [0.0, 1.0])]  # no settings for sub: unchanged
     [0.0, 1.0]
     """
 
-    def __init__(self, settings: dict[str, NormalizeSettings], default: NormalizeSettings = NormalizeSettings()):
+    def __init__(self, settings: dict[str, NormalizeSettings], default: Optional[NormalizeSettings] = None):
+        """``settings`` per domain; ``default`` for the others (None: leave their rewards as they are)."""
         self.settings, self.default = dict(settings), default
         self.moments: dict[str, dict[str, float]] = {}
 
-    def settings_for(self, domain: str) -> NormalizeSettings:
+    def settings_for(self, domain: str) -> Optional[NormalizeSettings]:
         return self.settings.get(domain, self.default)
 
     def mean_std(self, domain: str) -> tuple[float, float]:
@@ -69,7 +76,7 @@ class RunningNormalizer:
 
     def __call__(self, domain: str, rewards: Sequence[float]) -> list[float]:
         s = self.settings_for(domain)
-        if not s.active or not rewards:
+        if s is None or not s.active or not rewards:
             return list(rewards)
         out = list(rewards)
         if s.smoothing > 0:
@@ -78,7 +85,7 @@ class RunningNormalizer:
         self.update(domain, rewards, s.decay)
         if s.mode == "ema":
             mean, std = self.mean_std(domain)
-            out = [(r - mean) / (std + s.eps) for r in out]
+            out = [(r - mean) / (std + EPS) for r in out]
         if s.clip > 0:
             out = [min(max(r, -s.clip), s.clip) for r in out]
         return out

@@ -64,9 +64,9 @@ def _recv_exact(sock: socket.socket, size: int):
 class Worker:
     """Serves jobs for one slot; ``mode`` is ``jail``, ``bwrap`` or ``none``."""
 
-    def __init__(self, mode: str, uid: int, gid: int, scratch_mb: int, env: dict):
+    def __init__(self, mode: str, uid: int, gid: int, scratch_mb: int, env: dict, control_fd: int):
         self.mode, self.uid, self.gid, self.scratch_mb = mode, uid, gid, scratch_mb
-        self.env = env
+        self.env, self.control_fd = env, control_fd
         self.seccomp = _jail.seccomp_program()
         self.scratch = _jail.scratch_point(_jail.python_paths()) if mode == "jail" else "/tmp"
 
@@ -127,7 +127,7 @@ class Worker:
         for name, (read_end, write_end) in pipes.items():
             os.close(read_end if name == "stdin" else write_end)
         try:
-            outcome = _Watch(run, pipes, pid, started).follow()
+            outcome = _Watch(run, pipes, pid, started, self.control_fd).follow()
         finally:
             self.kill_all(pid)
             for name, (read_end, write_end) in pipes.items():
@@ -168,8 +168,8 @@ class Worker:
 class _Watch:
     """Follows one running child: feeds stdin, collects output, enforces deadlines and caps."""
 
-    def __init__(self, run: dict, pipes: dict, pid: int, started: float):
-        self.pid, self.started = pid, started
+    def __init__(self, run: dict, pipes: dict, pid: int, started: float, control_fd: int):
+        self.pid, self.started, self.control_fd = pid, started, control_fd
         self.timeout = float(run["timeout_s"])
         self.deadline = started + self.timeout
         self.hard_deadline = started + float(run.get("total_timeout_s", self.timeout))
@@ -189,6 +189,7 @@ class _Watch:
         pidfd = os.pidfd_open(self.pid)
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
+        poller.register(self.control_fd, select.POLLIN)
         for fd in self.fds:
             poller.register(fd, select.POLLIN)
         if self.stdin:
@@ -216,6 +217,10 @@ class _Watch:
                 if fd == pidfd:
                     self._drain_all()
                     return
+                if fd == self.control_fd:
+                    # The executor sends nothing during a job: this is its socket closing.
+                    # Exiting through run_one's cleanup ends the job and everything it started.
+                    raise SystemExit("the executor closed the connection during a job")
                 if fd == self.stdin_fd:
                     self._feed_stdin(poller)
                 elif not self._read(fd):
@@ -355,7 +360,7 @@ def main() -> None:
     if settings["mode"] == "jail":
         _enter_namespaces(settings["fd"])
     worker = Worker(settings["mode"], settings.get("uid", -1), settings.get("gid", -1),
-                    settings.get("scratch_mb", 64), settings["env"])
+                    settings.get("scratch_mb", 64), settings["env"], settings["fd"])
     _serve(worker, sock, settings["mode"] == "bwrap")
 
 

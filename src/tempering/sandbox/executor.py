@@ -150,6 +150,16 @@ class _Slot:
             self.stop()
         return reply
 
+    def interrupt(self) -> None:
+        """Shut the control socket down: a call waiting on it returns at once, and the worker
+        ends the job it is running (and everything the job started) and exits."""
+        sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def stop(self) -> str:
         """End the worker (closing the socket makes it exit); return its error output."""
         if self.sock is not None:
@@ -188,23 +198,23 @@ class Executor(SandboxAPI):
         self._free = queue.SimpleQueue()
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._closed = threading.Event()
+        for slot in self._slots:
+            self._free.put(slot)
         try:
             if self.isolation != "bwrap":
                 list(self._threads.map(_Slot.start, self._slots))
         except Exception:
             self.close()
             raise
-        for slot in self._slots:
-            self._free.put(slot)
 
     def execute(self, job: dict, timeout_s: float) -> dict:
         """Run one raw job on a free slot, retrying infrastructure faults; never raises them."""
         error = ""
         for _ in range(self.retries + 1):
-            if self._closed.is_set():
-                raise RuntimeError("this sandbox executor is closed")
             slot = self._free.get()
             try:
+                if self._closed.is_set():
+                    raise RuntimeError("this sandbox executor is closed")
                 reply = slot.call(job, timeout_s)
             except SlotFailure as err:
                 error = str(err)
@@ -230,11 +240,14 @@ class Executor(SandboxAPI):
         return list(self._threads.map(self.test, specs))
 
     def close(self) -> None:
-        """Stop every worker; their namespaces, processes and scratch mounts go with them."""
+        """Stop every worker now, running jobs included (their callers get RuntimeError);
+        the workers' namespaces, processes and scratch space go with them."""
         self._closed.set()
-        self._threads.shutdown(wait=True)
         for slot in self._slots:
-            slot.stop()
+            slot.interrupt()
+        self._threads.shutdown(wait=True)
+        for _ in self._slots:  # each slot once its holder let go of it
+            self._free.get().stop()
 
     def __enter__(self) -> "Executor":
         return self

@@ -1,6 +1,6 @@
 """Fixtures for the sandbox tests: one real executor for the session, a loopback listener.
 
-Set ``TEMPERING_SANDBOX_ISOLATION`` (namespaces, bwrap) to run the suite under a given
+Set ``TEMPERING_SANDBOX_ISOLATION`` (namespaces, landlock, bwrap) to run the suite under a given
 mode; by default the strongest available one is used, and the tests skip with the reason
 when this machine offers none.
 """

@@ -174,7 +174,7 @@ def test_isolation_choice_explains_itself(monkeypatch):
 
     monkeypatch.setattr(executor_module.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(executor_module.shutil, "which", lambda name: None)
-    with pytest.raises(SandboxUnavailable, match="Install the 'bubblewrap' package.*isolation='none'"):
+    with pytest.raises(SandboxUnavailable, match="install the 'bubblewrap' package.*isolation='none'"):
         choose_isolation("auto")
     assert choose_isolation("none") == "none"
     monkeypatch.setattr(executor_module.os, "geteuid", lambda: 0)

@@ -180,3 +180,95 @@ def test_small_load_has_no_lost_duplicated_or_leaked(bench_module):
     assert report["server_exit_status"] == 0
     time.sleep(0.2)
     assert sandbox_processes() == []
+
+
+def _call_body(**case):
+    return {"code": "def f(x):\n    return x", "tests": {
+        "kind": "call", "entry_point": "f", "cases": [dict({"args": [1], "expected": 1}, **case)]}}
+
+
+class Raw(str):
+    """A request body sent as it is, not encoded as JSON."""
+
+
+def _nested_args(depth):
+    return Raw(json.dumps(_call_body(args=["NEST"])).replace('"NEST"', "[" * depth + "]" * depth))
+
+
+# Bodies with a field of the wrong type (or not a spec at all), and the field the answer names.
+MALFORMED = {
+    "tolerance-string": (_call_body(compare="approx", tolerance="abc"), "tolerance"),
+    "tolerance-list": (_call_body(compare="approx", tolerance=[1]), "tolerance"),
+    "tolerance-negative": (_call_body(compare="approx", tolerance=-1), "tolerance"),
+    "approx-expected-string": (_call_body(compare="approx", expected="1"), "expected"),
+    "compare-list": (_call_body(compare=["json"]), "compare"),
+    "timeout-string": (dict(_call_body(), timeout_s="5"), "timeout_s"),
+    "timeout-bool": (dict(_call_body(), timeout_s=True), "timeout_s"),
+    "memory-float": (dict(_call_body(), memory_mb=256.5), "memory_mb"),
+    "language-number": (dict(_call_body(), language=3), "language"),
+    "code-number": (dict(_call_body(), code=3), "code"),
+    "tests-list": (dict(_call_body(), tests=[]), "tests.kind"),
+    "cases-string": ({"code": "", "tests": {"kind": "stdio", "cases": "x"}}, "tests.cases"),
+    "stdin-number": ({"code": "", "tests": {"kind": "stdio", "cases": [{"stdin": 1, "stdout": ""}]}}, "stdin"),
+    "args-nested-800": (_nested_args(800), "args"),
+    "args-nested-50000": (_nested_args(50000), "nested"),
+    "body-null": (None, "JSON object"),
+    "body-string": ("spec", "JSON object"),
+    "batch-with-a-number": ([_call_body(), 5], "JSON object"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_run_tests_answers_400_naming_the_field(served, name):
+    body, field = MALFORMED[name]
+    body = body if isinstance(body, Raw) else json.dumps(body)
+    status, text = _post(served, "/run_tests", body, {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 400, text
+    assert field in json.loads(text)["error"], text
+
+
+def test_run_code_answers_400_for_wrongly_typed_fields(served):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for body, field in (({"code": "print(1)", "run_timeout": "2"}, "timeout_s"),
+                        ({"code": "print(1)", "memory_limit_MB": True}, "memory_mb"),
+                        ({"code": "print(1)", "language": ["python"]}, "language"),
+                        (None, "JSON object")):
+        status, text = _post(served, "/run_code", json.dumps(body), auth)
+        assert status == 400 and field in json.loads(text)["error"], (body, text)
+
+
+def test_non_ascii_content_length_is_refused(served):
+    host, port = served.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.putrequest("POST", "/run_code")
+    connection.putheader("Authorization", f"Bearer {TOKEN}")
+    connection.putheader("Content-Length", "\u00b2")  # a digit to str.isdigit, not to int()
+    connection.endheaders()
+    assert connection.getresponse().status == 411
+    connection.close()
+
+
+def test_sigterm_stops_serve_while_the_pool_is_busy(bench_module):
+    """Jobs that would run for minutes do not hold up SIGTERM; nothing is left behind."""
+    bench = bench_module("sandbox_load")
+    process, url = bench.start_server(workers=1)
+    sleeper = json.dumps({"code": "import time\ntime.sleep(300)", "run_timeout": 120})
+    batch = json.dumps([{"code": "import time\ntime.sleep(300)", "timeout_s": 120,
+                         "tests": {"kind": "program"}}] * 2)
+    senders = [threading.Thread(target=_post_quietly, args=(url, path, body), daemon=True)
+               for path, body in (("/run_code", sleeper), ("/run_tests", batch), ("/run_code", sleeper))]
+    for sender in senders:
+        sender.start()
+    with SandboxClient(url) as client:
+        while client.health()["queued"] < 4:
+            time.sleep(0.05)
+    time.sleep(0.5)  # the first job is running in the slot
+    assert bench.stop_server(process) == 0
+    assert sandbox_processes() == []
+
+
+def _post_quietly(url, path, body):
+    try:
+        _post(url, path, body)
+    except (OSError, http.client.HTTPException):
+        pass  # a request cut off by the shutdown

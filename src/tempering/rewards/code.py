@@ -8,6 +8,11 @@ and optionally ``meta["code_prefix"]`` (e.g. a HumanEval prompt the completion c
 program (no fenced block expected). Verdicts come from the sandbox's trusted parent, never from the
 program; see :mod:`tempering.sandbox` for the threat model.
 
+A ``program`` verdict (tests that could not be split into calls, such as five HumanEval
+problems) comes from inside the sandbox and can be forged: such results carry the
+component ``forgeable = 1`` (so a run logs the share of them), and ``forgeable_credit``
+scales their score (1 keeps it, 0 gives them nothing).
+
 A sandbox fault (``TestResult.status == "error"``) says nothing about the program: it is
 retried, and if it persists the rollout's result carries ``error="sandbox_error"`` so the
 loop drops it from the batch and counts it, instead of scoring a right answer as wrong.
@@ -65,14 +70,19 @@ class CodeReward:
     cases). ``url``: a ``temper sandbox serve`` address to use instead of a local pool of
     ``workers`` slots (0 = one per core) with ``isolation``. ``retries``: extra rounds for
     rollouts whose run hit a sandbox fault, on top of the executor's own retries.
+    ``forgeable_credit``: the factor on the score of a forgeable (``program``) verdict.
     """
 
     def __init__(self, *, credit: Literal["all", "fraction"] = "all", language: str = "python",
                  timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 0,
-                 isolation: str = "auto", url: str = "", token: str = "", retries: int = 1):
+                 isolation: str = "auto", url: str = "", token: str = "", retries: int = 1,
+                 forgeable_credit: float = 1.0):
         if credit not in ("all", "fraction"):
             raise ValueError(f"credit must be 'all' or 'fraction', got {credit!r}")
+        if not 0 <= forgeable_credit <= 1:
+            raise ValueError(f"forgeable_credit must be in [0, 1], got {forgeable_credit!r}")
         self.credit, self.language, self.retries = credit, language, retries
+        self.forgeable_credit = forgeable_credit
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
         self._connect = (url, token, workers, isolation)
         self._sandbox = None
@@ -114,14 +124,20 @@ class CodeReward:
             indices = list(runnable)
             for i, outcome in zip(indices, self.sandbox().test_many([runnable[i] for i in indices])):
                 if outcome.status != "error":
-                    fraction = outcome.passed / outcome.total if outcome.total else float(outcome.status == "passed")
-                    value = fraction if self.credit == "fraction" else float(outcome.status == "passed")
-                    results[i] = RewardResult(value, {"pass_fraction": fraction},
-                                              {"status": outcome.status, "verdict": outcome.verdict})
+                    results[i] = self._result(outcome)
                     del runnable[i]
         for i in runnable:
             results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error="sandbox_error")
         return results
+
+    def _result(self, outcome) -> RewardResult:
+        fraction = outcome.passed / outcome.total if outcome.total else float(outcome.status == "passed")
+        value = fraction if self.credit == "fraction" else float(outcome.status == "passed")
+        forgeable = outcome.verdict == "program"
+        if forgeable:
+            value *= self.forgeable_credit
+        return RewardResult(value, {"pass_fraction": fraction, "forgeable": float(forgeable)},
+                            {"status": outcome.status, "verdict": outcome.verdict})
 
     def close(self) -> None:
         if self._sandbox is not None and hasattr(self._sandbox, "close"):

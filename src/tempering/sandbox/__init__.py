@@ -9,7 +9,8 @@ Threat model
 ============
 
 The programs are hostile: written by a model that is rewarded for passing. With the
-default isolation (``namespaces``, as root) the sandbox claims that a program cannot:
+default isolation (``namespaces``, as root) the sandbox claims that a program cannot
+(``landlock`` mode, below, differs where it says):
 
 1. **escape to the host**: it runs as an unprivileged per-slot uid with no capabilities,
    ``no_new_privs`` set and a seccomp filter that refuses ptrace, mount, unshare/setns,
@@ -37,6 +38,39 @@ default isolation (``namespaces``, as root) the sandbox claims that a program ca
    stdout or returned values itself; an early ``exit(0)``, a return value whose ``__eq__``
    always agrees, walking the stack or writing fake result messages does not pass a case.
    Returned values cross as plain tagged JSON (:mod:`tempering.sandbox._codec`).
+
+Isolation modes
+---------------
+
+``auto`` picks the strongest mode that works here, found by trying: ``namespaces`` as
+root when a throwaway child can create the slot namespaces, else ``landlock`` as root
+when the kernel has Landlock, else ``bwrap`` when not root; otherwise it refuses and says
+why (``none`` is never picked).
+
+``landlock`` is for root without CAP_SYS_ADMIN (Docker's default): no namespace, mount or
+tmpfs is possible, so each run's child takes the slot's uid, sets no_new_privs, confines
+its file access with Landlock and loads the seccomp filter. The claims above hold there,
+with these differences:
+
+1. no PID namespace: /proc is not readable at all (no process list, no command lines),
+   but a program can tell whether a host pid exists (``kill(pid, 0)``).
+2. no network namespace: the seccomp filter also refuses connect(), sendmsg() and
+   sendto() with an address, so unix sockets only join the job's own processes
+   (socketpair); host unix sockets, named or abstract, are out of reach.
+3. Landlock grants reading and executing only beneath /usr, /bin, /sbin, /lib*, the same
+   /etc files and the Python installation, and the five /dev nodes. The existence and
+   metadata (``stat``) of other host paths is visible where the directory modes let any
+   user walk to them; when the Python installation itself lies under a private directory
+   (e.g. /root/.pyenv), in-process Python programs keep CAP_DAC_READ_SEARCH to import from
+   it, which makes every host path's existence visible (Landlock still decides what may
+   be opened; the capability is gone after any execve).
+4. the scratch space is a fresh directory under the host's /tmp, owned by the slot's uid
+   and named by TMPDIR, HOME and the working directory (which therefore differs between
+   jobs); the rest of /tmp is not writable. With no tmpfs to cap it, the worker measures
+   it every 20 ms and stops the job with ``output_limit`` past ``scratch_mb`` or 4096
+   entries: a program may overshoot by what it writes in 20 ms.
+6. the worker is the subreaper of the job and kills every process of the slot's uid.
+7. a program cannot signal its worker or other slots (other uids).
 
 Not covered
 -----------

@@ -31,6 +31,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 38, 22
+PR_SET_CHILD_SUBREAPER = 36
 SECCOMP_MODE_FILTER = 2
 
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
@@ -98,6 +99,10 @@ def _mirror_top_level(root: str, name: str) -> None:
         os.symlink(os.readlink(host), os.path.join(root, name))
     elif os.path.isdir(host):
         _bind_readonly(host, os.path.join(root, name))
+
+
+def host_devices() -> list:
+    return ["/dev/" + name for name in DEVICES]
 
 
 def _make_dev(root: str) -> None:
@@ -200,10 +205,38 @@ def apply_rlimits(limits: dict) -> None:
         resource.setrlimit(table[name], (value, hard))
 
 
-def drop_privileges(uid: int, gid: int) -> None:
+PR_SET_KEEPCAPS, CAP_DAC_READ_SEARCH = 8, 2
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def drop_privileges(uid: int, gid: int, keep_read_search: bool = False) -> None:
+    """Become ``uid``/``gid`` with no capabilities, or with CAP_DAC_READ_SEARCH alone when
+    ``keep_read_search`` (it is lost again on execve: no file or ambient capabilities)."""
+    if keep_read_search:
+        prctl(PR_SET_KEEPCAPS, 1)
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
+    if keep_read_search:
+        header = ctypes.create_string_buffer(struct.pack("Ii", _CAPABILITY_VERSION_3, 0), 8)
+        kept = 1 << CAP_DAC_READ_SEARCH
+        data = ctypes.create_string_buffer(struct.pack("6I", kept, kept, 0, 0, 0, 0), 24)
+        _check(_libc.capset(header, data), "capset")
+
+
+def reachable_by_others(path: str) -> bool:
+    """Whether any uid may walk to ``path`` and list it: every directory on the way has
+    the others-execute bit, and ``path`` the others-read bit.
+
+    >>> reachable_by_others("/usr"), reachable_by_others("/proc/1/root/nonexistent")
+    (True, False)
+    """
+    parts = path.rstrip("/").split("/")
+    try:
+        walk = [os.stat("/".join(parts[:i]) or "/").st_mode for i in range(1, len(parts) + 1)]
+    except OSError:
+        return False
+    return all(mode & 0o001 for mode in walk) and bool(walk[-1] & 0o004)
 
 
 # Syscalls that no program under test needs and that widen the attack surface: namespace
@@ -224,12 +257,15 @@ DENIED_SYSCALLS = (
 )
 
 
-def seccomp_program() -> bytes:
+def seccomp_program(private_unix: bool = False) -> bytes:
     """Compile the job filter once and return its BPF bytes for :func:`load_seccomp`.
 
     Default allow, with EPERM for :data:`DENIED_SYSCALLS`, for sockets of any family but
     AF_UNIX, and for clone() with namespace flags; clone3 answers ENOSYS so libc falls back
     to clone(), whose flags the filter can inspect. Other architectures' syscall ABIs kill.
+    ``private_unix`` (for jobs that share the host's network namespace and file system)
+    also refuses connect(), sendmsg() and sendto() with an address, so unix sockets only
+    link the job's own processes (socketpair) and never reach a host service.
     """
     import pyseccomp as sc
 
@@ -245,6 +281,10 @@ def seccomp_program() -> bytes:
     for flag in NAMESPACE_FLAGS:
         flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    if private_unix:
+        for name in ("connect", "sendmsg", "sendmmsg"):
+            flt.add_rule(eperm, name)
+        flt.add_rule(eperm, "sendto", sc.Arg(4, sc.NE, 0))
     read_fd, write_fd = os.pipe()
     with os.fdopen(write_fd, "wb") as sink:
         flt.export_bpf(sink)
@@ -267,3 +307,36 @@ def python_paths() -> list:
     paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
              os.path.realpath(os.path.dirname(sys.executable))}
     return sorted(p for p in paths if p != "/")
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid`` (a slot's own uid), wherever it is: a helper child
+    takes that uid and signals -1, which reaches exactly the processes of its uid. A fork
+    racing with the signal is aborted by the kernel, so one pass leaves none running."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, 9)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def namespaces_work() -> bool:
+    """Whether this process may create the slot namespaces and remount in them (root with
+    CAP_SYS_ADMIN and no seccomp or LSM rule against it); tried in a throwaway child."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            unshare(SLOT_NAMESPACES)
+            mount(None, "/", None, MS_REC | MS_PRIVATE)
+        except OSError:
+            os._exit(1)
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+if __name__ == "__main__":
+    # The executor's probe, run as a fresh single-threaded process (forking is then safe).
+    sys.exit(0 if namespaces_work() else 1)

@@ -7,9 +7,14 @@ the slot's uid, sets no_new_privs, loads the seccomp filter and runs the program
 worker enforces the wall-clock deadline and the output caps, then kills every process left
 in its PID namespace and unmounts the scratch space.
 
-Mode ``bwrap`` runs one job inside a bubblewrap sandbox made by the parent and exits;
-mode ``none`` runs jobs with limits and seccomp but without namespaces (an explicit
-opt-in for trusted code). Jobs arrive as length-prefixed JSON on the socket whose number
+Mode ``landlock`` (root without CAP_SYS_ADMIN) stays in the host's namespaces: each job
+gets a fresh scratch directory owned by the slot's uid, and each run's child, after its
+limits, takes that uid, sets no_new_privs, confines its file access with Landlock and
+loads a seccomp filter that also keeps unix sockets private. The worker is the subreaper
+of everything the job starts, kills the slot uid's processes after every run, and stops a
+job whose scratch files outgrow the cap. Mode ``bwrap`` runs one job inside a bubblewrap
+sandbox made by the parent and exits; mode ``none`` runs jobs with limits and seccomp but
+without namespaces (an explicit opt-in for trusted code). Jobs arrive as length-prefixed JSON on the socket whose number
 the settings give; replies go back the same way. The worker reports raw outcomes only; verdicts are the parent's.
 """
 
@@ -27,6 +32,7 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 import _jail  # noqa: E402
+import _landlock  # noqa: E402
 import _runner  # noqa: E402
 
 # Programs import from the Python environment only, not from the sandbox's own folder.
@@ -35,6 +41,10 @@ sys.path[:] = [path for path in sys.path if path != _HERE]
 _READ_CHUNK = 65536
 _RESULT_CAP = 8 << 20
 _LIMIT_MARKERS = ("MemoryError", "std::bad_alloc", "heap out of memory", "Cannot allocate memory")
+# Landlock mode has no size-capped tmpfs: the scratch directory is measured this often, and
+# capped at this many entries (the namespaces mode's tmpfs inode cap).
+_SCRATCH_CHECK_S = 0.02
+_SCRATCH_ENTRIES = 4096
 
 
 def send_message(sock: socket.socket, message: dict) -> None:
@@ -62,32 +72,47 @@ def _recv_exact(sock: socket.socket, size: int):
 
 
 class Worker:
-    """Serves jobs for one slot; ``mode`` is ``jail``, ``bwrap`` or ``none``."""
+    """Serves jobs for one slot; ``mode`` is ``jail``, ``landlock``, ``bwrap`` or ``none``."""
 
-    def __init__(self, mode: str, uid: int, gid: int, scratch_mb: int, env: dict):
+    def __init__(self, mode: str, uid: int, gid: int, scratch_mb: int, env: dict, control_fd: int):
         self.mode, self.uid, self.gid, self.scratch_mb = mode, uid, gid, scratch_mb
-        self.env = env
-        self.seccomp = _jail.seccomp_program()
+        self.env, self.control_fd = env, control_fd
+        self.seccomp = _jail.seccomp_program(private_unix=mode == "landlock")
         self.scratch = _jail.scratch_point(_jail.python_paths()) if mode == "jail" else "/tmp"
+        self.scratch_cap = None
+        if mode == "landlock":
+            # Orphans of a job become this worker's children, so none escapes the reaping.
+            _jail.prctl(_jail.PR_SET_CHILD_SUBREAPER, 1)
+            self.scratch_cap = (scratch_mb << 20, _SCRATCH_ENTRIES)
+        # A Python installation under a private directory (/root/.pyenv) cannot be walked to
+        # by the slot's uid; in-process Python programs then keep CAP_DAC_READ_SEARCH (what
+        # they may open is still only what Landlock grants).
+        self.keep_read_search = mode == "landlock" and not all(
+            _jail.reachable_by_others(path) for path in _jail.python_paths())
 
     def open_scratch(self) -> None:
         if self.mode == "jail":
             _jail.mount_scratch(self.scratch, self.scratch_mb, self.uid, self.gid)
-        elif self.mode == "none":
+        elif self.mode in ("none", "landlock"):
             self.scratch = tempfile.mkdtemp(prefix="tempering-sandbox-")
+        if self.mode == "landlock":
+            os.chown(self.scratch, self.uid, self.gid)
 
     def close_scratch(self) -> None:
         if self.mode == "jail":
             _jail.umount(self.scratch)
-        elif self.mode == "none":
+        elif self.mode in ("none", "landlock"):
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def kill_all(self, pid: int) -> None:
-        """Kill every process the job left: the whole PID namespace, or its process group."""
+        """Kill every process the job left (the whole PID namespace, every process of the
+        slot's uid, or the job's process group) and reap them."""
         while True:
             try:
                 if self.mode == "none":
                     os.killpg(pid, signal.SIGKILL)
+                elif self.mode == "landlock":
+                    _jail.kill_uid(self.uid)
                 else:
                     os.kill(-1, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -105,7 +130,7 @@ class Worker:
                 path = os.path.join(self.scratch, name)
                 with open(path, "w", encoding="utf-8") as handle:
                     handle.write(text)
-                if self.mode == "jail":
+                if self.mode in ("jail", "landlock"):
                     os.chown(path, self.uid, self.gid)
             reply = {"compile": None, "runs": []}
             if job.get("compile"):
@@ -127,7 +152,10 @@ class Worker:
         for name, (read_end, write_end) in pipes.items():
             os.close(read_end if name == "stdin" else write_end)
         try:
-            outcome = _Watch(run, pipes, pid, started).follow()
+            watch = _Watch(run, pipes, pid, started, self.control_fd)
+            if self.scratch_cap:
+                watch.scratch = (self.scratch, *self.scratch_cap)
+            outcome = watch.follow()
         finally:
             self.kill_all(pid)
             for name, (read_end, write_end) in pipes.items():
@@ -146,9 +174,13 @@ class Worker:
             os.environ.clear()
             os.environ.update(self.env, HOME=self.scratch, TMPDIR=self.scratch)
             _jail.apply_rlimits(run["rlimits"])
-            if self.mode == "jail":
-                _jail.drop_privileges(self.uid, self.gid)
+            if self.mode == "landlock":
+                ruleset = _landlock.ruleset(_landlock_read_paths(), _jail.host_devices(), self.scratch)
+            if self.mode in ("jail", "landlock"):
+                _jail.drop_privileges(self.uid, self.gid, self.keep_read_search and "argv" not in run)
             _jail.prctl(_jail.PR_SET_NO_NEW_PRIVS, 1)
+            if self.mode == "landlock":
+                _landlock.restrict_self(ruleset)
             _jail.load_seccomp(self.seccomp)
             os.write(4, b"ok")
         except BaseException as err:
@@ -168,8 +200,8 @@ class Worker:
 class _Watch:
     """Follows one running child: feeds stdin, collects output, enforces deadlines and caps."""
 
-    def __init__(self, run: dict, pipes: dict, pid: int, started: float):
-        self.pid, self.started = pid, started
+    def __init__(self, run: dict, pipes: dict, pid: int, started: float, control_fd: int):
+        self.pid, self.started, self.control_fd = pid, started, control_fd
         self.timeout = float(run["timeout_s"])
         self.deadline = started + self.timeout
         self.hard_deadline = started + float(run.get("total_timeout_s", self.timeout))
@@ -184,11 +216,13 @@ class _Watch:
         self.events = []
         self.pending = b""
         self.status = None
+        self.scratch = None  # (directory, byte cap, entry cap) when the worker must measure it
 
     def follow(self) -> dict:
         pidfd = os.pidfd_open(self.pid)
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
+        poller.register(self.control_fd, select.POLLIN)
         for fd in self.fds:
             poller.register(fd, select.POLLIN)
         if self.stdin:
@@ -212,10 +246,18 @@ class _Watch:
             if now >= limit:
                 self.status = "timeout"
                 break
-            for fd, _ in poller.poll(max(1, int((limit - now) * 1000) + 1)):
+            if self.scratch and _scratch_over(*self.scratch):
+                self.status = "output_limit"
+                break
+            wait = min(limit - now, _SCRATCH_CHECK_S) if self.scratch else limit - now
+            for fd, _ in poller.poll(max(1, int(wait * 1000) + 1)):
                 if fd == pidfd:
                     self._drain_all()
                     return
+                if fd == self.control_fd:
+                    # The executor sends nothing during a job: this is its socket closing.
+                    # Exiting through run_one's cleanup ends the job and everything it started.
+                    raise SystemExit("the executor closed the connection during a job")
                 if fd == self.stdin_fd:
                     self._feed_stdin(poller)
                 elif not self._read(fd):
@@ -309,6 +351,33 @@ class _Watch:
         return "runtime_error"
 
 
+def _scratch_over(directory: str, max_bytes: int, max_entries: int) -> bool:
+    """Whether the files under ``directory`` take more than ``max_bytes`` of disk or number
+    more than ``max_entries``. Walks without following links or recursing in Python."""
+    used, entries, pending = 0, 0, [directory]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
+                    used += entry.stat(follow_symlinks=False).st_blocks * 512
+                    if used > max_bytes or entries > max_entries:
+                        return True
+        except OSError:
+            continue  # removed while we looked
+    return False
+
+
+def _landlock_read_paths() -> list:
+    """What a landlock-mode program may read and execute: the system's software, a few
+    /etc files and the Python installation; never /proc, /home, /root, /tmp or the
+    working tree."""
+    system = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+    return system + ["/etc/" + name for name in _jail.ETC_FILES] + _jail.python_paths()
+
+
 def _close_quietly(fd: int) -> None:
     try:
         os.close(fd)
@@ -355,7 +424,7 @@ def main() -> None:
     if settings["mode"] == "jail":
         _enter_namespaces(settings["fd"])
     worker = Worker(settings["mode"], settings.get("uid", -1), settings.get("gid", -1),
-                    settings.get("scratch_mb", 64), settings["env"])
+                    settings.get("scratch_mb", 64), settings["env"], settings["fd"])
     _serve(worker, sock, settings["mode"] == "bwrap")
 
 

@@ -144,7 +144,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     common.add_argument("--workers", type=int, default=None,
                         help="sandbox slots (default: one per CPU)")
     common.add_argument("--isolation", choices=ISOLATION_MODES, default="auto",
-                        help="auto picks namespaces (root) or bubblewrap; 'none' runs unisolated")
+                        help="auto picks namespaces (root with CAP_SYS_ADMIN), landlock (root "
+                             "without it) or bubblewrap; 'none' runs unisolated")
 
     run = commands.add_parser("run", parents=[common], help="run one program")
     run.add_argument("file", help="program source")

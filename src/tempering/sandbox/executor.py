@@ -6,9 +6,11 @@ worker itself, restarts a slot whose worker died, and retries a job that hit an
 infrastructure fault before reporting ``sandbox_error``. Verdicts are computed here, in
 the caller's process, by :mod:`tempering.sandbox.harness`.
 
-Isolation modes: ``namespaces`` (root; per-slot namespaces and uid, the default when
-running as root), ``bwrap`` (not root: one bubblewrap sandbox per job), ``none`` (limits
-and seccomp only, for trusted code; never chosen automatically).
+Isolation modes: ``namespaces`` (root with CAP_SYS_ADMIN; per-slot namespaces and uid),
+``landlock`` (root without CAP_SYS_ADMIN, as in a default Docker container: per-slot uid,
+Landlock and seccomp, no namespaces), ``bwrap`` (not root: one bubblewrap sandbox per
+job), ``none`` (limits and seccomp only, for trusted code; never chosen automatically).
+What each covers is in the package docstring.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
-from tempering.sandbox import harness
+from tempering.sandbox import _jail, _landlock, harness
 from tempering.sandbox._zygote import recv_message, send_message
 from tempering.sandbox.spec import (RunRequest, RunResult, SandboxAPI, SandboxUnavailable,
                                     TestResult, TestSpec)
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
-ISOLATION_MODES = ("auto", "namespaces", "bwrap", "none")
+ISOLATION_MODES = ("auto", "namespaces", "landlock", "bwrap", "none")
 # Fixed environment of every program: same locale, hash seed, zone and paths on every run.
 ENVIRONMENT = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -49,27 +52,55 @@ class SlotFailure(RuntimeError):
     """The worker process of a slot died, hung or answered nonsense."""
 
 
+@cache
+def namespaces_work() -> bool:
+    """Whether this machine lets us create the slot namespaces: tried once, in a fresh
+    single-threaded process (root without CAP_SYS_ADMIN, or a seccomp or AppArmor profile
+    against unshare or mount, says no)."""
+    probe = subprocess.run([sys.executable, "-s", _jail.__file__], env=ENVIRONMENT, cwd="/",
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=_START_TIMEOUT_S)
+    return probe.returncode == 0
+
+
+def _unavailable(requested: str):
+    """Why ``requested`` cannot run here, or None when it can."""
+    root = os.geteuid() == 0
+    if requested in ("namespaces", "landlock") and not root:
+        return f"isolation '{requested}' needs root; use 'bwrap' or run as root"
+    if requested == "namespaces" and not namespaces_work():
+        return ("isolation 'namespaces' cannot create namespaces here (it needs CAP_SYS_ADMIN, "
+                "which containers usually drop); use 'landlock'")
+    if requested == "landlock" and _landlock.abi_version() < 1:
+        return "isolation 'landlock' needs a Linux kernel with Landlock enabled (5.13 or later)"
+    if requested == "bwrap" and root:
+        # As root, the sandbox's uid would map to host root and own /proc's root files.
+        return "isolation 'bwrap' is for non-root users; as root use 'namespaces' or 'landlock'"
+    if requested == "bwrap" and shutil.which("bwrap") is None:
+        return "isolation 'bwrap' needs bubblewrap: install the 'bubblewrap' package"
+    return None
+
+
 def choose_isolation(requested: str = "auto") -> str:
-    """Resolve ``auto`` to the strongest mode this machine offers, or explain why none."""
+    """Resolve ``auto`` to the strongest mode this machine offers (namespaces, then landlock
+    as root; bwrap otherwise), or explain why none is safe."""
     if requested not in ISOLATION_MODES:
         raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {requested!r}")
-    if requested == "namespaces" and os.geteuid() != 0:
-        raise SandboxUnavailable("isolation 'namespaces' needs root; use 'bwrap' or run as root")
-    if requested == "bwrap" and os.geteuid() == 0:
-        # As root, the sandbox's uid would map to host root and own /proc's root files.
-        raise SandboxUnavailable("isolation 'bwrap' is for non-root users; as root use 'namespaces'")
-    if requested == "bwrap" and shutil.which("bwrap") is None:
-        raise SandboxUnavailable("isolation 'bwrap' needs bubblewrap: install the 'bubblewrap' package")
     if requested != "auto":
+        reason = _unavailable(requested)
+        if reason:
+            raise SandboxUnavailable(reason)
         return requested
-    if os.geteuid() == 0:
-        return "namespaces"
-    if shutil.which("bwrap"):
-        return "bwrap"
+    candidates = ("namespaces", "landlock") if os.geteuid() == 0 else ("bwrap",)
+    reasons = []
+    for mode in candidates:
+        reason = _unavailable(mode)
+        if reason is None:
+            return mode
+        reasons.append(reason)
     raise SandboxUnavailable(
-        "cannot isolate programs here: not root and bubblewrap is not installed. Install the "
-        "'bubblewrap' package, run as root, or pass isolation='none' (--isolation none) to run "
-        "trusted code without isolation.")
+        f"cannot isolate programs here: {'; '.join(reasons)}. Run as root with CAP_SYS_ADMIN, "
+        "use a kernel with Landlock, install bubblewrap (when not root), or pass "
+        "isolation='none' (--isolation none) to run trusted code without isolation.")
 
 
 def _bwrap_prefix(scratch_mb: int) -> list:
@@ -105,7 +136,7 @@ class _Slot:
         self.sock = None
 
     def _command(self, fd: int) -> list:
-        mode = {"namespaces": "jail", "bwrap": "bwrap", "none": "none"}[self.isolation]
+        mode = {"namespaces": "jail", "landlock": "landlock", "bwrap": "bwrap", "none": "none"}[self.isolation]
         settings = {"mode": mode, "fd": fd, "uid": self.uid, "gid": self.uid,
                     "scratch_mb": self.scratch_mb, "env": ENVIRONMENT}
         # Not -I: that would ignore PYTHONHASHSEED. The environment is ENVIRONMENT alone.
@@ -150,6 +181,16 @@ class _Slot:
             self.stop()
         return reply
 
+    def interrupt(self) -> None:
+        """Shut the control socket down: a call waiting on it returns at once, and the worker
+        ends the job it is running (and everything the job started) and exits."""
+        sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def stop(self) -> str:
         """End the worker (closing the socket makes it exit); return its error output."""
         if self.sock is not None:
@@ -188,23 +229,23 @@ class Executor(SandboxAPI):
         self._free = queue.SimpleQueue()
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._closed = threading.Event()
+        for slot in self._slots:
+            self._free.put(slot)
         try:
             if self.isolation != "bwrap":
                 list(self._threads.map(_Slot.start, self._slots))
         except Exception:
             self.close()
             raise
-        for slot in self._slots:
-            self._free.put(slot)
 
     def execute(self, job: dict, timeout_s: float) -> dict:
         """Run one raw job on a free slot, retrying infrastructure faults; never raises them."""
         error = ""
         for _ in range(self.retries + 1):
-            if self._closed.is_set():
-                raise RuntimeError("this sandbox executor is closed")
             slot = self._free.get()
             try:
+                if self._closed.is_set():
+                    raise RuntimeError("this sandbox executor is closed")
                 reply = slot.call(job, timeout_s)
             except SlotFailure as err:
                 error = str(err)
@@ -230,11 +271,14 @@ class Executor(SandboxAPI):
         return list(self._threads.map(self.test, specs))
 
     def close(self) -> None:
-        """Stop every worker; their namespaces, processes and scratch mounts go with them."""
+        """Stop every worker now, running jobs included (their callers get RuntimeError);
+        the workers' namespaces, processes and scratch space go with them."""
         self._closed.set()
-        self._threads.shutdown(wait=True)
         for slot in self._slots:
-            slot.stop()
+            slot.interrupt()
+        self._threads.shutdown(wait=True)
+        for _ in self._slots:  # each slot once its holder let go of it
+            self._free.get().stop()
 
     def __enter__(self) -> "Executor":
         return self

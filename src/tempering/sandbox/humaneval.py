@@ -2,15 +2,23 @@
 
 HumanEval's tests are a ``check(candidate)`` function full of asserts, meant to run in the
 same process as the candidate, where the candidate can forge them. Most asserts have a
-shape the parent can judge itself: ``candidate(<literals>) == <literal>`` (either side),
-``... is True/False/None``, bare ``candidate(...)`` / ``not candidate(...)``, and
-``abs(candidate(...) - <literal>) < <literal>``. When every statement of ``check`` has
-one of these shapes the problem becomes ``call`` cases; otherwise (random inputs, loops,
-helper functions) it runs as a whole program and its verdict is marked ``program``.
+shape the parent can judge itself: ``candidate(<literals>) == <literal>`` (either side,
+either side wrapped in ``tuple()``/``list()``), ``... is True/False/None``, bare
+``candidate(...)`` / ``not candidate(...)``, and ``abs(candidate(...) - <literal>) <
+<literal>``; a ``for x in range(<literals>)`` loop of such asserts is unrolled. When every
+statement of ``check`` has one of these shapes the problem becomes ``call`` cases;
+otherwise it runs as a whole program and its verdict is marked ``program``: forgeable
+from inside the sandbox, which the ``code`` reward reports as its ``forgeable``
+component. Of the 164 problems, five keep that verdict (32, 38, 50, 53, 151: random
+inputs made by helpers of the prompt, a root checked through ``poly``, values computed by
+comprehensions).
 
 Arguments and expected values are read with :func:`ast.literal_eval` plus arithmetic on
-literals (bounded, so ``"a" * 10**9`` is refused); nothing from the dataset is executed
-in the parent. Statements without effect (``assert True``, a bare ``print``) are skipped.
+literals (bounded, so ``"a" * 10**9`` is refused), the loop variable, and ``str``,
+``tuple`` and ``list`` of those; nothing from the dataset is executed in the parent.
+Statements without effect (``assert True``, a bare ``print``) are skipped, and so is an
+assert comparing the candidate with the problem's own function (HumanEval/33's first
+three): in the benchmark that compares the completion with itself.
 """
 
 from __future__ import annotations
@@ -25,10 +33,17 @@ _FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
          ast.Pow: operator.pow}
 _MAX_REPEAT = 10_000
 _MAX_EXPONENT = 64
+_MAX_UNROLL = 1_000
+_CONVERSIONS = {"str": str, "tuple": tuple, "list": list}
+_SEQUENCE_WRAPPERS = ("tuple", "list")
 
 
 class _NotConvertible(Exception):
     pass
+
+
+class _SelfComparison(Exception):
+    """An assert comparing the candidate with the entry point itself: it checks nothing."""
 
 
 def humaneval_spec(problem: dict, completion: str, timeout_s: float = 3.0,
@@ -38,14 +53,14 @@ def humaneval_spec(problem: dict, completion: str, timeout_s: float = 3.0,
     code = problem["prompt"] + completion
     entry = problem["entry_point"]
     try:
-        cases = call_cases(problem["test"])
+        cases = call_cases(problem["test"], entry)
     except _NotConvertible:
         program = f"{code}\n\n{problem['test']}\n\ncheck({entry})\n"
         return TestSpec("python", program, Tests("program"), timeout_s, memory_mb)
     return TestSpec("python", code, Tests("call", tuple(cases), entry), timeout_s, memory_mb)
 
 
-def call_cases(test_source: str) -> list:
+def call_cases(test_source: str, entry_point: str = "") -> list:
     """Turn a HumanEval ``check`` into call cases, or raise ``_NotConvertible``."""
     module = ast.parse(test_source)
     checks = []
@@ -58,14 +73,32 @@ def call_cases(test_source: str) -> list:
         raise _NotConvertible("no check(candidate)")
     cases = []
     for statement in checks[0].body:
-        if _has_no_effect(statement):
-            continue
-        if not isinstance(statement, ast.Assert):
-            raise _NotConvertible(type(statement).__name__)
-        cases.append(_case(statement.test))
+        for test, names in _asserts(statement):
+            try:
+                cases.append(_case(test, names, entry_point))
+            except _SelfComparison:
+                continue
     if not cases:
         raise _NotConvertible("no asserts")
     return cases
+
+
+def _asserts(statement: ast.stmt):
+    """(test, loop-variable values) of each assert ``statement`` stands for."""
+    if _has_no_effect(statement):
+        return []
+    if isinstance(statement, ast.Assert):
+        return [(statement.test, {})]
+    if not (isinstance(statement, ast.For) and isinstance(statement.target, ast.Name)
+            and not statement.orelse and _is_call_to(statement.iter, "range")):
+        raise _NotConvertible(type(statement).__name__)
+    bounds = _args(statement.iter, {})
+    if not (all(type(b) is int for b in bounds) and 1 <= len(bounds) <= 3 and len(range(*bounds)) <= _MAX_UNROLL):
+        raise _NotConvertible("loop range")
+    body = [s for s in statement.body if not _has_no_effect(s)]
+    if not all(isinstance(s, ast.Assert) for s in body):
+        raise _NotConvertible("loop body")
+    return [(s.test, {statement.target.id: value}) for value in range(*bounds) for s in body]
 
 
 def _is_metadata(node: ast.stmt) -> bool:
@@ -82,28 +115,51 @@ def _has_no_effect(node: ast.stmt) -> bool:
     return isinstance(node, ast.Assert) and isinstance(node.test, ast.Constant) and bool(node.test.value)
 
 
-def _case(test: ast.expr) -> CallCase:
+def _case(test: ast.expr, names: dict, entry_point: str) -> CallCase:
     if _is_candidate_call(test):
-        return CallCase(_args(test), None, "truthy")
+        return CallCase(_args(test, names), None, "truthy")
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and _is_candidate_call(test.operand):
-        return CallCase(_args(test.operand), None, "falsy")
+        return CallCase(_args(test.operand, names), None, "falsy")
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
         raise _NotConvertible("unsupported assert")
     left, op, right = test.left, test.ops[0], test.comparators[0]
     if isinstance(op, ast.Eq):
-        call, other = (left, right) if _is_candidate_call(left) else (right, left)
-        if _is_candidate_call(call):
-            return CallCase(_args(call), _literal(other), "eq")
+        return _equality_case(left, right, names, entry_point)
     if isinstance(op, ast.Is) and _is_candidate_call(left):
-        expected = _literal(right)
+        expected = _literal(right, names)
         if expected is True or expected is False or expected is None:
-            return CallCase(_args(left), expected, "json")
+            return CallCase(_args(left, names), expected, "json")
     if isinstance(op, (ast.Lt, ast.LtE)):
-        return _approx_case(left, right)
+        return _approx_case(left, right, names)
     raise _NotConvertible("unsupported comparison")
 
 
-def _approx_case(left: ast.expr, right: ast.expr) -> CallCase:
+def _equality_case(left: ast.expr, right: ast.expr, names: dict, entry_point: str) -> CallCase:
+    """``candidate(...) == v``, either way round; ``tuple(candidate(...)) == tuple(v)`` (or
+    ``list``) compares the returned sequence with ``v`` item by item, as plain JSON data."""
+    call, other = (left, right) if _unwrap(left)[0] is not None else (right, left)
+    candidate, wrapped = _unwrap(call)
+    if candidate is None:
+        raise _NotConvertible("unsupported comparison")
+    inner, _ = _unwrap(other, "")
+    if _is_call_to(inner, entry_point):
+        raise _SelfComparison()
+    if wrapped:
+        return CallCase(_args(candidate, names), list(_literal(inner, names)), "json")
+    return CallCase(_args(candidate, names), _literal(other, names), "eq")
+
+
+def _unwrap(node: ast.expr, callee: str = "candidate"):
+    """(the call to ``callee`` inside an optional ``tuple(...)``/``list(...)``, whether it
+    was wrapped); with ``callee=""`` whatever is inside, or the node itself."""
+    wrapped = any(_is_call_to(node, name) for name in _SEQUENCE_WRAPPERS) and len(node.args) == 1
+    inner = node.args[0] if wrapped else node
+    if callee:
+        return (inner if _is_call_to(inner, callee) else None), wrapped
+    return inner, wrapped
+
+
+def _approx_case(left: ast.expr, right: ast.expr, names: dict) -> CallCase:
     """``abs(candidate(...) - v) < tol``; the tolerance check in the parent uses ``<=``,
     so the bound is narrowed by one ulp-scale margin to keep ``<`` semantics."""
     if not (isinstance(left, ast.Call) and isinstance(left.func, ast.Name)
@@ -113,26 +169,41 @@ def _approx_case(left: ast.expr, right: ast.expr) -> CallCase:
     if not (isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub)
             and _is_candidate_call(inner.left)):
         raise _NotConvertible("unsupported bound")
-    tolerance = _literal(right)
-    return CallCase(_args(inner.left), _literal(inner.right), "approx", float(tolerance) * (1 - 1e-12))
+    tolerance = _literal(right, names)
+    return CallCase(_args(inner.left, names), _literal(inner.right, names), "approx",
+                    float(tolerance) * (1 - 1e-12))
+
+
+def _is_call_to(node: ast.expr, name: str) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == name and not node.keywords)
 
 
 def _is_candidate_call(node: ast.expr) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id == "candidate" and not node.keywords)
+    return _is_call_to(node, "candidate")
 
 
-def _args(call: ast.Call) -> list:
-    return [_literal(arg) for arg in call.args]
+def _args(call: ast.Call, names: dict) -> list:
+    return [_literal(arg, names) for arg in call.args]
 
 
-def _literal(node: ast.expr):
-    """A literal, or arithmetic on literals (``[0] * 5``, ``2.0/3.0``), evaluated safely."""
+def _literal(node: ast.expr, names: dict):
+    """A literal, a loop variable in ``names``, or arithmetic and ``str``/``tuple``/``list``
+    on those (``[0] * 5``, ``2.0/3.0``, ``str(x)``), evaluated without running any code."""
+    if isinstance(node, ast.Name) and node.id in names:
+        return names[node.id]
     if isinstance(node, (ast.List, ast.Tuple)):
-        items = [_literal(item) for item in node.elts]
+        items = [_literal(item, names) for item in node.elts]
         return items if isinstance(node, ast.List) else tuple(items)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CONVERSIONS
+            and not node.keywords and len(node.args) == 1):
+        value = _literal(node.args[0], names)
+        try:
+            return _CONVERSIONS[node.func.id](value)
+        except (TypeError, ValueError) as err:
+            raise _NotConvertible("not a literal conversion") from err
     if isinstance(node, ast.BinOp) and type(node.op) in _FOLD:
-        left, right = _literal(node.left), _literal(node.right)
+        left, right = _literal(node.left, names), _literal(node.right, names)
         _check_size(node.op, left, right)
         try:
             return _FOLD[type(node.op)](left, right)

@@ -25,12 +25,14 @@ import ipaddress
 import json
 import socket
 import threading
+import traceback
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tempering.sandbox.spec import Limits, RunRequest, SpecError, TestSpec
 
 MAX_BODY_BYTES = 16 << 20
+_NO_BODY = object()  # what _read_json returns once it has answered with an error
 _FUSION_RUN_STATUS = {"ok": "Finished", "timeout": "TimeLimitExceeded"}
 
 
@@ -67,9 +69,11 @@ def run_request_from_fusion(body: dict) -> RunRequest:
     stdin = body.get("stdin") or ""
     if not isinstance(stdin, str):
         raise SpecError("'stdin' must be a string")
+    if not isinstance(body.get("language", "python"), str):
+        raise SpecError("'language' must be a string such as 'python'")
     limits = Limits(timeout_s=body.get("run_timeout", 5.0),
                     memory_mb=body.get("memory_limit_MB", 512))
-    return RunRequest(body["code"], str(body.get("language", "python")), stdin, limits)
+    return RunRequest(body["code"], body.get("language", "python"), stdin, limits)
 
 
 class SandboxHTTPServer(ThreadingHTTPServer):
@@ -167,20 +171,23 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _read_json(self):
+        """The body's JSON value (``null`` included), or ``_NO_BODY`` after answering an error."""
         length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
+        if length is None or not (length.isascii() and length.isdigit()):
             self.close_connection = True
             self._send(411, {"error": "a Content-Length header is required"})
-            return None
+            return _NO_BODY
         if int(length) > self.server.max_body_bytes:
             self.close_connection = True
             self._send(413, {"error": f"request body over {self.server.max_body_bytes} bytes"})
-            return None
+            return _NO_BODY
         try:
             return json.loads(self.rfile.read(int(length)))
         except ValueError:
             self._send(400, {"error": "the request body is not valid JSON"})
-            return None
+        except RecursionError:
+            self._send(400, {"error": "the request body is JSON nested too deeply"})
+        return _NO_BODY
 
     def do_GET(self):
         if self.path != "/health":
@@ -200,7 +207,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         body = self._read_json()
-        if body is not None:
+        if body is not _NO_BODY:
             route(body)
 
     def _with_queue(self, jobs: int, work):
@@ -214,6 +221,9 @@ class _Handler(BaseHTTPRequestHandler):
             status, payload = 400, {"error": str(err)}
         except RuntimeError as err:
             status, payload = 503, {"error": f"the sandbox is unavailable: {err}"}
+        except Exception as err:  # a defect here; the client still gets an answer
+            traceback.print_exc()
+            status, payload = 500, {"error": f"internal error: {type(err).__name__}: {err}"}
         finally:
             self.server.release(jobs)
         self._send(status, payload)

@@ -18,6 +18,7 @@ RUN_STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit"
 CASE_STATUSES = ("passed", "wrong_answer", "runtime_error", "timeout", "memory_limit",
                  "output_limit", "compile_error", "sandbox_error")
 COMPARE_MODES = ("json", "eq", "approx", "truthy", "falsy")
+MAX_NESTING = 100  # list/object levels in a case's arguments or expected value
 
 
 class SpecError(ValueError):
@@ -40,12 +41,12 @@ class Limits:
     file_size_mb: int = 32  # largest file the program may write
 
     def __post_init__(self):
-        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= 600):
+        if not (_is_number(self.timeout_s) and 0 < self.timeout_s <= 600):
             raise SpecError(f"timeout_s must be a number of seconds in (0, 600], got {self.timeout_s!r}")
-        if not (isinstance(self.memory_mb, int) and 16 <= self.memory_mb <= 65536):
+        if not (type(self.memory_mb) is int and 16 <= self.memory_mb <= 65536):
             raise SpecError(f"memory_mb must be an integer in [16, 65536], got {self.memory_mb!r}")
         for name in ("output_bytes", "processes", "open_files", "file_size_mb"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) > 0):
+            if not (type(getattr(self, name)) is int and getattr(self, name) > 0):
                 raise SpecError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
 
 
@@ -135,7 +136,9 @@ class TestSpec:
                 raise SpecError(f"test spec is missing {key!r}")
         if not isinstance(data["code"], str):
             raise SpecError("'code' must be a string")
-        spec = cls(language=str(data.get("language", "python")), code=data["code"],
+        if not isinstance(data.get("language", "python"), str):
+            raise SpecError("'language' must be a string such as 'python'")
+        spec = cls(language=data.get("language", "python"), code=data["code"],
                    tests=_tests_from_dict(data["tests"]),
                    timeout_s=data.get("timeout_s", 5.0), memory_mb=data.get("memory_mb", 512))
         Limits(timeout_s=spec.timeout_s, memory_mb=spec.memory_mb)  # raises SpecError naming the field
@@ -183,8 +186,31 @@ def _call_case(index: int, case: Any) -> CallCase:
         raise SpecError(f"tests.cases[{index}].compare must be one of {', '.join(COMPARE_MODES)}")
     if "expected" not in case and compare not in ("truthy", "falsy"):
         raise SpecError(f"tests.cases[{index}] needs 'expected'")
-    return CallCase(case["args"], case.get("expected"), compare,
-                    float(case.get("tolerance", 1e-6)))
+    tolerance = case.get("tolerance", 1e-6)
+    if not (_is_number(tolerance) and 0 <= tolerance < math.inf):
+        raise SpecError(f"tests.cases[{index}].tolerance must be a non-negative number, got {tolerance!r}")
+    if compare == "approx" and not _is_number(case["expected"]):
+        raise SpecError(f"tests.cases[{index}].expected must be a number to compare 'approx'")
+    for name in ("args", "expected"):
+        if _nesting(case.get(name)) > MAX_NESTING:
+            raise SpecError(f"tests.cases[{index}].{name} is nested deeper than {MAX_NESTING} levels")
+    return CallCase(case["args"], case.get("expected"), compare, float(tolerance))
+
+
+def _nesting(value: Any) -> int:
+    """How many list/object levels a JSON value has, counted without recursion.
+
+    >>> _nesting(1), _nesting([[], {"a": [2]}])
+    (0, 3)
+    """
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""The ``math`` reward on a written-down equivalence set, and its extraction and timeout.
+"""The ``math`` reward on a written-down equivalence set, its extraction, and its checker's failures.
 
 Each case is (reference, completion, expected verdict, why). The verdicts are what a
 grader of final answers should say; where math-verify is lenient or strict in a way worth
-knowing, the reason says so. The comparisons run in the reward's process pool, as in
+knowing, the reason says so. The comparisons run in the reward's checker process, as in
 training.
 """
 
@@ -132,7 +132,7 @@ def test_a_checker_that_dies_mid_case_is_retried_then_reported_as_a_grader_failu
         verifier.close()
 
 
-def test_plain_numbers_are_compared_without_the_pool():
+def test_plain_numbers_are_compared_without_the_checker():
     VERIFIER.close()
     problem = Problem(task="add", id="0", prompt="", answer="85")
     assert math_answer(problem, "7+8=15\n4+3+1=8\nanswer: 85").score == 1.0

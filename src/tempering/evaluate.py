@@ -1,35 +1,75 @@
-"""Greedy held-out evaluation: the accuracy every before/after table is built from."""
+"""Greedy held-out evaluation: the accuracy every before/after table is built from.
+
+A problem whose grader failed (``RewardResult.error``: a sandbox fault, a math checker that
+timed out) says nothing about the model, so it is left out of the accuracy and counted in
+``grader_errors`` instead of counting as wrong.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from tempering.rewards.base import build_reward
+from tempering.config import ConfigError
+from tempering.rewards.base import BatchReward, build_reward
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.tasks import Task
 
 
-def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
-             max_new_tokens: int, options: Optional[dict[str, dict[str, Any]]] = None) -> dict:
-    """``{"accuracy": mean over tasks, "per_task": {name: accuracy}, "examples": {...}}``.
-
-    Accuracy is the share of held-out problems whose greedy completion scores 1 on the
-    task's ``metric`` reward (built with its ``options``, so batch rewards such as ``code``
-    grade in the sandbox); the overall number is the unweighted mean over tasks.
-    """
-    params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
-    per_task, examples = {}, {}
-    for task in tasks:
-        problems = task.eval_problems(problems_per_task)
-        groups = generator.generate(problems, group_size=1, params=params)
-        metric = build_reward(task.metric, (options or {}).get(task.metric))
+def build_metrics(tasks: Sequence[Task], options: dict[str, dict[str, Any]] | None = None) -> dict[str, BatchReward]:
+    """Each task's ``metric`` reward, built once with its ``options``; a bad option is a
+    ConfigError naming it. Options of rewards no metric uses are left alone (a training
+    config names rewards that evaluation does not need)."""
+    metrics: dict[str, BatchReward] = {}
+    for name in dict.fromkeys(task.metric for task in tasks):
         try:
-            results = metric.score_batch([g.problem for g in groups], [g.rollouts[0] for g in groups])
-        finally:
-            if hasattr(metric, "close"):
-                metric.close()
-        correct = [0.0 if r.error else r.score for r in results]
-        per_task[task.name] = sum(correct) / len(correct)
-        examples[task.name] = {"prompt": str(groups[0].problem.prompt), "completion": groups[0].rollouts[0].text}
-    accuracy = sum(per_task.values()) / len(per_task)
-    return {"accuracy": accuracy, "per_task": per_task, "examples": examples}
+            metrics[name] = build_reward(name, (options or {}).get(name))
+        except ValueError as exc:
+            close_metrics(metrics)
+            raise ConfigError(f"rewards.options.{name}: {exc}") from None
+    return metrics
+
+
+def close_metrics(metrics: Mapping[str, BatchReward]) -> None:
+    """Release what the metric rewards hold (sandbox pools, models)."""
+    for reward in metrics.values():
+        if hasattr(reward, "close"):
+            reward.close()
+
+
+def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
+             max_new_tokens: int, options: dict[str, dict[str, Any]] | None = None,
+             metrics: Mapping[str, BatchReward] | None = None) -> dict:
+    """``{"accuracy", "per_task", "problems", "grader_errors", "examples"}``.
+
+    ``per_task[name]`` is the mean ``metric`` score of the task's greedy completions over the
+    held-out problems that were graded (None when none was); ``problems`` counts the problems
+    (a task may hold fewer than ``problems_per_task``) and ``grader_errors`` those whose grader
+    failed. ``accuracy`` is the unweighted mean over the tasks with a number. The metrics are
+    built from ``options`` and closed here, unless the caller passes them built (``metrics``,
+    from :func:`build_metrics`) and closes them itself.
+    """
+    owned = build_metrics(tasks, options) if metrics is None else None
+    try:
+        return _evaluate(generator, tasks, problems_per_task, max_new_tokens,
+                         metrics if owned is None else owned)
+    finally:
+        if owned is not None:
+            close_metrics(owned)
+
+
+def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int, max_new_tokens: int,
+              metrics: Mapping[str, BatchReward]) -> dict:
+    params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
+    per_task, problems, grader_errors, examples = {}, {}, {}, {}
+    for task in tasks:
+        groups = generator.generate(task.eval_problems(problems_per_task), group_size=1, params=params)
+        results = metrics[task.metric].score_batch([g.problem for g in groups], [g.rollouts[0] for g in groups])
+        graded = [r.score for r in results if r.error is None]
+        per_task[task.name] = sum(graded) / len(graded) if graded else None
+        problems[task.name], grader_errors[task.name] = len(results), len(results) - len(graded)
+        if groups:
+            examples[task.name] = {"prompt": str(groups[0].problem.prompt), "completion": groups[0].rollouts[0].text}
+    known = [value for value in per_task.values() if value is not None]
+    return {"accuracy": sum(known) / len(known) if known else None, "per_task": per_task, "problems": problems,
+            "grader_errors": grader_errors, "examples": examples}

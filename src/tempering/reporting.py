@@ -47,17 +47,35 @@ def truncate_metrics(path: Path, last_step: int) -> int:
 def before_after_table(before: dict, after: dict) -> str:
     """A plain-text table of held-out accuracy per task, before and after training.
 
+    A ``grader errors`` column (before -> after) appears when any problem's grader failed;
+    those problems are outside the accuracies, and a task with none graded reads ``n/a``.
+
     >>> print(before_after_table({"accuracy": 0.25, "per_task": {"add": 0.25}},
     ...                          {"accuracy": 0.75, "per_task": {"add": 0.75}}))
     task    before   after   change
     add      25.0%   75.0%    +50.0
     mean     25.0%   75.0%    +50.0
     """
-    rows = [("task", "before", "after", "change")]
     names = list(before["per_task"]) + ["mean"]
+    show_errors = any(_grader_errors(result, "mean") for result in (before, after))
+    rows = [("task", "before", "after", "change") + (("grader errors",) if show_errors else ())]
     for name in names:
         b = before["accuracy"] if name == "mean" else before["per_task"][name]
         a = after["accuracy"] if name == "mean" else after["per_task"].get(name, float("nan"))
-        rows.append((name, f"{100 * b:.1f}%", f"{100 * a:.1f}%", f"{100 * (a - b):+.1f}"))
+        change = "n/a" if a is None or b is None else f"{100 * (a - b):+.1f}"
+        rows.append((name, _percent(b), _percent(a), change)
+                    + ((f"{_grader_errors(before, name)} -> {_grader_errors(after, name)}",) if show_errors else ()))
     width = max(len(r[0]) for r in rows) + 2
-    return "\n".join(f"{r[0]:<{width}}{r[1]:>8}{r[2]:>8}{r[3]:>9}".rstrip() for r in rows)
+    return "\n".join(f"{r[0]:<{width}}{r[1]:>8}{r[2]:>8}{r[3]:>9}{''.join(f'{c:>15}' for c in r[4:])}".rstrip()
+                     for r in rows)
+
+
+def _grader_errors(result: dict, name: str) -> int:
+    """Problems whose grader failed, for one task or (``mean``) all; results saved before these
+    were counted have none."""
+    counts = result.get("grader_errors", {})
+    return sum(counts.values()) if name == "mean" else counts.get(name, 0)
+
+
+def _percent(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"

@@ -26,6 +26,8 @@ def _temper(args, cwd, cache):
     (["train", "algorithm.advantage=nosuch"], "algorithm.advantage: unknown advantage 'nosuch'; known: "),
     (["train", "nosuch.yaml", "steps=1"], "config file nosuch.yaml does not exist"),
     (["pretrain", "pretrain.hidden_size=abc"], "pretrain.hidden_size='abc'"),
+    (["eval", "rewards.options={exact_match: {nosuch: 1}}"],
+     "rewards.options.exact_match: reward 'exact_match' has no option 'nosuch'"),
 ])
 def test_a_bad_config_exits_2_with_a_short_message_and_no_traceback(tmp_path, args, expected):
     cache, cwd = tmp_path / "cache", tmp_path / "cwd"

@@ -166,3 +166,13 @@ def test_an_exception_in_a_reward_is_contained_to_the_rollout_that_raised(monkey
     assert [[r.reward for r in g.rollouts] for g in groups] == [[1.0, 0.0], [1.0, 1.0]]
     assert record["reward/dropped"] == 1 and record["reward/errors"] == 1
     rewarder.close()
+
+
+def test_a_math_answer_the_checker_cannot_settle_is_dropped_and_right_answers_after_it_score_one():
+    rewarder = Rewarder([FakeTask("m", {"math": 1.0}, metric="math")], {"math": {"timeout_s": 1.0}})
+    groups = [_group("m", "x^2-1", ["answer: 9^{9^{9}}", "answer: (x-1)(x+1)", "answer: x^2+1"])]
+    record = rewarder.score(groups)
+    assert [r.text for r in groups[0].rollouts] == ["answer: (x-1)(x+1)", "answer: x^2+1"]
+    assert [r.reward for r in groups[0].rollouts] == [1.0, 0.0]
+    assert (record["reward/dropped"], record["accuracy"]) == (1, 0.5)
+    rewarder.close()

@@ -1,16 +1,19 @@
-"""The ``math`` reward on a written-down equivalence set, and its extraction and timeout.
+"""The ``math`` reward on a written-down equivalence set, its extraction, and its checker's failures.
 
 Each case is (reference, completion, expected verdict, why). The verdicts are what a
 grader of final answers should say; where math-verify is lenient or strict in a way worth
-knowing, the reason says so. The comparisons run in the reward's process pool, as in
+knowing, the reason says so. The comparisons run in the reward's checker process, as in
 training.
 """
 
+import os
+import signal
+import threading
 import time
 
 import pytest
 
-from tempering.rewards.maths import VERIFIER, math_answer
+from tempering.rewards.maths import VERIFIER, CheckerFailed, Verifier, math_answer
 from tempering.types import Problem
 
 CASES = [
@@ -77,17 +80,60 @@ def test_the_equivalence_set_is_large_enough():
     assert len(CASES) >= 30
 
 
-def test_a_comparison_that_overruns_scores_zero_and_the_pool_recovers():
+HOSTILE = "answer: 9^{9^{9}}"
+"""A power tower math-verify evaluates digit by digit: it runs until the checker is killed."""
+
+
+def test_a_hostile_comparison_is_a_grader_failure_and_later_correct_answers_score_one():
     problem = Problem(task="math", id="0", prompt="", answer="x^2-1")
-    start = time.perf_counter()
-    result = math_answer(problem, "answer: (x-1)(x+1)", timeout_s=0.001)
-    assert time.perf_counter() - start < 5
-    assert (result.score, result.diagnostics.get("timeout")) == (0.0, 1)
-    assert math_answer(problem, "answer: (x-1)(x+1)").score == 1.0  # a fresh pool after the kill
+    hostile = math_answer(problem, HOSTILE, timeout_s=1.0)
+    assert hostile.error == "checker_timeout" and hostile.diagnostics["timeout"] == 1
+    # the checker restarts; its start-up (seconds) must not count against these 1 s cases
+    for _ in range(3):
+        result = math_answer(problem, "answer: (x-1)(x+1)", timeout_s=1.0)
+        assert (result.score, result.error) == (1.0, None)
 
 
-def test_plain_numbers_are_compared_without_the_pool():
+def test_start_up_does_not_count_against_the_first_case():
+    VERIFIER.close()
+    problem = Problem(task="math", id="0", prompt="", answer=r"\frac{1}{2}")
+    assert math_answer(problem, "answer: 0.5", timeout_s=0.5).score == 1.0
+
+
+def test_a_checker_killed_between_cases_is_replaced():
+    problem = Problem(task="math", id="0", prompt="", answer="x^2-1")
+    assert math_answer(problem, "answer: (x-1)(x+1)").score == 1.0
+    os.kill(VERIFIER.pid, signal.SIGKILL)
+    result = math_answer(problem, "answer: (x-1)(x+1)", timeout_s=1.0)
+    assert (result.score, result.error) == (1.0, None)
+
+
+def test_a_checker_that_dies_mid_case_is_retried_then_reported_as_a_grader_failure():
+    verifier = Verifier(retries=1)
+    try:
+        killed = []
+
+        def kill_each_worker():
+            while len(killed) < 2:
+                pid = verifier.pid  # each checker, starting or comparing
+                if pid is not None and pid not in killed:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                time.sleep(0.01)
+
+        killer = threading.Thread(target=kill_each_worker)
+        killer.start()
+        with pytest.raises(CheckerFailed) as failed:
+            verifier.equivalent("5", "9^{9^{9}}", timeout_s=600)
+        killer.join()
+        assert failed.value.reason == "died" and len(killed) == 2
+        assert verifier.equivalent("x^2-1", "(x-1)(x+1)", timeout_s=1.0) is True
+    finally:
+        verifier.close()
+
+
+def test_plain_numbers_are_compared_without_the_checker():
     VERIFIER.close()
     problem = Problem(task="add", id="0", prompt="", answer="85")
     assert math_answer(problem, "7+8=15\n4+3+1=8\nanswer: 85").score == 1.0
-    assert VERIFIER._pool is None
+    assert VERIFIER.pid is None

@@ -43,6 +43,11 @@ def test_the_answer_line_is_read_when_there_are_no_tags():
     assert _score(problem, "answer: not a number") < 1.0
 
 
+def test_evaluation_asking_for_more_than_the_held_out_set_gets_all_of_it():
+    task = build_task("rg:basic_arithmetic", seed=0, eval_size=2)
+    assert task.eval_problems(200) == task.eval_problems(2) and len(task.eval_problems(2)) == 2
+
+
 @pytest.mark.parametrize("rg_type", ["basic_arithmetic", "coin_flip", "acre"])
 def test_training_stream_is_deterministic_and_never_repeats_a_held_out_question(rg_type):
     task = build_task(f"rg:{rg_type}", seed=0, eval_size=32)

@@ -3,25 +3,36 @@
 math-verify parses LaTeX and plain expressions into sympy and compares them (fractions,
 decimals, sets, intervals, equations, percent, ``\\text{}`` units). Its own timeouts use
 SIGALRM, which works only on a process's main thread, and reward code runs in worker
-threads; so its timeouts are turned off and each comparison runs in a separate process
-(a small spawned pool) that is killed when it overruns ``timeout_s``. Plain numbers on both
-sides (no percent sign) are compared in-process, without the pool, where that settles it:
-equal values, or unequal integers.
+threads; so its timeouts are turned off and each comparison runs in a separate checker
+process that is killed when it overruns ``timeout_s``. Plain numbers on both sides (no
+percent sign) are compared in-process, without the checker, where that settles it: equal
+values, or unequal integers.
 
-Not done here: answers that need the problem text to interpret (e.g. "the second option").
+The checker imports math-verify and compares once before it says it is ready, and a case's
+clock starts only then: its start-up (seconds on a busy machine) never counts against a
+case. A case that overruns, or whose checker dies, is tried again on a fresh checker; if
+that fails too the result is a grader failure (``error``), which the loop drops and counts
+instead of scoring a possibly right answer 0. A hostile completion (a power tower such as
+``9^{9^{9}}``) therefore earns neither credit nor penalty, and costs two timeouts.
+
+Not done here: answers that need the problem text to interpret (e.g. "the second option");
+a memory limit on the checker.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import multiprocessing
 import re
 import threading
-from typing import Optional
 
 from tempering.rewards.base import RewardResult, register_reward
 from tempering.rewards.basic import final_answer, parse_number
 from tempering.types import Problem
+
+STARTUP_S = 300.0
+"""How long a checker may take to import math-verify and say it is ready."""
 
 
 def _as_latex(text: str) -> str:
@@ -31,10 +42,7 @@ def _as_latex(text: str) -> str:
 
 
 def _verify_in_worker(gold: str, answer: str) -> bool:
-    """Runs in a pool process: parse both sides and compare, with math-verify's alarms off."""
-    import logging
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that timeouts are off
+    """Runs in the checker: parse both sides and compare, with math-verify's alarms off."""
     from math_verify import parse, verify
 
     gold_parsed = parse(_as_latex(gold), parsing_timeout=None)
@@ -42,39 +50,93 @@ def _verify_in_worker(gold: str, answer: str) -> bool:
     return bool(gold_parsed and answer_parsed and verify(gold_parsed, answer_parsed, timeout_seconds=None))
 
 
-class Verifier:
-    """A lazily started process pool for math-verify, restarted after a timeout."""
+def _serve(conn) -> None:
+    """The checker's loop: warm up, say ready, then answer ``(gold, answer)`` pairs until the
+    parent closes the pipe. Each reply is ``(verdict, None)`` or ``(None, exception text)``."""
+    import logging
 
-    def __init__(self, workers: int = 1):
-        self.workers = workers
-        self._pool = None
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that timeouts are off
+    _verify_in_worker(r"\frac{1}{2}", "0.5")  # imports and first-use set-up, before any case's clock
+    conn.send("ready")
+    while True:
+        try:
+            gold, answer = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send((_verify_in_worker(gold, answer), None))
+        except Exception as exc:  # noqa: BLE001  (reported to the parent as the checker's failure)
+            conn.send((None, f"{type(exc).__name__}: {exc}"))
+
+
+class CheckerFailed(RuntimeError):
+    """No verdict: ``reason`` is ``timeout`` (the case or the start-up overran), ``died`` (the
+    checker exited) or ``exception`` (math-verify raised)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"math checker {reason}{': ' + detail if detail else ''}")
+        self.reason = reason
+
+
+class Verifier:
+    """One checker process, started on first use and replaced after any failure; see the
+    module docstring. ``retries``: extra attempts, each on a fresh checker."""
+
+    def __init__(self, retries: int = 1, startup_s: float = STARTUP_S):
+        self.retries, self.startup_s = retries, startup_s
+        self._process = self._conn = None
         self._lock = threading.Lock()
         atexit.register(self.close)
 
-    def _get_pool(self):
-        if self._pool is None:
-            try:
-                import math_verify  # noqa: F401  (fail here, in the caller, with a clear message)
-            except ImportError:
-                raise RuntimeError("the math reward needs math-verify: pip install 'math-verify>=0.9,<1'") from None
-            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
-        return self._pool
+    @property
+    def pid(self) -> int | None:
+        """The checker's process id, or None when none runs."""
+        return None if self._process is None else self._process.pid
 
-    def equivalent(self, gold: str, answer: str, timeout_s: float) -> Optional[bool]:
-        """True/False, or None when the comparison overran ``timeout_s`` (its worker is killed)."""
+    def _receive(self, limit_s: float):
+        if not self._conn.poll(limit_s):
+            raise CheckerFailed("timeout")
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            raise CheckerFailed("died") from None
+
+    def _start(self) -> None:
+        if importlib.util.find_spec("math_verify") is None:  # a clear message, in the caller
+            raise RuntimeError("the math reward needs math-verify: pip install 'math-verify>=0.9,<1'")
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child,), name="math-verify", daemon=True)
+        self._process.start()
+        child.close()  # so the pipe reads as closed once the checker exits
+        self._receive(self.startup_s)
+
+    def _compare(self, gold: str, answer: str, timeout_s: float) -> bool:
+        if self._process is None:
+            self._start()
+        self._conn.send((gold, answer))
+        verdict, error = self._receive(timeout_s)
+        if error is not None:
+            raise CheckerFailed("exception", error)
+        return verdict
+
+    def equivalent(self, gold: str, answer: str, timeout_s: float) -> bool:
+        """Whether math-verify finds the two equivalent; CheckerFailed when no attempt could tell."""
         with self._lock:
-            pending = self._get_pool().apply_async(_verify_in_worker, (gold, answer))
-            try:
-                return pending.get(timeout_s)
-            except multiprocessing.TimeoutError:
-                self.close()
-                return None
+            for attempt in range(self.retries + 1):
+                try:
+                    return self._compare(gold, answer, timeout_s)
+                except CheckerFailed:
+                    self.close()
+                    if attempt == self.retries:
+                        raise
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        if self._process is not None:
+            self._process.kill()
+            self._process.join()
+            self._conn.close()
+            self._process = self._conn = None
 
 
 VERIFIER = Verifier()
@@ -86,8 +148,9 @@ def math_answer(problem: Problem, completion: str, *, timeout_s: float = 5.0,
     """1 when the final answer is mathematically equivalent to the reference, else 0.
 
     The answer is read from an ``answer:`` line, else ``\\boxed{}``, else (``last_number``)
-    the last number in the text. A comparison that overruns ``timeout_s`` scores 0 and says
-    so in ``diagnostics["timeout"]``: the hard expression is the completion's doing.
+    the last number in the text. When the checker gives no verdict (``timeout_s`` overrun
+    twice, a crash) the result is a grader failure: ``error`` is ``checker_<reason>`` and
+    ``diagnostics`` has ``<reason>: 1``.
 
     >>> p = Problem(task="t", id="0", prompt="", answer="1,024")
     >>> math_answer(p, "so the total is 1024.").score, math_answer(p, "answer: 1023").score
@@ -102,7 +165,9 @@ def math_answer(problem: Problem, completion: str, *, timeout_s: float = 5.0,
             return RewardResult(1.0, diagnostics={"extracted": answer})
         if got.denominator == want.denominator == 1:  # unequal integers: no rounding can join them
             return RewardResult(0.0, diagnostics={"extracted": answer})
-    verdict = VERIFIER.equivalent(problem.answer, answer, timeout_s)
-    if verdict is None:
-        return RewardResult(0.0, diagnostics={"extracted": answer, "timeout": 1})
+    try:
+        verdict = VERIFIER.equivalent(problem.answer, answer, timeout_s)
+    except CheckerFailed as failure:
+        return RewardResult(0.0, diagnostics={"extracted": answer, failure.reason: 1},
+                            error=f"checker_{failure.reason}")
     return RewardResult(float(verdict), diagnostics={"extracted": answer})

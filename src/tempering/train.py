@@ -111,9 +111,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
             for key in timings:
                 timings[key] += record[key]
             if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
-                result = run.evaluate()
-                record["eval/accuracy"] = result["accuracy"]
-                record.update({f"eval/{name}": value for name, value in result["per_task"].items()})
+                record.update(eval_record(run.evaluate()))
             record.update(run.monitors.update(groups, record))
             with run.pipeline.scheduler_lock():
                 record.update(run.mixture.update())
@@ -156,6 +154,16 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         print(run.mixture.table())
         print(f"run folder: {run.run_dir}  ({summary['wall_s']:.0f} s)")
     return summary
+
+
+def eval_record(result: dict) -> dict[str, float]:
+    """A held-out evaluation as step-record keys: ``eval/accuracy``, ``eval/<task>`` and
+    ``eval/grader_errors``; a task (or the whole) with no problem graded has no number."""
+    record = {f"eval/{name}": value for name, value in result["per_task"].items() if value is not None}
+    if result["accuracy"] is not None:
+        record["eval/accuracy"] = result["accuracy"]
+    record["eval/grader_errors"] = sum(result["grader_errors"].values())
+    return record
 
 
 def learn_step(run: Run) -> tuple[list[Group], dict]:

@@ -70,6 +70,7 @@ def test_periodic_evaluation_is_logged_at_its_steps_only(small_run):
     # every 2 steps, but not at the last step, which the final evaluation covers
     assert ["eval/accuracy" in r for r in records] == [False, True, False]
     assert {f"eval/{name}" for name in TASK_NAMES} <= set(records[1])
+    assert records[1]["eval/grader_errors"] == 0
 
 
 def test_summary_holds_both_evaluations_steps_and_wall_time(small_run):

@@ -40,6 +40,11 @@ when that is exact (``learner.merge_duplicates``, :meth:`Learner._merge_duplicat
 checkpointing trades compute for memory; bf16 autocast trades precision for speed and memory
 (on CPU with attention as batched bf16 products for short rows and in fp32 for long ones,
 see ``tempering.models.attention``).
+
+Batches move to the device of the policy's parameters (where the reference model and the
+critic are too), autocast is of that device's type, and every tensor the step makes is made
+there; values handed back for advantages (:meth:`Learner.values`,
+:meth:`Learner.reward_penalty`) are on the batch's own device.
 """
 
 from __future__ import annotations

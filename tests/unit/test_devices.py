@@ -12,11 +12,16 @@ from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 from test_learner import PAD, _learner, _model, _rollout
 from test_merge_rows import _duplicate_batch
+from torch.overrides import TorchFunctionMode
 
+from tempering.build import build_run
+from tempering.config import ConfigError, TrainConfig, load_config
 from tempering.learner import collate
+from tempering.models import device as device_module
+from tempering.models.device import resolve_device, slow_bf16
+from tempering.models.loading import ModelLoadError
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.types import Problem
 
@@ -155,3 +160,55 @@ def test_a_sampler_call_makes_every_tensor_on_the_models_device(tiny_policy, pat
         rollouts = sample()
     assert rollouts == expected
     assert all(type(value) is float for _, logprobs, _ in rollouts for value in logprobs)
+
+
+X86_WITHOUT_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n"
+X86_WITH_BF16 = X86_WITHOUT_BF16.replace("avx512bw", "avx512bw avx512_bf16")
+X86_WITH_AMX = X86_WITHOUT_BF16.replace("avx512bw", "avx512bw amx_bf16 amx_tile")
+ARM_WITHOUT_BF16 = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes crc32 atomics\n"
+ARM_WITH_BF16 = ARM_WITHOUT_BF16.replace("atomics", "atomics i8mm bf16")
+
+
+def test_slow_bf16_names_the_settings_on_a_cpu_without_bf16_instructions():
+    cpu, keys = torch.device("cpu"), ["rollout.bf16", "learner.bf16"]
+    reason = slow_bf16(cpu, keys, X86_WITHOUT_BF16, "x86_64", "AVX512")
+    assert "rollout.bf16 and learner.bf16 set" in reason
+    assert "avx512_bf16 or amx_bf16" in reason and "AVX512" in reason
+    assert reason.endswith("set rollout.bf16=false learner.bf16=false")
+    assert "bf16 in /proc/cpuinfo" in slow_bf16(cpu, ["learner.bf16"], ARM_WITHOUT_BF16, "aarch64", "DEFAULT")
+
+
+@pytest.mark.parametrize("device, keys, cpuinfo, machine", [
+    ("cpu", ["learner.bf16"], X86_WITH_BF16, "x86_64"),
+    ("cpu", ["learner.bf16"], X86_WITH_AMX, "x86_64"),
+    ("cpu", ["rollout.bf16"], ARM_WITH_BF16, "aarch64"),
+    ("cpu", [], X86_WITHOUT_BF16, "x86_64"),  # bf16 not asked for
+    ("cuda", ["learner.bf16"], X86_WITHOUT_BF16, "x86_64"),  # the GPU computes it
+    ("cpu", ["learner.bf16"], "", "riscv64"),  # cannot tell: no claim
+])
+def test_slow_bf16_says_nothing_where_bf16_is_native_or_unknown(device, keys, cpuinfo, machine):
+    assert slow_bf16(torch.device(device), keys, cpuinfo, machine, "AVX512") is None
+
+
+def test_the_run_warns_about_emulated_bf16_before_loading_the_model(monkeypatch, tmp_path):
+    monkeypatch.setattr(device_module, "_read_cpuinfo", lambda: X86_WITHOUT_BF16)
+    monkeypatch.setattr(device_module.platform, "machine", lambda: "x86_64")
+    config = TrainConfig.model_validate({"model": {"path": str(tmp_path / "missing"), "device": "cpu"},
+                                         "learner": {"bf16": True}, "run_dir": str(tmp_path / "run")})
+    with pytest.warns(UserWarning, match="learner.bf16 set, but this CPU"), pytest.raises(ModelLoadError):
+        build_run(config, progress=False, resume=False)
+
+
+def test_model_device_auto_is_cuda_only_where_torch_sees_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="model.device=cuda: torch sees no CUDA device"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ConfigError, match="model.device=cuda:2: torch sees 2 CUDA device"):
+        resolve_device("cuda:2")
+    with pytest.raises(ConfigError, match="model.device='tpu'"):
+        load_config(None, ["model.device=tpu"])

@@ -26,6 +26,7 @@ from tempering.algorithms.logprobs import output_weight
 from tempering.config import ConfigError, TrainConfig
 from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, lr_factor
+from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import load_policy
 from tempering.packing import tokens_for_memory
 from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
@@ -290,7 +291,10 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     if not resume and config.run_dir and (Path(config.run_dir) / "metrics.jsonl").exists():
         raise ConfigError(f"run_dir={config.run_dir} already holds a run; continue it with "
                           f"`temper train --resume {config.run_dir}` or choose another folder")
-    model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
+    device = resolve_device(config.model.device)
+    warn_slow_bf16(device, config.rollout.bf16, config.learner.bf16)
+    model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress,
+                                               device=device)
     run_dir = make_run_dir(config.run_dir)
     learner = build_learner(model, config, algorithm)
     eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)

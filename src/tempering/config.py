@@ -60,6 +60,7 @@ class ModelConfig(Strict):
         description="builtin:tiny (pre-trained on first use, then cached), a model directory, a hub id, or a .gguf file",
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="weight dtype")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$", description="where the policy, its reference model and critic, the learner and the sampler run: auto = CUDA when torch sees a GPU, else CPU; cpu; cuda or cuda:N")
     chat_template: Optional[bool] = Field(
         None, description="render chat-message prompts with the tokenizer's template; null = when it has one"
     )

@@ -40,6 +40,11 @@ when that is exact (``learner.merge_duplicates``, :meth:`Learner._merge_duplicat
 checkpointing trades compute for memory; bf16 autocast trades precision for speed and memory
 (on CPU with attention as batched bf16 products for short rows and in fp32 for long ones,
 see ``tempering.models.attention``).
+
+Batches move to the device of the policy's parameters (where the reference model and the
+critic are too), autocast is of that device's type, and every tensor the step makes is made
+there; values handed back for advantages (:meth:`Learner.values`,
+:meth:`Learner.reward_penalty`) are on the batch's own device.
 """
 
 from __future__ import annotations
@@ -80,26 +85,28 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str = "cosine", min_
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
-    """Right-padded batch of prompt+completion rows with per-token mask and old log-probs."""
+def collate(rollouts: list[Rollout], pad_id: int, device: torch.device | str = "cpu") -> Batch:
+    """Right-padded batch of prompt+completion rows with per-token mask and old log-probs, on
+    ``device`` (filled on CPU row by row, then moved in one copy per tensor)."""
     width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
-    n = len(rollouts)
-    input_ids_BT = torch.full((n, width), pad_id, dtype=torch.long)
-    attention_BT = torch.zeros((n, width), dtype=torch.long)
-    loss_mask_BT = torch.zeros((n, width))
-    old_logprobs_BT = torch.zeros((n, width))
+    n, cpu = len(rollouts), torch.device("cpu")
+    input_ids_BT = torch.full((n, width), pad_id, dtype=torch.long, device=cpu)
+    attention_BT = torch.zeros((n, width), dtype=torch.long, device=cpu)
+    loss_mask_BT = torch.zeros((n, width), device=cpu)
+    old_logprobs_BT = torch.zeros((n, width), device=cpu)
     for row, r in enumerate(rollouts):
         p, c = len(r.prompt_ids), len(r.completion_ids)
-        input_ids_BT[row, : p + c] = torch.tensor(r.prompt_ids + r.completion_ids)
+        input_ids_BT[row, : p + c] = torch.tensor(r.prompt_ids + r.completion_ids, device=cpu)
         attention_BT[row, : p + c] = 1
-        loss_mask_BT[row, p : p + c] = torch.tensor(r.loss_mask, dtype=torch.float32)
-        old_logprobs_BT[row, p : p + c] = torch.tensor(r.logprobs)
-    return Batch(
+        loss_mask_BT[row, p : p + c] = torch.tensor(r.loss_mask, dtype=torch.float32, device=cpu)
+        old_logprobs_BT[row, p : p + c] = torch.tensor(r.logprobs, device=cpu)
+    batch = Batch(
         input_ids_BT=input_ids_BT, attention_mask_BT=attention_BT, loss_mask_BT=loss_mask_BT,
-        old_logprobs_BT=old_logprobs_BT * loss_mask_BT, advantages_BT=torch.zeros((n, width)),
-        policy_versions_B=torch.tensor([r.policy_version for r in rollouts]),
-        prompt_lengths_B=torch.tensor([len(r.prompt_ids) for r in rollouts]),
+        old_logprobs_BT=old_logprobs_BT * loss_mask_BT, advantages_BT=torch.zeros((n, width), device=cpu),
+        policy_versions_B=torch.tensor([r.policy_version for r in rollouts], device=cpu),
+        prompt_lengths_B=torch.tensor([len(r.prompt_ids) for r in rollouts], device=cpu),
     )
+    return batch.to(device)
 
 
 OFF_POLICY = ("none", "tis", "decoupled")
@@ -202,8 +209,13 @@ class Learner:
         if self.reference is not None:
             self.reference.load_state_dict(state["reference"])
 
+    @property
+    def device(self) -> torch.device:
+        """Where the policy's parameters are: batches move there, and autocast is of its type."""
+        return next(self.model.parameters()).device
+
     def _autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self.settings.bf16 else nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.settings.bf16 else nullcontext()
 
     def _micro_batches(self, batch: Batch) -> list[torch.Tensor]:
         """Row indices of each micro-batch (see ``tempering.packing.plan_micro_batches``; with a
@@ -211,14 +223,15 @@ class Learner:
         stay together)."""
         s = self.settings
         lengths = batch.attention_mask_BT.sum(dim=1).tolist()
+        device = batch.attention_mask_BT.device
         if (s.token_budget > 0 and s.share_prompts and batch.prompt_lengths_B is not None
                 and can_share_prompts(self.model)):
             _, prompt_of = distinct_prompts(batch.input_ids_BT, batch.prompt_lengths_B)
             if len(set(prompt_of)) < len(prompt_of):
-                return [torch.tensor(rows) for rows in plan_shared_micro_batches(
+                return [torch.tensor(rows, device=device) for rows in plan_shared_micro_batches(
                     prompt_of, batch.prompt_lengths_B.tolist(), lengths, s.token_budget)]
-        return [torch.tensor(rows) for rows in plan_micro_batches(lengths, s.token_budget, s.packing,
-                                                                   s.micro_batch_size)]
+        return [torch.tensor(rows, device=device)
+                for rows in plan_micro_batches(lengths, s.token_budget, s.packing, s.micro_batch_size)]
 
     def _logprobs(self, model: Any, micro: Batch, **options: bool):
         """``forward_logprobs`` of ``model`` on the micro-batch's trained tokens, as configured."""
@@ -228,13 +241,14 @@ class Learner:
                                 prompt_lengths_B=micro.prompt_lengths_B if s.share_prompts else None, **options)
 
     def _per_row(self, batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
-        """``fn`` over micro-batches without gradient, reassembled to the batch's full width."""
-        out_BT = torch.zeros(batch.loss_mask_BT.shape)
+        """``fn`` over micro-batches without gradient (on the model's device), reassembled to
+        the batch's full width on the batch's device."""
+        out_BT = torch.zeros_like(batch.loss_mask_BT)
         for rows in self._micro_batches(batch):
-            micro = batch.select(rows)
+            micro = batch.select(rows).to(self.device)
             with torch.no_grad(), self._autocast():
                 part_BT = fn(micro).float()
-            out_BT[rows, : part_BT.shape[1]] = part_BT
+            out_BT[rows, : part_BT.shape[1]] = part_BT.to(out_BT.device)
         return out_BT * batch.loss_mask_BT
 
     def values(self, batch: Batch) -> Optional[torch.Tensor]:
@@ -323,7 +337,7 @@ class Learner:
         if bool(signal_B.all()):
             return None
         rows = torch.nonzero(signal_B)[:, 0]
-        return rows if len(rows) else torch.zeros(1, dtype=torch.long)
+        return rows if len(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
 
     def _merge_duplicates(self, batch: Batch) -> tuple[Batch, int]:
         """The batch with each set of identical rows computed once, its policy loss weighted
@@ -340,7 +354,7 @@ class Learner:
                  batch.advantages_BT, batch.old_logprobs_BT, batch.policy_versions_B[:, None]]
         parts += [t for t in (batch.prox_logprobs_BT, None if batch.weights_B is None else batch.weights_B[:, None])
                   if t is not None]
-        rows_BF = torch.cat([part.double() for part in parts], dim=1).numpy()
+        rows_BF = torch.cat([part.double() for part in parts], dim=1).cpu().numpy()
         first: dict[bytes, int] = {}  # a row's content -> its place among the rows kept
         order: list[int] = []
         counts: list[int] = []
@@ -352,8 +366,9 @@ class Learner:
             counts[place] += 1
         if len(order) == len(batch):
             return batch, 0
-        merged = batch.select(torch.tensor(order))
-        weights_B = torch.tensor(counts, dtype=torch.float32)
+        device = batch.input_ids_BT.device
+        merged = batch.select(torch.tensor(order, device=device))
+        weights_B = torch.tensor(counts, dtype=torch.float32, device=device)
         merged.weights_B = weights_B if merged.weights_B is None else merged.weights_B * weights_B
         return merged, len(batch) - len(order)
 
@@ -388,15 +403,18 @@ class Learner:
 
     def _mini_batches(self, size: int, epoch: int) -> list[torch.Tensor | slice]:
         """Rows of each mini-batch: the batch in order when there is one, else a permutation
-        that depends only on the policy version and the epoch (so a resumed run repeats it)."""
+        that depends only on the policy version and the epoch (so a resumed run repeats it,
+        on any device: it is drawn on CPU)."""
         if self.settings.mini_batches == 1:
             return [slice(0, size)]
-        order = torch.randperm(size, generator=torch.Generator().manual_seed(self.version * 1000 + epoch))
+        order = torch.randperm(size, generator=torch.Generator().manual_seed(self.version * 1000 + epoch),
+                               device="cpu")
         return [rows for rows in torch.tensor_split(order, self.settings.mini_batches) if len(rows)]
 
     def step(self, batch: Batch) -> dict[str, float]:
         """Learn from one batch; returns metrics averaged over its updates (``skipped_updates``
         is a count: updates not applied because the loss or gradient was not finite)."""
+        batch = batch.to(self.device)
         stale = bool((batch.policy_versions_B < self.version).any())
         corrected = self.settings.off_policy != "none" and stale  # fresh batches need no correction
         prox_from_forward = corrected and self.settings.ppo_epochs == 1 and self.settings.mini_batches == 1

@@ -69,18 +69,20 @@ def pack(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> Packing
     lengths = attention_mask_BT.sum(dim=1).tolist()
     width = max(lengths)
     bins = first_fit_decreasing(lengths, width)
-    input_ids_RW = torch.zeros((len(bins), width), dtype=input_ids_BT.dtype)
-    position_ids_RW = torch.zeros((len(bins), width), dtype=torch.long)
-    index_BT = torch.full(input_ids_BT.shape, -1, dtype=torch.long)
+    device = input_ids_BT.device
+    input_ids_RW = torch.zeros((len(bins), width), dtype=input_ids_BT.dtype, device=device)
+    position_ids_RW = torch.zeros((len(bins), width), dtype=torch.long, device=device)
+    index_BT = torch.full(input_ids_BT.shape, -1, dtype=torch.long, device=device)
+    counts_W = torch.arange(width, device=device)
     for r, members in enumerate(bins):
         column = 0
         for b in members:
             n = lengths[b]
             input_ids_RW[r, column : column + n] = input_ids_BT[b, :n]
-            position_ids_RW[r, column : column + n] = torch.arange(n)
-            index_BT[b, :n] = r * width + column + torch.arange(n)
+            position_ids_RW[r, column : column + n] = counts_W[:n]
+            index_BT[b, :n] = r * width + column + counts_W[:n]
             column += n
-        position_ids_RW[r, column:] = torch.arange(width - column)
+        position_ids_RW[r, column:] = counts_W[: width - column]
     return Packing(input_ids_RW, position_ids_RW, index_BT)
 
 

@@ -17,7 +17,7 @@ Token lists on a :class:`Rollout` are plain Python lists; tensors appear only on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional, Union
 
 import torch
@@ -139,6 +139,12 @@ class Batch:
 
     def __len__(self) -> int:
         return self.input_ids_BT.shape[0]
+
+    def to(self, device: torch.device) -> "Batch":
+        """The batch with every tensor on ``device`` (itself when they are all there already)."""
+        tensors = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        moved = {name: t.to(device) for name, t in tensors.items() if t.device != torch.device(device)}
+        return replace(self, **moved) if moved else self
 
     def select(self, rows: slice | torch.Tensor) -> "Batch":
         """A sub-batch of the given rows (a micro-batch), trimmed of all-padding columns."""

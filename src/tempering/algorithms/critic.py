@@ -32,7 +32,7 @@ class Critic:
     def __init__(self, policy: Any, shared: bool):
         self.shared = shared
         self.trunk = policy if shared else copy.deepcopy(policy)
-        self.head = torch.nn.Linear(policy.config.hidden_size, 1)
+        self.head = torch.nn.Linear(policy.config.hidden_size, 1, device=next(policy.parameters()).device)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 

@@ -82,16 +82,21 @@ class _ChunkedLogprobs(torch.autograd.Function):
     With ``z`` a token's temperature-scaled logits, ``p = softmax(z)`` and ``H`` its entropy:
     ``d logp(y) / dz = onehot(y) - p`` and ``dH / dz = -p * (log p + H)``; both are formed
     per chunk in the backward pass from recomputed logits and the saved log-sum-exp.
+
+    The backward pass recomputes the logits under the forward pass's autocast state (on the
+    hidden states' device type), as ``torch.amp.custom_fwd``/``custom_bwd`` do for one fixed
+    device type.
     """
 
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, hidden_NH, weight_VH, targets_N, temperature, chunk, with_entropy):
         ctx.set_materialize_grads(False)
+        device = hidden_NH.device
+        ctx.autocast = (device.type, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
         n, dtype = hidden_NH.shape[0], torch.promote_types(hidden_NH.dtype, torch.float32)
-        logprobs_N = torch.empty(n, dtype=dtype)
-        entropy_N = torch.empty(n if with_entropy else 0, dtype=dtype)
-        lse_N = torch.empty(n, dtype=dtype)
+        logprobs_N = torch.empty(n, dtype=dtype, device=device)
+        entropy_N = torch.empty(n if with_entropy else 0, dtype=dtype, device=device)
+        lse_N = torch.empty(n, dtype=dtype, device=device)
         for start in range(0, n, chunk):
             z_CV = _chunk_logits(hidden_NH[start : start + chunk], weight_VH, temperature)
             lse_C = z_CV.logsumexp(-1)
@@ -105,12 +110,17 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return logprobs_N, entropy_N
 
     @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad_logprobs_N, grad_entropy_N):
+        device_type, enabled, dtype = ctx.autocast
+        with torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            return _ChunkedLogprobs._backward(ctx, grad_logprobs_N, grad_entropy_N)
+
+    @staticmethod
+    def _backward(ctx, grad_logprobs_N, grad_entropy_N):
         hidden_NH, weight_VH, targets_N, lse_N, entropy_N = ctx.saved_tensors
         temperature, chunk = ctx.temperature, ctx.chunk
         grad_hidden_NH = torch.zeros_like(hidden_NH) if ctx.needs_input_grad[0] else None
-        grad_weight_VH = torch.zeros(weight_VH.shape, dtype=lse_N.dtype) if ctx.needs_input_grad[1] else None
+        grad_weight_VH = torch.zeros_like(weight_VH, dtype=lse_N.dtype) if ctx.needs_input_grad[1] else None
         if grad_logprobs_N is None and grad_entropy_N is None:
             return grad_hidden_NH, grad_weight_VH, None, None, None, None
         for start in range(0, hidden_NH.shape[0], chunk):
@@ -119,7 +129,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             # two [C, V] buffers: log p (becoming the weights of -p), and p (becoming the gradient)
             logp_CV = _chunk_logits(hidden_CH, weight_VH, temperature).sub_(lse_N[start:end, None])
             grad_z_CV = logp_CV.exp()
-            g_C = (torch.zeros(len(hidden_CH), dtype=logp_CV.dtype) if grad_logprobs_N is None
+            g_C = (logp_CV.new_zeros(len(hidden_CH)) if grad_logprobs_N is None
                    else grad_logprobs_N[start:end])
             if grad_entropy_N is None:
                 grad_z_CV.mul_(-g_C[:, None])
@@ -232,23 +242,24 @@ def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
     prompts, prompt_of = distinct_prompts(input_ids_BT, prompt_lengths_B)
     if len(prompts) == rows:
         return None
-    prompt_of_B = torch.tensor(prompt_of)
+    device = input_ids_BT.device
+    prompt_of_B = torch.tensor(prompt_of, device=device)
     span = max(map(len, prompts))
-    prompt_ids_PS = torch.zeros((len(prompts), span), dtype=input_ids_BT.dtype)
-    prompt_mask_PS = torch.zeros((len(prompts), span), dtype=attention_mask_BT.dtype)
+    prompt_ids_PS = torch.zeros((len(prompts), span), dtype=input_ids_BT.dtype, device=device)
+    prompt_mask_PS = torch.zeros((len(prompts), span), dtype=attention_mask_BT.dtype, device=device)
     for i, prompt in enumerate(prompts):
-        prompt_ids_PS[i, : len(prompt)] = torch.tensor(prompt, dtype=input_ids_BT.dtype)
+        prompt_ids_PS[i, : len(prompt)] = torch.tensor(prompt, dtype=input_ids_BT.dtype, device=device)
         prompt_mask_PS[i, : len(prompt)] = 1
     completion_lengths_B = lengths_B - prompt_lengths_B
     reach = int(completion_lengths_B.max())
-    offsets_C = torch.arange(reach)
+    offsets_C = torch.arange(reach, device=device)
     completion_mask_BC = (offsets_C < completion_lengths_B[:, None]).to(attention_mask_BT.dtype)
     source_BC = (prompt_lengths_B[:, None] + offsets_C).clamp(max=width - 1)
     completion_ids_BC = input_ids_BT.gather(1, source_BC) * completion_mask_BC
-    columns_T = torch.arange(width)
+    columns_T = torch.arange(width, device=device)
     in_prompt_BT = columns_T < prompt_lengths_B[:, None]
     index_BT = torch.where(in_prompt_BT, prompt_of_B[:, None] * span + columns_T,
-                           len(prompts) * span + torch.arange(rows)[:, None] * reach
+                           len(prompts) * span + torch.arange(rows, device=device)[:, None] * reach
                            + (columns_T - prompt_lengths_B[:, None]))
     index_BT = index_BT.masked_fill(~attention_mask_BT.bool(), -1)
     return SharedPrompts(prompt_ids_PS, prompt_mask_PS, prompt_of_B, completion_ids_BC, completion_mask_BC,
@@ -260,8 +271,9 @@ def _shared_hidden(model: Any, shared: SharedPrompts) -> torch.Tensor:
     flattened to ``[tokens, hidden]`` in the order of ``shared.index_BT``."""
     decoder = model.get_decoder()
     cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-    prompts = decoder(input_ids=shared.prompt_ids_PS, attention_mask=shared.prompt_mask_PS,
-                      position_ids=torch.arange(shared.prompt_ids_PS.shape[1])[None].expand_as(shared.prompt_ids_PS),
+    prompt_ids_PS = shared.prompt_ids_PS
+    positions_PS = torch.arange(prompt_ids_PS.shape[1], device=prompt_ids_PS.device)[None].expand_as(prompt_ids_PS)
+    prompts = decoder(input_ids=prompt_ids_PS, attention_mask=shared.prompt_mask_PS, position_ids=positions_PS,
                       use_cache=True)
     cache = prompts[cache_arg]
     cache.batch_select_indices(shared.prompt_of_B)  # each row continues its prompt's keys and values
@@ -313,7 +325,7 @@ def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: 
         index_BT = packed.index_BT
     else:
         inputs = {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT}
-        index_BT = torch.arange(rows * width).view(rows, width)
+        index_BT = torch.arange(rows * width, device=input_ids_BT.device).view(rows, width)
     want_BT = real_BT.clone()
     want_BT[:, 0] = False
     if keep_BT is not None:
@@ -338,7 +350,7 @@ def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: 
         hidden = out.hidden_states[-1] if with_hidden else None
 
     def on_rows(values_N: torch.Tensor) -> torch.Tensor:
-        return torch.zeros((rows, width), dtype=values_N.dtype).index_put((row_N, col_N), values_N)
+        return values_N.new_zeros((rows, width)).index_put((row_N, col_N), values_N)
 
     hidden_BTH = None
     if with_hidden:

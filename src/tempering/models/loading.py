@@ -85,7 +85,8 @@ def _drop_quantization(model: Any) -> None:
 
 
 def load_policy(path: str, dtype: str, pretrain: PretrainConfig, progress: bool = True,
-                threads: Optional[int] = None) -> tuple[Any, Any, str]:
+                threads: Optional[int] = None, device: torch.device | str = "cpu") -> tuple[Any, Any, str]:
+    """``(model on device, tokenizer, resolved path)``; the built-in model is pre-trained on CPU first."""
     resolved = resolve_model_path(path, pretrain, progress=progress)
     model, tokenizer = load_model(resolved, dtype)
-    return model, tokenizer, resolved
+    return model.to(device), tokenizer, resolved

@@ -73,14 +73,15 @@ def _rms_norm(x_BH: torch.Tensor, weight_H: torch.Tensor, eps: float) -> torch.T
     return torch.nn.functional.rms_norm(x_BH, weight_H.shape, weight_H, eps)
 
 
-def interleave_halves(dim: int) -> torch.Tensor:
+def interleave_halves(dim: int, device: torch.device | None = None) -> torch.Tensor:
     """The order of a head's dimensions that puts dimension ``i`` of the first half next to
     dimension ``i`` of the second: the pairs rotary embeddings rotate together.
 
     >>> interleave_halves(6).tolist()
     [0, 3, 1, 4, 2, 5]
     """
-    return torch.stack((torch.arange(dim // 2), torch.arange(dim // 2) + dim // 2), dim=1).reshape(-1)
+    first = torch.arange(dim // 2, device=device)
+    return torch.stack((first, first + dim // 2), dim=1).reshape(-1)
 
 
 class LlamaDecoder:
@@ -95,20 +96,20 @@ class LlamaDecoder:
         self.kv_heads = config.num_key_value_heads or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
-        theta = config.rope_parameters["rope_theta"]
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+        self.theta = config.rope_parameters["rope_theta"]
 
     def start(self, cache: Any, capacity: int, dtype: Optional[torch.dtype], rows: int = 0) -> None:
         """Take the prefilled ``cache`` and this step's weights, in ``dtype`` for the matrix
         products (None: the model's own); keys and values get room for ``capacity`` positions
         and ``rows`` rows (at least the cache's)."""
         base = self.model.model
+        device = base.embed_tokens.weight.device
         cast = (lambda w: w.detach().to(dtype)) if dtype is not None else (lambda w: w.detach())
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        pairs = interleave_halves(dim)
+        pairs = interleave_halves(dim, device)
         # queries' and keys' dimensions in rotation pairs (see the module docstring)
-        query_rows = (torch.arange(heads)[:, None] * dim + pairs).reshape(-1)
-        key_rows = (torch.arange(kv_heads)[:, None] * dim + pairs).reshape(-1)
+        query_rows = (torch.arange(heads, device=device)[:, None] * dim + pairs).reshape(-1)
+        key_rows = (torch.arange(kv_heads, device=device)[:, None] * dim + pairs).reshape(-1)
         self.layers = []
         for layer in base.layers:
             attention, mlp = layer.self_attn, layer.mlp
@@ -135,7 +136,7 @@ class LlamaDecoder:
                 store[:filled, :, :length] = tensor[..., pairs] if part == "keys" else tensor
                 self.stores.append(store)
         self.length = length
-        self.inv_freq = self.inv_freq.to(self.embed.device)
+        self.inv_freq = 1.0 / (self.theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
 
     def batch_select_indices(self, rows_B: torch.Tensor) -> None:
         """Make the cache's rows ``rows_B`` of the current ones (repeats allowed; see :func:`select_rows`)."""
@@ -153,8 +154,8 @@ class LlamaDecoder:
         angle_BP = positions_B[:, None].float() * self.inv_freq
         turn_B1P = torch.polar(torch.ones_like(angle_BP), angle_BP)[:, None]  # e^(i angle) per rotation pair
         # 0 where a row attends and -inf where not, one row per key head's group of queries
-        bias_N1S = torch.zeros(mask_BS[:, None, :length].shape).masked_fill_(mask_BS[:, None, :length] == 0,
-                                                                          float("-inf"))
+        bias_N1S = torch.zeros(mask_BS[:, None, :length].shape, device=mask_BS.device).masked_fill_(
+            mask_BS[:, None, :length] == 0, float("-inf"))
         bias_N1S = bias_N1S.repeat_interleave(kv_heads, dim=0) if kv_heads > 1 else bias_N1S
         scaling = dim ** -0.5
         x_BH = self.embed[ids_B].float()

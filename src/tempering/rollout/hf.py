@@ -30,7 +30,9 @@ Where the time goes, and what is done about it:
 Prompts are left-padded with explicit position ids, so a row's numbers do not depend on
 what it was batched with (up to floating-point summation order). Draws come from the
 ``torch.Generator`` passed in, so the same problems, parameters and seed give the same
-rollouts.
+rollouts. The sampler runs where the model's parameters are (cache, masks, every tensor it
+makes); the uniform numbers are drawn on the generator's device (a run's seeded generator is
+on CPU) and moved to the logits', and the log-probs come back as Python floats.
 
 Not done here: attention over a prefix shared by histories that have diverged (each keeps
 its own copy of the keys and values before the point where it left), speculative decoding,

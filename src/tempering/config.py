@@ -21,7 +21,10 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    """Unknown keys are errors, and no float field takes inf or nan: none has a meaning for them,
+    and one that slipped through (``learner.lr=.inf``) would fail far from its cause."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class TaskSpec(Strict):

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import time
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -46,12 +45,6 @@ from tempering.registry import resolve
 from tempering.types import Batch, Group
 
 
-def make_run_dir(run_dir: str | None) -> Path:
-    path = Path(run_dir) if run_dir else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def build_tasks(config: TrainConfig) -> list[Task]:
     """The configured tasks; a bad name, option or reward is a ConfigError naming the entry."""
     tasks = []
@@ -62,6 +55,8 @@ def build_tasks(config: TrainConfig) -> list[Task]:
                 task.rewards = dict(spec.rewards)
             for reward in task.rewards:
                 resolve_reward(reward)
+            if not task.eval_problems(1):  # accuracy is measured before and after training
+                raise ValueError("no held-out problems (for a dataset: options.eval_fraction above 0, or eval_path)")
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"tasks.{i} ({spec.name}): {exc}") from None
         tasks.append(task)
@@ -265,11 +260,9 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     except ValueError as exc:
         raise ConfigError(f"tasks: {exc} (tasks.N.weight)") from None
 
-    if not resume and config.run_dir and (Path(config.run_dir) / "metrics.jsonl").exists():
-        raise ConfigError(f"run_dir={config.run_dir} already holds a run; continue it with "
-                          f"`temper train --resume {config.run_dir}` or choose another folder")
+    checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
-    run_dir = make_run_dir(config.run_dir)
+    run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
     learner = build_learner(model, config, algorithm)
     eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     evaluation = lambda: evaluate(eval_generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,  # noqa: E731
@@ -279,7 +272,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
 
     first_step, eval_before = 0, None
     timings = {"generate_s": 0.0, "reward_s": 0.0, "learn_s": 0.0}
-    found = checkpoint.latest(run_dir) if resume else None
+    found = checkpoint.resume_point(run_dir) if resume else None
     if found is not None:
         state = restore(found, model, learner, mixture, pipeline, monitors)
         first_step, eval_before, timings = state["step"], state["eval_before"], state["timings"]
@@ -382,6 +375,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                      "worker_restarts": pipeline.restarts},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    lock.release()
     if progress:
         print(before_after_table(eval_before, eval_after))
         print(mixture.table())
@@ -410,7 +404,7 @@ def restore(path: Path, model, learner: Learner, mixture: Mixture, pipeline: Pip
 def rollback(run_dir: Path, model, learner: Learner, pipeline: Pipeline) -> int:
     """Repeated non-finite steps: restore the last checkpoint's weights and optimizer, keep the
     data moving forward (so the same batches are not replayed); return the step restored."""
-    found = checkpoint.latest(run_dir)
+    found = checkpoint.usable(run_dir)
     if found is None:
         raise TrainingDiverged("training diverged: repeated non-finite losses or gradients, and no checkpoint "
                            "to roll back to (set checkpoint.every)")

@@ -49,11 +49,16 @@ class DatasetError(ValueError):
 
 def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
     records = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # bytes, so that a line that is not UTF-8 can be named
+        for number, raw in enumerate(f, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                   f"{exc.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 records.append((where, json.loads(line)))
             except json.JSONDecodeError as exc:

@@ -46,7 +46,7 @@ import zipfile
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
 
@@ -126,7 +126,7 @@ class RunLock:
     an earlier one, which a run that raised (in a notebook, a test) may not have released.
     """
 
-    _held: "weakref.WeakValueDictionary[str, RunLock]" = weakref.WeakValueDictionary()
+    _held: ClassVar[weakref.WeakValueDictionary[str, RunLock]] = weakref.WeakValueDictionary()
 
     def __init__(self, run_dir: Path):
         key = os.path.realpath(run_dir)

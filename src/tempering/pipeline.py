@@ -123,7 +123,7 @@ class RewardWorker:
 def sampling_params(config: Any) -> SamplingParams:
     rc = config.rollout
     return SamplingParams(temperature=rc.temperature, top_p=rc.top_p, max_new_tokens=rc.max_new_tokens,
-                          stop=tuple(rc.stop))
+                          stop=tuple(rc.stop), max_prompt_tokens=rc.max_prompt_tokens, long_prompts=rc.long_prompts)
 
 
 class LocalHandle:

@@ -39,6 +39,7 @@ from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, R
 from tempering.reporting import MetricsWriter, before_after_table, truncate_metrics
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
 from tempering.rollout.hf import HFGenerator
+from tempering.rollout.prompts import prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings, cap_domain_tokens, domain_token_weights_B
 from tempering.tasks import Task, build_task
 from tempering.registry import resolve
@@ -262,9 +263,12 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
 
     checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress)
+    eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
+    rc = config.rollout
+    screen_datasets(tasks, eval_generator.encode_prompt,
+                    prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)
     run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
     learner = build_learner(model, config, algorithm)
-    eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     evaluation = lambda: evaluate(eval_generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,  # noqa: E731
                                   config.rewards.options)
     owns_ray = pc.backend == "ray" and not _ray_running()

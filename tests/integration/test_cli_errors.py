@@ -24,8 +24,8 @@ def _temper(args, cwd, cache):
     (["train", "nosuch.key=1"], "nosuch: unknown key (allowed here: algorithm, checkpoint, eval,"),
     (["train", "tasks.0.name=nosuch"],
      "tasks.0 (nosuch): unknown task 'nosuch'; known: add, dataset, humaneval, long_context, mul, rg:<type>, sub"),
-    (["train", "tasks.0.rewards={nosuch: 1}"], "unknown reward 'nosuch'; known: code, exact_match, format, "
-     "humaneval, length, match, math, model, reasoning_gym, repetition, steps"),
+    (["train", "tasks.0.rewards={nosuch: 1}"], ("unknown reward 'nosuch'; known: code, exact_match, format, "
+     "humaneval, length, match, math, model, reasoning_gym, repetition, steps")),
     (["train", "learner.lr=.inf"], "learner.lr=inf: Input should be a finite number"),
     (["train", "rollout.temperature=.nan"], "rollout.temperature=nan: Input should be a finite number"),
     (["train", "rewards.monitors.length_reward_gain=.nan"], "length_reward_gain=nan: Input should be a finite number"),

@@ -49,6 +49,7 @@ import torch
 from tempering.config import ConfigError
 from tempering.models.attention import full_attention_cache
 from tempering.rollout import fast_llama
+from tempering.rollout.prompts import fit_prompt, prompt_limit
 from tempering.types import Group, Problem, Prompt, Rollout
 
 try:
@@ -64,6 +65,8 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = field(default_factory=tuple)
     greedy: bool = False
+    max_prompt_tokens: int = 0  # 0 = the model's context minus max_new_tokens (tempering.rollout.prompts)
+    long_prompts: str = "truncate"  # training passes rollout.long_prompts; evaluation truncates
 
 
 _BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
@@ -269,7 +272,8 @@ class HFGenerator:
         generator: Optional[torch.Generator] = None,
     ) -> list[Group]:
         """``group_size`` completions for each problem, in problem order."""
-        prompts = [self.encode_prompt(p.prompt) for p in problems]
+        limit = prompt_limit(self.model.config, params.max_prompt_tokens, params.max_new_tokens)
+        prompts = [fit_prompt(self.encode_prompt(p.prompt), p, limit, params.long_prompts) for p in problems]
         flat = [(i, prompts[i]) for i in range(len(problems)) for _ in range(group_size)]
         rollouts: list[Rollout] = []
         for start in range(0, len(flat), self.batch_size):

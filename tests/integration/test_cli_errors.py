@@ -29,9 +29,9 @@ def _temper(args, cwd, cache):
     (["train", "learner.lr=.inf"], "learner.lr=inf: Input should be a finite number"),
     (["train", "rollout.temperature=.nan"], "rollout.temperature=nan: Input should be a finite number"),
     (["train", "rewards.monitors.length_reward_gain=.nan"], "length_reward_gain=nan: Input should be a finite number"),
-    (["train", "algorithm.loss=json:decoder"], "algorithm.loss: json:decoder is a module, not a function"),
-    (["train", "algorithm.loss=json:JSONDecoder"], "algorithm.loss: json:JSONDecoder is a class, not a function"),
-    (["train", "algorithm.advantage=math:pi"], "algorithm.advantage: math:pi is a float, not a function"),
+    (["train", "algorithm.loss=json:decoder"], "algorithm.loss: loss json:decoder is a module, not a function"),
+    (["train", "algorithm.loss=json:JSONDecoder"], "algorithm.loss: loss json:JSONDecoder is a class, not a function"),
+    (["train", "algorithm.advantage=math:pi"], "algorithm.advantage: advantage math:pi is a float, not a function"),
     (["train", "tasks.0.name=math:pi"], "tasks.0 (math:pi): task math:pi is a float, not a function or class"),
     (["train", "tasks.0.rewards={json:JSONDecoder: 1}"],
      "tasks.0 (add): reward json:JSONDecoder is a class without a score_batch method"),
@@ -65,7 +65,7 @@ DATA = {
 @pytest.mark.parametrize("file, options, expected", [
     ("one.jsonl", "eval_fraction: 0.0", "tasks.0 (dataset): no held-out problems"),
     ("one.jsonl", "eval_fraction: 0.1", "tasks.0 (dataset): no held-out problems"),
-    ("latin1.jsonl", "eval_fraction: 0.5", "latin1.jsonl:3: not UTF-8 text (byte 0xe9 at column 19)"),
+    ("latin1.jsonl", "eval_fraction: 0.5", "latin1.jsonl:3: not UTF-8 text (byte 0xe9 at column 18)"),
 ])
 def test_a_bad_dataset_exits_2_naming_the_file(tmp_path, file, options, expected):
     cache, cwd, data = tmp_path / "cache", tmp_path / "cwd", tmp_path / file

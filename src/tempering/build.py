@@ -14,12 +14,12 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from tempering import checkpoint
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
 from tempering.algorithms.advantages import needs_values
 from tempering.algorithms.logprobs import output_weight
@@ -34,6 +34,7 @@ from tempering.registry import resolve
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
+from tempering.rollout.prompts import prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
 from tempering.tasks import Task, build_task
 
@@ -48,12 +49,6 @@ def set_threads(config: TrainConfig) -> int:
     return threads
 
 
-def make_run_dir(run_dir: str | None) -> Path:
-    path = Path(run_dir) if run_dir else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def build_tasks(config: TrainConfig) -> list[Task]:
     """The configured tasks; a bad name, option or reward is a ConfigError naming the entry."""
     tasks = []
@@ -64,6 +59,8 @@ def build_tasks(config: TrainConfig) -> list[Task]:
                 task.rewards = dict(spec.rewards)
             for reward in task.rewards:
                 resolve_reward(reward)
+            if not task.eval_problems(1):  # accuracy is measured before and after training
+                raise ValueError("no held-out problems (for a dataset: options.eval_fraction above 0, or eval_path)")
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"tasks.{i} ({spec.name}): {exc}") from None
         tasks.append(task)
@@ -95,7 +92,7 @@ def resolve_algorithm(config: TrainConfig) -> dict:
 def sampling_params(config: TrainConfig) -> SamplingParams:
     rc = config.rollout
     return SamplingParams(temperature=rc.temperature, top_p=rc.top_p, max_new_tokens=rc.max_new_tokens,
-                          stop=tuple(rc.stop))
+                          stop=tuple(rc.stop), max_prompt_tokens=rc.max_prompt_tokens, long_prompts=rc.long_prompts)
 
 
 def learner_token_budget(model, config: TrainConfig, critic: bool) -> int:
@@ -254,6 +251,8 @@ class Run:
 
     config: TrainConfig
     run_dir: Path
+    lock: Any
+    """Held on the run folder while this process writes it (``tempering.checkpoint.open_run_dir``)."""
     model: Any
     tokenizer: Any
     model_path: str
@@ -288,20 +287,21 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     rewarder = build_rewarder(config, tasks)
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, monitor_settings(config.rewards.monitors))
     mixture = build_mixture(config, tasks)
-    if not resume and config.run_dir and (Path(config.run_dir) / "metrics.jsonl").exists():
-        raise ConfigError(f"run_dir={config.run_dir} already holds a run; continue it with "
-                          f"`temper train --resume {config.run_dir}` or choose another folder")
+    checkpoint.check_run_dir(config.run_dir, resume)
     device = resolve_device(config.model.device)
     warn_slow_bf16(device, config.rollout.bf16, config.learner.bf16)
     model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress,
                                                device=device)
-    run_dir = make_run_dir(config.run_dir)
-    learner = build_learner(model, config, algorithm)
     eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
+    rc = config.rollout
+    screen_datasets(tasks, eval_generator.encode_prompt,
+                    prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)
+    run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
+    learner = build_learner(model, config, algorithm)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
                                   config.rewards.options)
     owns_ray = config.pipeline.backend == "ray" and not ray_running()
     pipeline = build_pipeline(config, mixture, model, tokenizer, rewarder)
-    return Run(config, run_dir, model, tokenizer, model_path, tasks, algorithm, rewarder, monitors, mixture,
+    return Run(config, run_dir, lock, model, tokenizer, model_path, tasks, algorithm, rewarder, monitors, mixture,
                learner, pipeline, evaluation, owns_ray)

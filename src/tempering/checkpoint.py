@@ -9,37 +9,176 @@ A checkpoint is a directory ``<run>/checkpoints/step-NNNNNNNN/`` holding
   weights when they exist, scheduler statistics and task cursors, reward normalizer and
   monitor statistics, the RNG states of every worker, rollouts buffered but not yet
   trained on, and the loop's counters;
-- ``meta.json``: step, time and file sizes, written last.
+- ``meta.json``: step, time and the manifest (each file's size and sha256), written last.
 
 Writing is atomic: everything goes into a hidden ``.tmp-step-…`` directory, each file is
 fsynced, the directory is renamed into place and its parent fsynced. A directory whose
 name is not exactly ``step-NNNNNNNN``, or that lacks ``meta.json``, is never a candidate
 for resume, so a checkpoint interrupted at any instant is ignored and cleaned up later.
 Older checkpoints beyond ``keep`` are renamed away before they are deleted, for the same
-reason.
+reason. A write that fails (a full disk) removes its temporary directory and leaves the
+older checkpoints as they were.
+
+What the rename cannot rule out (a disk that lost or damaged a file later) the manifest
+catches: resume takes the newest checkpoint whose files match it and says which it skipped
+and why. Checkpoints of the earlier format list sizes only; for them the sizes, the CRCs
+``trainer.pt`` (a zip archive) carries and the safetensors headers are checked.
+
+The run folder itself is locked (``flock`` on ``.lock``) by the one process writing into
+it; the kernel drops the lock when that process ends, however it ends.
 
 Not done here: sharded (multi-rank) checkpoints and remote storage.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 import time
+import weakref
+import zipfile
+from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
 
 from tempering import faults
+from tempering.config import ConfigError
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
+LOCK_NAME = ".lock"
+RUN_FILES = ("config.yaml", "metrics.jsonl")
+"""Files only a run writes: a folder holding one is a run, continued with ``--resume``."""
+
+
+class StorageError(RuntimeError):
+    """A run folder or checkpoint could not be written (a full disk); the message names the path."""
+
+
 def checkpoints_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
+
+
+def _disk_full(path: Path, exc: BaseException) -> bool:
+    """Whether a failed write ran out of space. Not every writer says so: torch.save reports
+    a short write as a bare position mismatch, so the free space is looked at too."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if "No space left on device" in str(exc):
+        return True
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    return shutil.disk_usage(existing).free < 1 << 20
+
+
+@contextmanager
+def writing(path: Path, cleanup: Optional[Path] = None) -> Iterator[None]:
+    """Turn a failed write under ``path`` into a :class:`StorageError` naming it, removing the
+    half-written ``cleanup`` directory first. Other errors (bugs, interrupts) pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        full = not isinstance(exc, StorageError) and _disk_full(path, exc)
+        if not (full or isinstance(exc, (OSError, StorageError))):
+            raise
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        if isinstance(exc, StorageError):
+            raise
+        reason = "no space left on device (the disk is full)" if full else str(exc)
+        raise StorageError(f"cannot write {path}: {reason}; nothing written before it was lost. "
+                           "Free space, then continue with `temper train --resume RUN_DIR`") from None
+
+
+def check_run_dir(run_dir: Optional[str], resume: bool) -> None:
+    """Refuse a new run in a folder that holds anything: a run (continue it with ``--resume``) or
+    other files, which a run's config.yaml, metrics.jsonl and summary.json could overwrite."""
+    if resume or not run_dir or not Path(run_dir).exists():
+        return
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise ConfigError(f"run_dir={run_dir} is a file, not a folder; choose a new or empty folder")
+    names = sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME)
+    if any(name in RUN_FILES for name in names):
+        raise ConfigError(f"run_dir={run_dir} already holds a run; continue it with "
+                          f"`temper train --resume {run_dir}` or choose another folder")
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise ConfigError(f"run_dir={run_dir} is not empty and not a run folder (it holds {shown}); "
+                          "choose a new or empty folder for the run")
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run>/.lock`` while this process writes into the run.
+
+    The lock belongs to the open file, so the kernel releases it when the process dies, by
+    SIGKILL too: no stale lock is ever left. The file holds the owner's pid, for the message.
+    It keeps other processes out; within one process a new lock on the folder takes over from
+    an earlier one, which a run that raised (in a notebook, a test) may not have released.
+    """
+
+    _held: ClassVar[weakref.WeakValueDictionary[str, RunLock]] = weakref.WeakValueDictionary()
+
+    def __init__(self, run_dir: Path):
+        key = os.path.realpath(run_dir)
+        if key in RunLock._held:
+            RunLock._held[key].release()
+        self.fd: Optional[int] = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            self.release()
+            raise ConfigError(f"run folder {run_dir} is in use by another temper process (pid {owner}); "
+                              "wait for it to end, or choose another folder") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        RunLock._held[key] = self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the last descriptor of the open file: the lock goes with it
+            self.fd = None
+
+    __del__ = release
+
+    @classmethod
+    def _forget_in_child(cls) -> None:
+        """A forked child (a worker) closes its copy: the lock must end with its owner, not
+        with the last child. Closing a copy never unlocks; only LOCK_UN would."""
+        for lock in list(cls._held.values()):
+            if lock.fd is not None:
+                os.close(lock.fd)
+                lock.fd = None
+
+
+os.register_at_fork(after_in_child=RunLock._forget_in_child)
+
+
+def open_run_dir(run_dir: Optional[str], resume: bool) -> tuple[Path, RunLock]:
+    """Make the run folder (a new one under ``runs/`` when None) and lock it for this process.
+
+    The folder is checked again under the lock: another run may have started in it since
+    :func:`check_run_dir` looked."""
+    path = Path(run_dir) if run_dir else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    with writing(path):
+        path.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(path)
+    try:
+        check_run_dir(str(path), resume)
+    except ConfigError:
+        lock.release()
+        raise
+    return path, lock
 
 
 def _fsync_tree(path: Path) -> None:
@@ -64,26 +203,31 @@ def save_model(model: Any, tokenizer: Any, path: Path) -> None:
     if config is not None and getattr(config, "quantization_config", None) is not None:
         # a GGUF file was de-quantized on load: the weights are plain tensors now
         del config.quantization_config
-    model.save_pretrained(path)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(path)
+    with writing(path):
+        model.save_pretrained(path)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
 
 
 def save(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write the checkpoint for ``step`` atomically; keep the newest ``keep``; return its path."""
+    """Write the checkpoint for ``step`` atomically; keep the newest ``keep``; return its path.
+
+    A failed write (a full disk) is a :class:`StorageError`; it leaves no partial checkpoint."""
     root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_model(model, tokenizer, tmp / "model")
-    faults.point("checkpoint")
-    torch.save(state, tmp / "trainer.pt")
-    sizes = {str(p.relative_to(tmp)): p.stat().st_size for p in tmp.rglob("*") if p.is_file()}
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time(), "files": sizes}, indent=1))
-    _fsync_tree(tmp)
+    with writing(final, cleanup=tmp):
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        save_model(model, tokenizer, tmp / "model")
+        faults.point("checkpoint")
+        torch.save(state, tmp / "trainer.pt")
+        manifest = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+                    for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time(), "files": manifest}, indent=1))
+        _fsync_tree(tmp)
     if final.exists():  # the same step saved again (e.g. after a rollback): replace it
         _remove(final)
     os.rename(tmp, final)
@@ -129,6 +273,79 @@ def clean_partial(run_dir: Path) -> list[str]:
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path.name)
     return removed
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(path: Path) -> Optional[str]:
+    """Why the checkpoint at ``path`` cannot be resumed from, or None when its files are intact."""
+    try:
+        manifest = json.loads((path / "meta.json").read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "meta.json is unreadable"
+    if not any(name.endswith(".safetensors") for name in manifest) or "trainer.pt" not in manifest:
+        return "its manifest lists no model weights or no trainer.pt"
+    for name, expected in manifest.items():
+        file = path / name
+        size = expected["size"] if isinstance(expected, dict) else expected  # the earlier format: sizes only
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} is {file.stat().st_size} bytes, the manifest says {size}"
+        if isinstance(expected, dict) and _sha256(file) != expected["sha256"]:
+            return f"{name} does not match its sha256 (damaged after it was written)"
+    if not isinstance(next(iter(manifest.values())), dict):
+        return _verify_contents(path, manifest)
+    return None
+
+
+def _verify_contents(path: Path, manifest: dict[str, Any]) -> Optional[str]:
+    """What a checkpoint without checksums still allows: the zip CRCs inside ``trainer.pt`` and
+    the safetensors headers (tensor names and extents)."""
+    from safetensors import safe_open
+
+    try:
+        with zipfile.ZipFile(path / "trainer.pt") as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile) as exc:
+        return f"trainer.pt is not a readable archive ({exc})"
+    if bad is not None:
+        return f"trainer.pt: {bad} does not match its CRC"
+    for name in (n for n in manifest if n.endswith(".safetensors")):
+        try:
+            with safe_open(str(path / name), framework="pt") as handle:
+                handle.keys()
+        except Exception as exc:  # noqa: BLE001  the library's own error type for a bad header
+            return f"{name} is not a valid safetensors file ({exc})"
+    return None
+
+
+def usable(run_dir: Path, report: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> Optional[Path]:
+    """The newest checkpoint whose files are intact (see :func:`verify`), or None; each newer
+    one that is not is reported with why it was skipped."""
+    for path in reversed(list_checkpoints(run_dir)):
+        reason = verify(path)
+        if reason is None:
+            return path
+        report(f"skipping checkpoint {path}: {reason}")
+    return None
+
+
+def resume_point(run_dir: Path) -> Optional[Path]:
+    """The checkpoint ``--resume`` continues from; None for a run that wrote none (it starts over).
+
+    A run whose checkpoints are all damaged is refused rather than silently started over."""
+    found = usable(run_dir)
+    if found is None and list_checkpoints(run_dir):
+        raise ConfigError(f"{run_dir}: no checkpoint is intact (see above); to start the run over, "
+                          f"remove {checkpoints_dir(run_dir)} and metrics.jsonl")
+    return found
 
 
 def load_state(path: Path) -> dict[str, Any]:

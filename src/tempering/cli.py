@@ -7,6 +7,7 @@ message and exit with status 2; they never show a traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -39,11 +40,24 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    try:
+        _train(args)
+    except OSError as exc:  # a run-folder file (config, metrics, summary); checkpoints say so themselves
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        from tempering.checkpoint import StorageError
+
+        raise StorageError(f"cannot write {exc.filename or 'the run folder'}: no space left on device (the disk "
+                           "is full). Free space, then continue with `temper train --resume RUN_DIR`") from None
+    return 0
+
+
+def _train(args: argparse.Namespace) -> None:
     from tempering.train import train
 
     if args.resume is None:
         train(_load(args), progress=not args.quiet)
-        return 0
+        return
     run_dir = Path(args.resume)
     saved = run_dir / "config.yaml"
     if not saved.is_file():
@@ -52,7 +66,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--resume continues a run with its own saved config; drop the config file and overrides")
     config = load_config(saved, [f"run_dir={json.dumps(str(run_dir))}"])
     train(config, progress=not args.quiet, resume=True)
-    return 0
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -120,11 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = build_parser().parse_args(argv)
+    from tempering.checkpoint import StorageError
     from tempering.models.loading import ModelLoadError
 
     try:
         status = args.func(args)
-    except (ConfigError, ModelLoadError) as exc:
+    except (ConfigError, ModelLoadError, StorageError) as exc:
         print(f"temper {args.command}: {exc}", file=sys.stderr)
         status = USER_ERROR
     except TrainingDiverged as exc:

@@ -21,7 +21,10 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    """Unknown keys are errors, and no float field takes inf or nan: none has a meaning for them,
+    and one that slipped through (``learner.lr=.inf``) would fail far from its cause."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class TaskSpec(Strict):
@@ -74,6 +77,8 @@ class RolloutConfig(Strict):
     max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
     stop: list[str] = Field(default_factory=list, description="strings that end a completion (kept in it)")
     batch_size: int = Field(256, ge=1, description="sequences generated together")
+    max_prompt_tokens: int = Field(0, ge=0, description="longest prompt, in tokens; 0 = the model's context (max_position_embeddings) minus max_new_tokens")
+    long_prompts: Literal["error", "truncate", "skip"] = Field("error", description="a longer prompt: error stops the run naming the record; truncate keeps its last max_prompt_tokens tokens; skip leaves such dataset records out at start-up (a generated problem over the limit is still an error)")
     share_decoding: bool = Field(True, description="rows whose tokens so far are the same (a group's samples until they differ) are decoded as one row, each still drawing its own tokens: the same distribution and log-probs for less work")
     bf16: bool = Field(False, description="bfloat16 autocast while sampling, faster where the CPU has native bf16 (AVX512-BF16, AMX) and on GPUs; the recorded log-probs are then the bf16 pass's (set learner.bf16 too, so that the learner's are close to them)")
 

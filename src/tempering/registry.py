@@ -2,13 +2,16 @@
 
 A registry is a plain ``dict`` from name to object. :func:`add` puts an entry in, refusing
 a name twice; :func:`resolve` looks one up, or imports it when written ``module:attribute``
-so users plug their own in from the config without registering anything.
+so users plug their own in from the config without registering anything. Entries whose
+modules are slow to import (or register more entries) can be named in a ``lazy`` table
+instead: they are imported on first use, and listed with the rest when a name is unknown.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, TypeVar
+import inspect
+from typing import Any, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -31,15 +34,46 @@ def add(registry: dict[str, Any], kind: str, name: str, entry: T, **attributes: 
     return entry
 
 
-def resolve(registry: dict[str, Any], name: str, kind: str) -> Any:
-    """Look ``name`` up in ``registry``, or import it when written as ``module:attribute``."""
+def resolve(registry: dict[str, Any], name: str, kind: str, lazy: Optional[dict[str, str]] = None,
+            classes: bool | str = False) -> Any:
+    """Look ``name`` up in ``registry`` or ``lazy``, or import it when written as ``module:attribute``.
+
+    ``lazy`` maps a name, or a family prefix ending in ``:`` (``rg:``), to ``module:attribute``.
+    An imported entry must be a function, or also a class when ``classes`` is true (a string
+    names the method such a class must have). Anything else is refused here, with its name,
+    rather than failing when first called in the middle of a run.
+
+    >>> resolve({}, "math:pi", "loss")
+    Traceback (most recent call last):
+    ValueError: loss math:pi is a float, not a function
+    """
     if name in registry:
         return registry[name]
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import {kind} {name!r}: {exc}") from exc
-    known = ", ".join(sorted(registry))
-    raise ValueError(f"unknown {kind} {name!r}; known: {known}, or module:function")
+    lazy = lazy or {}
+    prefix, colon, _ = name.partition(":")
+    target = lazy.get(prefix + colon) if colon else lazy.get(name)
+    if target is None and colon:
+        target = name
+    if target is None:
+        known = ", ".join(sorted({*registry, *(n + "<type>" if n.endswith(":") else n for n in lazy)}))
+        raise ValueError(f"unknown {kind} {name!r}; known: {known}, or module:function")
+    module_name, _, attr = target.partition(":")
+    try:
+        entry = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import {kind} {name!r}: {exc}") from None
+    _check_shape(entry, name, kind, classes)
+    return entry
+
+
+def _check_shape(entry: Any, name: str, kind: str, classes: bool | str) -> None:
+    wanted = "a function or class" if classes else "a function"
+    if inspect.isclass(entry):
+        if not classes:
+            raise ValueError(f"{kind} {name} is a class, not a function")
+        if isinstance(classes, str) and not callable(getattr(entry, classes, None)):
+            raise ValueError(f"{kind} {name} is a class without a {classes} method")
+    elif inspect.ismodule(entry):
+        raise ValueError(f"{kind} {name} is a module, not {wanted}")
+    elif not callable(entry):
+        raise ValueError(f"{kind} {name} is a {type(entry).__name__}, not {wanted}")

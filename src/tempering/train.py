@@ -87,7 +87,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     start = time.perf_counter()
     run = build_run(config, progress, resume)
     first_step, eval_before, timings = 0, None, {"generate_s": 0.0, "reward_s": 0.0, "learn_s": 0.0}
-    found = checkpoint.latest(run.run_dir) if resume else None
+    found = checkpoint.resume_point(run.run_dir) if resume else None
     if found is not None:
         state = restore(found, run)
         first_step, eval_before, timings = state["step"], state["eval_before"], state["timings"]
@@ -149,6 +149,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                      "worker_restarts": run.pipeline.restarts},
     }
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    run.lock.release()
     if progress:
         print(before_after_table(eval_before, eval_after))
         print(run.mixture.table())
@@ -229,7 +230,7 @@ def restore(path: Path, run: Run) -> dict:
 def rollback(run: Run) -> int:
     """Repeated non-finite steps: restore the last checkpoint's weights and optimizer, keep the
     data moving forward (so the same batches are not replayed); return the step restored."""
-    found = checkpoint.latest(run.run_dir)
+    found = checkpoint.usable(run.run_dir)
     if found is None:
         raise TrainingDiverged("training diverged: repeated non-finite losses or gradients, and no checkpoint "
                                "to roll back to (set checkpoint.every)")

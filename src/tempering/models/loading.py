@@ -59,18 +59,54 @@ def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
         location, kwargs["gguf_file"] = str(Path(path).parent), Path(path).name
     elif Path(path).exists():
         kwargs["local_files_only"] = True
+        check_model_dir(Path(path))
     elif path.startswith(("/", ".", "~")):
         raise ModelLoadError(f"model path {path} does not exist; give a model directory, a .gguf file or a hub id")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **{k: v for k, v in kwargs.items() if k != "dtype"})
         model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load model {path!r}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001  a damaged file fails in many ways (struct, safetensors, gguf)
+        raise ModelLoadError(f"cannot load model {path!r}: {type(exc).__name__}: {exc}") from None
     _drop_quantization(model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
     return model, tokenizer
+
+
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_model_dir(path: Path) -> None:
+    """Name what a local model folder lacks, or which weights file is damaged, before
+    transformers fails on it with a message about something else (a slow tokenizer, a hub id)."""
+    if not path.is_dir():
+        return
+    missing = [] if (path / "config.json").is_file() else ["config.json"]
+    weights = sorted(f for pattern in WEIGHTS for f in path.glob(pattern))
+    if not weights:
+        missing.append("weights (*.safetensors or pytorch_model*.bin)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    if missing:
+        raise ModelLoadError(f"model folder {path} is missing {', '.join(missing)}; it needs what "
+                             "save_pretrained writes for a model and its tokenizer")
+    for file in weights:
+        if file.suffix == ".safetensors":
+            _check_safetensors(file)
+
+
+def _check_safetensors(file: Path) -> None:
+    """Read the header, which lists every tensor and where it ends; a torn or overwritten file fails."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            handle.keys()
+    except Exception as exc:  # noqa: BLE001  SafetensorError and OSError alike mean a damaged file
+        raise ModelLoadError(f"cannot load model: {file} is not a valid safetensors file ({exc}); "
+                             "copy or save the model again") from None
 
 
 def _drop_quantization(model: Any) -> None:

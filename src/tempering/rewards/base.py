@@ -62,8 +62,13 @@ def register_reward(name: str, needs_rollout: bool = False) -> Callable[[Any], A
     return lambda reward: add(REWARDS, "reward", name, reward, **flags)
 
 
+LAZY_REWARDS: dict[str, str] = {"humaneval": "tempering.tasks.humaneval:HumanEvalReward",
+                                "reasoning_gym": "tempering.tasks.reasoning_gym:reasoning_gym_score"}
+"""Rewards registered by the lazily imported tasks (``tempering.tasks.base.LAZY_TASKS``)."""
+
+
 def resolve_reward(name: str) -> Any:
-    return resolve(REWARDS, name, "reward")
+    return resolve(REWARDS, name, "reward", LAZY_REWARDS, classes="score_batch")
 
 
 def as_result(value: Union[Number, RewardResult]) -> RewardResult:

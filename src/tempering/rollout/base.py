@@ -28,6 +28,12 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     """Strings that end a completion (kept in it)."""
     greedy: bool = False
+    max_prompt_tokens: int = 0
+    """Longest prompt, in tokens; 0 = the model's context minus ``max_new_tokens``
+    (``tempering.rollout.prompts``)."""
+    long_prompts: str = "truncate"
+    """What a longer prompt gets: "error", "truncate" (keep its last tokens) or "skip"; training
+    passes ``rollout.long_prompts``, evaluation truncates."""
 
 
 @runtime_checkable

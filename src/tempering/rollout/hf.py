@@ -51,6 +51,7 @@ from tempering.config import ConfigError
 from tempering.models.attention import full_attention_cache
 from tempering.rollout import fast_llama
 from tempering.rollout.base import SamplingParams
+from tempering.rollout.prompts import fit_prompt, prompt_limit
 from tempering.types import Group, Problem, Prompt, Rollout
 
 try:
@@ -268,7 +269,8 @@ class HFGenerator:
         generator: Optional[torch.Generator] = None,
     ) -> list[Group]:
         """``group_size`` completions for each problem, in problem order."""
-        prompts = [self.encode_prompt(p.prompt) for p in problems]
+        limit = prompt_limit(self.model.config, params.max_prompt_tokens, params.max_new_tokens)
+        prompts = [fit_prompt(self.encode_prompt(p.prompt), p, limit, params.long_prompts) for p in problems]
         flat = [(i, prompts[i]) for i in range(len(problems)) for _ in range(group_size)]
         rollouts: list[Rollout] = []
         for start in range(0, len(flat), self.batch_size):

@@ -86,7 +86,5 @@ cycle (it imports this module)."""
 
 
 def build_task(name: str, seed: int, **options: Any) -> Task:
-    prefix, colon, _ = name.partition(":")
-    lazy = LAZY_TASKS.get(prefix + colon if colon else name)
-    factory = resolve({}, lazy, "task") if lazy else resolve(TASKS, name, "task")
+    factory = resolve(TASKS, name, "task", LAZY_TASKS, classes=True)
     return factory(name=name, seed=seed, **options)

@@ -29,7 +29,7 @@ import json
 import random
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tempering.sandbox.spec import SpecError, TestSpec
 from tempering.tasks.base import StreamState, register_task
@@ -49,11 +49,16 @@ class DatasetError(ValueError):
 
 def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
     records = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # bytes, so that a line that is not UTF-8 can be named
+        for number, raw in enumerate(f, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                   f"{exc.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 records.append((where, json.loads(line)))
             except json.JSONDecodeError as exc:
@@ -164,6 +169,19 @@ class DatasetTask(StreamState):
 
     def eval_problems(self, n: int) -> list[Problem]:
         return [self._problem(*record) for record in self._eval[:n]]
+
+    def drop_records(self, drop: Callable[[Problem], bool]) -> list[Problem]:
+        """Leave out the records whose problems ``drop`` picks (prompts too long for the model);
+        return those problems. Refused when it would leave no training or held-out record."""
+        split = {}
+        for name, records in (("training", self._train), ("held-out", self._eval)):
+            split[name] = [(rec, drop(self._problem(*rec))) for rec in records]
+            if records and all(out for _, out in split[name]):
+                raise DatasetError(f"{self.name}: every {name} record would be left out")
+        self._train = [rec for rec, out in split["training"] if not out]
+        self._eval = [rec for rec, out in split["held-out"] if not out]
+        self.size = len(self._train)
+        return [self._problem(*rec) for records in split.values() for rec, out in records if out]
 
     def _extra_state(self) -> dict[str, Any]:
         return {"size": self.size}

@@ -1,0 +1,65 @@
+"""A bound on prompt length: a prompt longer than the model can attend to is refused, cut or
+left out before it reaches the sampler, where it would cost memory quadratic in its length.
+
+The bound is ``rollout.max_prompt_tokens`` tokens, or when that is 0 the model's context
+(``max_position_embeddings``) minus ``rollout.max_new_tokens``. ``rollout.long_prompts`` says
+what happens to a longer prompt:
+
+- ``error``: the run stops with a message naming the task and record;
+- ``truncate``: the prompt keeps its last tokens (the question and the chat template's turn
+  marker are at the end; a document's beginning is what goes);
+- ``skip``: dataset records over the bound are left out when the run starts (and counted).
+
+Dataset records are all checked at start-up (:func:`screen_datasets`), so a bad file fails
+before any work; generated problems (arithmetic, reasoning-gym, long context) are checked as
+they are sampled (:func:`fit_prompt`), where ``skip`` cannot leave a problem out and
+refuses it like ``error``. Evaluation truncates: a held-out prompt never stops a run.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from tempering.config import ConfigError
+from tempering.types import Problem
+
+ADVICE = "shorten it, raise rollout.max_prompt_tokens, or set rollout.long_prompts to truncate or skip"
+
+
+def prompt_limit(model_config: Any, max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """The longest prompt allowed, in tokens; 0 = no bound (a model that states no context)."""
+    if max_prompt_tokens:
+        return max_prompt_tokens
+    context = getattr(model_config, "max_position_embeddings", None) or 0
+    return max(1, context - max_new_tokens) if context else 0
+
+
+def _too_long(problem: Problem, length: int, limit: int) -> ConfigError:
+    return ConfigError(f"task {problem.task}, record {problem.meta.get('source', problem.id)}: the prompt is "
+                       f"{length} tokens, over the limit of {limit} (rollout.max_prompt_tokens; 0 = the model's "
+                       f"context minus rollout.max_new_tokens); {ADVICE}")
+
+
+def fit_prompt(ids: list[int], problem: Problem, limit: int, mode: str) -> list[int]:
+    """``ids`` when within ``limit`` (0 = none); its last ``limit`` tokens under ``truncate``."""
+    if not limit or len(ids) <= limit:
+        return ids
+    if mode == "truncate":
+        return ids[-limit:]
+    raise _too_long(problem, len(ids), limit)
+
+
+def screen_datasets(tasks: list[Any], encode: Callable[[Any], list[int]], limit: int, mode: str) -> None:
+    """Check every dataset record's prompt against ``limit`` before the run starts: refuse the
+    first too long (``error``), or leave all such records out (``skip``, reported on stderr)."""
+    if not limit or mode == "truncate":
+        return
+    for task in (t for t in tasks if hasattr(t, "drop_records")):  # tasks that hold records
+        dropped = task.drop_records(lambda problem: len(encode(problem.prompt)) > limit)
+        if dropped and mode == "error":
+            first = dropped[0]
+            raise _too_long(first, len(encode(first.prompt)), limit)
+        if dropped:
+            print(f"task {task.name}: left out {len(dropped)} records whose prompts are over {limit} tokens "
+                  f"(first: {dropped[0].meta['source']})", file=sys.stderr)

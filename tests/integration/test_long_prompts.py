@@ -1,0 +1,62 @@
+"""Prompts longer than the model's context are refused, truncated or left out, by
+``rollout.max_prompt_tokens`` and ``rollout.long_prompts``, never sampled as they are."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tempering.cli import main
+from tempering.config import ConfigError
+from tempering.rollout.hf import HFGenerator, SamplingParams
+from tempering.types import Problem
+
+ARGS = ["steps=1", "threads=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+        "eval.problems_per_task=2", "eval.max_new_tokens=8", "checkpoint.every=0"]
+
+
+def _dataset(tmp_path, long_at=(7,)):
+    records = [{"question": f"{i}+1=" if i not in long_at else "9" * 5000 + "+1=", "answer": i + 1}
+               for i in range(40)]
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _train(capsys, tmp_path, model_dir, data, *extra):
+    capsys.readouterr()
+    task = f"tasks=[{{name: dataset, options: {{path: {data}, kind: math, style: raw}}}}]"
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--quiet", "--run-dir", str(tmp_path / "run"), f"model.path={model_dir}", task, *ARGS, *extra])
+    return done.value.code, capsys.readouterr().err
+
+
+def test_a_dataset_prompt_beyond_the_context_stops_the_run_at_start_up(tmp_path, tiny_model_dir, capsys):
+    code, err = _train(capsys, tmp_path, tiny_model_dir, _dataset(tmp_path))
+    assert code == 2 and "Traceback" not in err
+    assert f"task dataset, record {tmp_path / 'data.jsonl'}:8: the prompt is 50" in err  # 5004 characters
+    assert "over the limit of 248" in err and "rollout.long_prompts" in err  # 256 positions - 8 new tokens
+    assert not (tmp_path / "run").exists(), "refused before the run folder was made"
+
+
+def test_skip_leaves_long_records_out_and_truncate_keeps_them_cut(tmp_path, tiny_model_dir, capsys):
+    data = _dataset(tmp_path)
+    code, err = _train(capsys, tmp_path / "skip", tiny_model_dir, data, "rollout.long_prompts=skip")
+    assert code == 0, err
+    assert f"task dataset: left out 1 records whose prompts are over 248 tokens (first: {data}:8)" in err
+    code, err = _train(capsys, tmp_path / "cut", tiny_model_dir, data, "rollout.long_prompts=truncate",
+                       "rollout.max_prompt_tokens=100")
+    assert code == 0, err
+
+
+def test_the_sampler_truncates_or_refuses_a_generated_prompt(tiny_policy):
+    model, tokenizer = tiny_policy
+    generator = HFGenerator(model, tokenizer, chat_template=False)
+    problem = Problem(task="add", id="long", prompt="1" * 400 + "+1=\n", answer="")
+    cut = generator.generate([problem], 2, SamplingParams(max_new_tokens=4, max_prompt_tokens=50,
+                                                          long_prompts="truncate"))
+    full = generator.encode_prompt(problem.prompt)
+    assert [r.prompt_ids for r in cut[0].rollouts] == [full[-50:]] * 2
+    with pytest.raises(ConfigError, match="task add, record long: the prompt is 405 tokens, over the limit of 252"):
+        generator.generate([problem], 2, SamplingParams(max_new_tokens=4, long_prompts="error"))

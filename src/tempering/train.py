@@ -42,6 +42,7 @@ from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors
 from tempering.rollout.hf import HFGenerator
 from tempering.scheduler import Mixture, Settings, cap_domain_tokens, domain_token_weights_B
 from tempering.tasks import Task, build_task
+from tempering.threads import ThreadGovernor, auto_threads
 from tempering.registry import resolve
 from tempering.types import Batch, Group
 
@@ -232,7 +233,7 @@ def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
                  namespace="tempering", ignore_reinit_error=True)
     data = config.model_dump(mode="json")
     tag = f"{os.getpid()}-{id(config):x}"
-    threads = max(1, (config.threads or os.cpu_count() or 1) // 2)
+    threads = max(1, config.threads // 2) if config.threads else auto_threads(share=2)
     rollout = RayHandle(RolloutWorker, "from_config", (data, config.seed, threads), f"tempering-rollout-{tag}",
                         config.pipeline.restart_limit, num_cpus=0)
     reward = RayHandle(RewardWorker, "from_config", (data,), f"tempering-reward-{tag}",
@@ -249,10 +250,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     """
     start = time.perf_counter()
     pc = config.pipeline
-    threads = config.threads or os.cpu_count() or 1
-    if pc.mode == "async" and not config.threads:
-        threads = max(1, threads // 2)  # sampler and learner each get half the cores
-    torch.set_num_threads(threads)
+    governor = ThreadGovernor(config.threads, share=2 if pc.mode == "async" else 1)  # async: sampler and learner
     torch.manual_seed(config.seed)
     tasks = build_tasks(config)
     algorithm = resolve_algorithm(config)
@@ -335,7 +333,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                 result = evaluation()
                 record["eval/accuracy"] = result["accuracy"]
                 record.update({f"eval/{name}": value for name, value in result["per_task"].items()})
-            record.update(monitors.update(groups, record))
+            record.update(monitors.update(groups, record), **governor.update())
             with pipeline.scheduler_lock():
                 record.update(mixture.update())
             nonfinite_streak = nonfinite_streak + 1 if record["skipped_updates"] else 0

@@ -32,8 +32,6 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 PASSIVE_WAITS = {"OMP_WAIT_POLICY": "PASSIVE"}
 """OpenMP settings applied before torch is imported: waiting threads sleep rather than spin."""
 
@@ -63,6 +61,15 @@ def passive_waits() -> None:
     """
     for key, value in PASSIVE_WAITS.items():
         os.environ.setdefault(key, value)
+
+
+def set_torch_threads(count: int) -> None:
+    """Imports torch here rather than at the top: importing this module must not load
+    OpenMP, so that the CLI can still apply :func:`passive_waits` after importing it."""
+    import torch
+
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
 
 
 def parse_stat(text: str) -> dict[int, tuple[int, int]]:
@@ -145,7 +152,7 @@ class ThreadGovernor:
     def __init__(self, threads: int, share: int = 1, every: int = RECOUNT_EVERY):
         self.auto, self.share, self.every = threads == 0, share, every
         self.threads = threads or auto_threads(share)
-        torch.set_num_threads(self.threads)
+        set_torch_threads(self.threads)
         self._cpus, self._last, self._calls = allowed_cpus(), sample(), 0
 
     def update(self) -> dict:
@@ -159,6 +166,5 @@ class ThreadGovernor:
             now = sample()
             free = free_cores(self._last, now, self._cpus)
             self._last, self.threads = now, threads_for(free, len(self._cpus), self.share)
-            if self.threads != torch.get_num_threads():
-                torch.set_num_threads(self.threads)
+            set_torch_threads(self.threads)
         return {"threads": self.threads}

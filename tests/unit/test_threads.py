@@ -7,6 +7,7 @@ never on time.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -151,3 +152,44 @@ def test_a_run_with_auto_threads_beside_a_busy_process_uses_fewer_threads_than_c
         torch.set_num_threads(1)
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
     assert record["threads"] < len(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_pretraining_with_auto_threads_beside_a_busy_process_uses_fewer_threads_than_cores(busy_core, tmp_path):
+    from tempering.config import PretrainConfig
+    from tempering.pretrain import pretrain
+
+    config = PretrainConfig(hidden_size=16, layers=1, heads=2, steps=2, batch_docs=2, warmup_steps=0)
+    try:
+        pretrain(config, tmp_path, progress=False, threads=0)
+        assert torch.get_num_threads() < len(os.sched_getaffinity(0))
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_pretraining_inside_a_run_keeps_the_run_s_threads(tmp_path):
+    from tempering.config import PretrainConfig
+    from tempering.pretrain import pretrain
+
+    torch.set_num_threads(1)
+    pretrain(PretrainConfig(hidden_size=16, layers=1, heads=2, steps=2, batch_docs=2), tmp_path, progress=False)
+    assert torch.get_num_threads() == 1
+
+
+def openmp_spin_count_in_temper(**env: str) -> str:
+    """How long OpenMP threads inside ``temper`` spin before sleeping, as OpenMP reports it
+    when it loads (libgomp shows "PASSIVE" even for its default of spinning, so the count is
+    what tells)."""
+    result = subprocess.run([sys.executable, "-m", "tempering.cli", "--help"], capture_output=True, text=True,
+                            env={**os.environ, "OMP_DISPLAY_ENV": "VERBOSE", **env}, check=True)
+    return re.search(r"GOMP_SPINCOUNT = '(\d+)'", result.stderr).group(1)
+
+
+def test_temper_makes_openmp_threads_sleep_rather_than_spin_while_they_wait(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert openmp_spin_count_in_temper() == "0"
+
+
+def test_temper_keeps_a_wait_policy_the_user_set():
+    assert openmp_spin_count_in_temper(OMP_WAIT_POLICY="ACTIVE") == "30000000000"

@@ -18,7 +18,8 @@ over the window between them; CPU time this process used in that window counts a
 and while it runs (the steps between re-counts are the window, at no extra cost).
 
 Not done: CPU quotas of a cgroup (``cpu.max``) are not read; hyperthread siblings count as
-cores; without ``/proc/stat`` (not Linux) auto means every allowed core. A changed thread
+cores; the run's own child processes (sandbox programs, grading processes, Ray actors) count
+as other load, so a run that grades in a sandbox may be given fewer threads than it could use; without ``/proc/stat`` (not Linux) auto means every allowed core. A changed thread
 count changes float summation order only, so results stay within rounding of each other,
 but a run is bitwise repeatable only with a fixed ``threads``. In an async run a re-count
 changes the learner's threads; the sampler thread keeps the count it started with.

@@ -37,16 +37,7 @@ from tempering.rollout.hf import HFGenerator
 from tempering.rollout.prompts import prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
 from tempering.tasks import Task, build_task
-
-
-def set_threads(config: TrainConfig) -> int:
-    """torch's CPU threads for this run (``threads``; 0 = all cores, halved in async mode where
-    sampler and learner each get half); returns the number set."""
-    threads = config.threads or os.cpu_count() or 1
-    if config.pipeline.mode == "async" and not config.threads:
-        threads = max(1, threads // 2)
-    torch.set_num_threads(threads)
-    return threads
+from tempering.threads import ThreadGovernor, auto_threads
 
 
 def build_tasks(config: TrainConfig) -> list[Task]:
@@ -238,7 +229,7 @@ def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
                  namespace="tempering", ignore_reinit_error=True)
     data = config.model_dump(mode="json")
     tag = f"{os.getpid()}-{id(config):x}"
-    threads = max(1, (config.threads or os.cpu_count() or 1) // 2)
+    threads = max(1, config.threads // 2) if config.threads else auto_threads(share=2)
     limit = config.pipeline.restart_limit
     rollout = RayHandle(remote_rollout_worker, (data, threads), f"tempering-rollout-{tag}", limit, num_cpus=0)
     reward = RayHandle(remote_reward_worker, (data,), f"tempering-reward-{tag}", limit, num_cpus=0)
@@ -250,6 +241,8 @@ class Run:
     """Everything a training run is made of, built from its config."""
 
     config: TrainConfig
+    threads: ThreadGovernor
+    """torch's CPU threads: the configured count, or the free cores counted again every few steps."""
     run_dir: Path
     lock: Any
     """Held on the run folder while this process writes it (``tempering.checkpoint.open_run_dir``)."""
@@ -280,7 +273,7 @@ class Run:
 
 def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     """Build a run: everything that can be refused is checked before the model is loaded."""
-    set_threads(config)
+    threads = ThreadGovernor(config.threads, share=2 if config.pipeline.mode == "async" else 1)  # sampler, learner
     torch.manual_seed(config.seed)
     tasks = build_tasks(config)
     algorithm = resolve_algorithm(config)
@@ -303,5 +296,5 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
                                   config.rewards.options)
     owns_ray = config.pipeline.backend == "ray" and not ray_running()
     pipeline = build_pipeline(config, mixture, model, tokenizer, rewarder)
-    return Run(config, run_dir, lock, model, tokenizer, model_path, tasks, algorithm, rewarder, monitors, mixture,
-               learner, pipeline, evaluation, owns_ray)
+    return Run(config, threads, run_dir, lock, model, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
+               mixture, learner, pipeline, evaluation, owns_ray)

@@ -13,10 +13,14 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from tempering.config import ConfigError, load_config
-from tempering.faults import TrainingDiverged
-from tempering.rewards.cli import add_parser as add_rm_parser
-from tempering.sandbox.cli import add_parser as add_sandbox_parser
+from tempering.threads import passive_waits
+
+passive_waits()  # before anything imports torch: OpenMP reads its wait policy once, when loaded
+
+from tempering.config import ConfigError, load_config  # noqa: E402
+from tempering.faults import TrainingDiverged  # noqa: E402
+from tempering.rewards.cli import add_parser as add_rm_parser  # noqa: E402
+from tempering.sandbox.cli import add_parser as add_sandbox_parser  # noqa: E402
 
 USER_ERROR = 2
 
@@ -72,7 +76,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from tempering.pretrain import ensure_pretrained
 
     config = _load(args)
-    path = ensure_pretrained(config.pretrain, progress=not args.quiet, force=args.force)
+    path = ensure_pretrained(config.pretrain, progress=not args.quiet, force=args.force, threads=config.threads)
     stats = json.loads((path / "pretrain.json").read_text())["stats"]
     print(json.dumps({"model_dir": str(path), **stats}, indent=2))
     return 0

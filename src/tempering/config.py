@@ -214,7 +214,7 @@ class TrainConfig(Strict):
     seed: int = Field(0, description="seed for sampling, data order and initialisation")
     steps: int = Field(100, ge=0, description="RL steps; 0 = evaluate only")
     run_dir: Optional[str] = Field(None, description="output folder; null = a new folder under runs/")
-    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = all cores")
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = the cores other processes leave free, counted again every 5 steps (see tempering.threads)")
     model: ModelConfig = Field(default_factory=ModelConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     tasks: list[TaskSpec] = Field(default_factory=_arithmetic_tasks, min_length=1, description="the training mixture")

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 from tqdm import tqdm
@@ -26,6 +26,7 @@ from tempering.config import PretrainConfig
 from tempering.learner import lr_factor
 from tempering.models.tiny import build_model, build_tokenizer
 from tempering.tasks import build_task
+from tempering.threads import ThreadGovernor
 
 CORPUS_VERSION = 1
 """Bump when the corpus or the model code changes, so stale cache entries are not reused."""
@@ -78,8 +79,13 @@ def document_batches(config: PretrainConfig, token_ids: Callable[[str], list[int
         yield input_ids_BT, labels_BT
 
 
-def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True) -> dict:
-    """Train a fresh tiny model; save model and tokenizer to ``out_dir``; return statistics."""
+def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threads: Optional[int] = None) -> dict:
+    """Train a fresh tiny model; save model and tokenizer to ``out_dir``; return statistics.
+
+    ``threads`` as the config key (0 = the free cores, re-counted as it goes); None keeps
+    torch's current setting, which a caller such as ``train`` has chosen already.
+    """
+    governor = ThreadGovernor(threads) if threads is not None else None
     tokenizer = build_tokenizer()
     model = build_model(
         vocab_size=len(tokenizer), hidden_size=config.hidden_size, layers=config.layers,
@@ -112,6 +118,8 @@ def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True) -> di
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        if governor:
+            governor.update()
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         bar.update()
     bar.close()
@@ -129,15 +137,17 @@ def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True) -> di
     return stats
 
 
-def ensure_pretrained(config: PretrainConfig, progress: bool = True, force: bool = False) -> Path:
-    """The cached model directory for ``config``, pre-training it first if it is missing."""
+def ensure_pretrained(config: PretrainConfig, progress: bool = True, force: bool = False,
+                      threads: Optional[int] = None) -> Path:
+    """The cached model directory for ``config``, pre-training it first if it is missing
+    (with ``threads`` as for :func:`pretrain`)."""
     target = cached_model_dir(config)
     if target.exists() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        pretrain(config, staging, progress=progress)
+        pretrain(config, staging, progress=progress, threads=threads)
         if force and target.exists():
             shutil.rmtree(target, ignore_errors=True)
         try:

@@ -112,7 +112,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                 timings[key] += record[key]
             if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
                 record.update(eval_record(run.evaluate()))
-            record.update(run.monitors.update(groups, record))
+            record.update(run.monitors.update(groups, record), **run.threads.update())
             with run.pipeline.scheduler_lock():
                 record.update(run.mixture.update())
             nonfinite_streak = nonfinite_streak + 1 if record["skipped_updates"] else 0

@@ -40,6 +40,14 @@ from tempering.tasks import Task, build_task
 from tempering.threads import ThreadGovernor, auto_threads
 
 
+def load_model(config: TrainConfig, path: str, progress: bool) -> tuple[Any, Any, str]:
+    """``(model, tokenizer, resolved path)`` of the model at ``path``, on ``model.device``; warns
+    first when the configured bf16 would run emulated on this CPU."""
+    device = resolve_device(config.model.device)
+    warn_slow_bf16(device, config.rollout.bf16, config.learner.bf16)
+    return load_policy(path, config.model.dtype, config.pretrain, progress, device=device)
+
+
 def build_tasks(config: TrainConfig) -> list[Task]:
     """The configured tasks; a bad name, option or reward is a ConfigError naming the entry."""
     tasks = []
@@ -281,10 +289,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, monitor_settings(config.rewards.monitors))
     mixture = build_mixture(config, tasks)
     checkpoint.check_run_dir(config.run_dir, resume)
-    device = resolve_device(config.model.device)
-    warn_slow_bf16(device, config.rollout.bf16, config.learner.bf16)
-    model, tokenizer, model_path = load_policy(config.model.path, config.model.dtype, config.pretrain, progress,
-                                               device=device)
+    model, tokenizer, model_path = load_model(config, config.model.path, progress)
     eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     rc = config.rollout
     screen_datasets(tasks, eval_generator.encode_prompt,

@@ -83,16 +83,15 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from tempering.build import build_tasks, load_model
     from tempering.evaluate import build_metrics, close_metrics, evaluate
-    from tempering.models.loading import load_policy
     from tempering.rollout.hf import HFGenerator
-    from tempering.build import build_tasks
 
     config = _load(args)
     tasks = build_tasks(config)
     metrics = build_metrics(tasks, config.rewards.options)  # a bad option stops here, before any model work
     try:
-        model, tokenizer, _ = load_policy(args.model or config.model.path, config.model.dtype, config.pretrain)
+        model, tokenizer, _ = load_model(config, args.model or config.model.path, progress=not args.quiet)
         generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
         result = evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens, metrics=metrics)
     finally:

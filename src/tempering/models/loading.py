@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -121,7 +121,7 @@ def _drop_quantization(model: Any) -> None:
 
 
 def load_policy(path: str, dtype: str, pretrain: PretrainConfig, progress: bool = True,
-                threads: Optional[int] = None, device: torch.device | str = "cpu") -> tuple[Any, Any, str]:
+                device: torch.device | str = "cpu") -> tuple[Any, Any, str]:
     """``(model on device, tokenizer, resolved path)``; the built-in model is pre-trained on CPU first."""
     resolved = resolve_model_path(path, pretrain, progress=progress)
     model, tokenizer = load_model(resolved, dtype)

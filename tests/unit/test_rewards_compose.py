@@ -91,10 +91,8 @@ def test_slow_rewards_run_at_the_same_time_and_sub_components_are_logged():
     SlowReward.peak = 0
     rewarder = Rewarder([FakeTask("a", {"slow_a": 1.0, "slow_b": 1.0})])
     group = _group("a", "0", ["ok", "no"])
-    start = time.perf_counter()
     record = rewarder.score([group])
-    assert SlowReward.peak == 2
-    assert time.perf_counter() - start < 0.35   # two 0.2 s rewards overlapped
+    assert SlowReward.peak == 2, "both slow rewards were running at once"
     assert group.rollouts[0].reward == 2.0
     assert record["reward/slow_a/sub"] == 0.5
     assert record["diag/slow_a/calls"] == 1

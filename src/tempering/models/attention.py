@@ -16,17 +16,11 @@ is plain sdpa. The attention implementation is not saved with a checkpoint.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-try:
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-except ImportError:  # transformers releases before the layered cache
-    DynamicCache = DynamicLayer = None
+from tempering.models.compat import register_attention, sdpa_attention_forward, switch_sdpa_attention
 
 NAME = "cpu_autocast_attention"
 
@@ -77,24 +71,10 @@ def _cpu_autocast_attention(module, query, key, value, attention_mask, **kwargs)
     return out.to(low), weights
 
 
-def full_attention_cache(config: Any) -> Optional[Any]:
-    """A new transformers ``DynamicCache`` for a model with this config when every layer of it
-    is plain full attention (keys and values appended position by position), else None
-    (sliding windows, recurrent states, or a transformers release without layered caches)."""
-    if DynamicCache is None:
-        return None
-    cache = DynamicCache(config=config)
-    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return None
-    return cache
-
-
-AttentionInterface.register(NAME, _cpu_autocast_attention)
-AttentionMaskInterface.register(NAME, sdpa_mask)
+register_attention(NAME, _cpu_autocast_attention)
 
 
 def upcast_attention(model: Any) -> None:
     """Give ``model``'s sdpa attention the CPU autocast treatment of the module docstring; other
     implementations stay."""
-    if getattr(model.config, "_attn_implementation", None) == "sdpa":
-        model.set_attn_implementation(NAME)
+    switch_sdpa_attention(model, NAME)

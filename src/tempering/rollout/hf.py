@@ -41,24 +41,18 @@ continuous batching across calls.
 
 from __future__ import annotations
 
-import inspect
 from contextlib import nullcontext
 from typing import Optional
 
 import torch
 
 from tempering.config import ConfigError
-from tempering.models.attention import full_attention_cache
+from tempering.models.compat import (cache_argument, fused_llama_supported, logits_to_keep_argument,
+                                     preallocated_cache, select_cache_rows)
 from tempering.rollout import fast_llama
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.prompts import fit_prompt, prompt_limit
 from tempering.types import Group, Problem, Prompt, Rollout
-
-try:
-    from transformers.cache_utils import DynamicLayer
-except ImportError:  # transformers releases before the layered cache: the model makes its own cache
-    DynamicLayer = None
-
 
 _BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
 
@@ -130,54 +124,6 @@ def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Opti
     return next_B, (picked_B1 - max_B1 - sum_B1.log())[:, 0]
 
 
-if DynamicLayer is not None:
-    class _PreallocatedLayer(DynamicLayer):
-        """One layer's keys and values in buffers with room for ``capacity`` positions: a
-        step writes its position in place, and ``keys``/``values`` are views of the filled part.
-
-        ``dtype`` bfloat16 under bf16 autocast: rotary embeddings leave keys in float32 there,
-        and attention would otherwise cast the whole cache to bf16 at every step. Only what
-        the sampler's loop calls is kept consistent with the buffers: ``update`` and
-        ``batch_select_indices``."""
-
-        def __init__(self, capacity: int, dtype: Optional[torch.dtype] = None):
-            super().__init__()
-            self.capacity = capacity
-            self.dtype = dtype
-
-        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-            self.device = key_states.device
-            rows, heads, _, dim = key_states.shape
-            dtype = self.dtype or key_states.dtype
-            # stores keep their row capacity; buffers are views of the rows in use
-            self._key_store = self._key_buffer = key_states.new_empty(rows, heads, self.capacity, dim, dtype=dtype)
-            self._value_store = self._value_buffer = value_states.new_empty(rows, heads, self.capacity,
-                                                                            value_states.shape[3], dtype=dtype)
-            self.keys, self.values = self._key_buffer[:, :, :0], self._value_buffer[:, :, :0]
-            self.is_initialized = True
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            start = self.keys.shape[-2]
-            end = start + key_states.shape[-2]
-            self._key_buffer[:, :, start:end] = key_states
-            self._value_buffer[:, :, start:end] = value_states
-            self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-            return self.keys, self.values
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            """Make the rows ``indices`` of the current ones (repeats allowed), copying only the
-            filled positions of changed rows (:func:`tempering.rollout.fast_llama.select_rows`)."""
-            if not self.is_initialized:
-                return
-            length, rows = self.keys.shape[-2], len(indices)
-            self._key_store, self._value_store = fast_llama.select_rows(
-                [self._key_store, self._value_store], indices, length)
-            self._key_buffer, self._value_buffer = self._key_store[:rows], self._value_store[:rows]
-            self.keys, self.values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
-
-
 def continue_histories(history_B: torch.Tensor, next_B: torch.Tensor, share: bool
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The cache rows of the next decoding step, after each live row (following history
@@ -227,7 +173,7 @@ class HFGenerator:
         self.bf16 = bf16
         self.share = share  # rows with the same tokens so far are decoded as one (continue_histories)
         # decoding steps without transformers' modules where that computes the same (fast_llama)
-        self.fast = fast and fast_llama.supports(model)
+        self.fast = fast and fused_llama_supported(model)
         self._decoder = fast_llama.LlamaDecoder(model) if self.fast else None
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.chat_template = has_template if chat_template is None else chat_template
@@ -235,10 +181,8 @@ class HFGenerator:
             raise ConfigError("model.chat_template is true but this model's tokenizer has no chat "
                               "template; set model.chat_template=false (or null) for it")
         self.eos_ids = self._eos_ids()
-        forward_args = inspect.signature(model.forward).parameters
-        # transformers 5 renamed past_key_values to cache; older releases know only the old name.
-        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
-        self._keep_arg = next((a for a in ("logits_to_keep", "num_logits_to_keep") if a in forward_args), None)
+        self._cache_arg = cache_argument(model.forward)
+        self._keep_arg = logits_to_keep_argument(model.forward)
 
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -287,10 +231,7 @@ class HFGenerator:
     def _new_cache(self, capacity: int, dtype: Optional[torch.dtype]):
         """A cache with preallocated layers where the model's layers are plain full attention;
         otherwise None, and the model makes its own."""
-        cache = full_attention_cache(self.model.config)
-        if cache is not None:
-            cache.layers = [_PreallocatedLayer(capacity, dtype) for _ in cache.layers]
-        return cache
+        return preallocated_cache(self.model.config, capacity, dtype)
 
     def _forward(self, ids_BT, mask_BT, positions_BT, cache):
         keep = {self._keep_arg: 1} if self._keep_arg else {}
@@ -326,7 +267,6 @@ class HFGenerator:
             logits_HV, cache = self._forward(ids_PT, mask_PT, positions_PT, cache)
             if decoder:
                 decoder.start(cache, width + limit, torch.bfloat16 if self.bf16 else None, rows=n)
-                cache = decoder
             # histories: the distinct token sequences decoded so far, one cache row each (at
             # first, the distinct prompts); every running row follows one
             mask_HT, position_H = mask_PT, positions_PT[:, -1]
@@ -345,7 +285,10 @@ class HFGenerator:
                 row_B, history_B, next_B = row_B[live_B], history_B[live_B], next_B[live_B]
                 source_H, token_H, history_B = continue_histories(history_B, next_B, self.share)
                 if len(source_H) != len(mask_HT) or bool((source_H != torch.arange(len(source_H), device=device)).any()):
-                    cache.batch_select_indices(source_H)  # some history ended, moved or split
+                    if decoder:  # some history ended, moved or split
+                        decoder.select_rows(source_H)
+                    else:
+                        select_cache_rows(cache, source_H)
                 mask_HT = torch.nn.functional.pad(mask_HT[source_H], (0, 1), value=1)
                 position_H = position_H[source_H] + 1
                 if decoder:

@@ -114,12 +114,11 @@ class LlamaDecoder:
     def _step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
         rows, heads, kv_heads, dim = len(ids_B), self.heads, self.kv_heads, self.head_dim
         group, at, length = heads // kv_heads, self.length, self.length + 1
-        angle_BP = positions_B[:, None].float() * self.inv_freq
-        turn_B1P = torch.polar(torch.ones_like(angle_BP), angle_BP)[:, None]  # e^(i angle) per rotation pair
-        # 0 where a row attends and -inf where not, one row per key head's group of queries
-        bias_N1S = torch.zeros(mask_BS[:, None, :length].shape, device=mask_BS.device).masked_fill_(
-            mask_BS[:, None, :length] == 0, float("-inf"))
-        bias_N1S = bias_N1S.repeat_interleave(kv_heads, dim=0) if kv_heads > 1 else bias_N1S
+        angle_BJ = positions_B[:, None].float() * self.inv_freq
+        turn_B1J = torch.polar(torch.ones_like(angle_BJ), angle_BJ)[:, None]  # e^(i angle) per rotation pair
+        # 0 where a row attends and -inf where not, the same for each key head's queries
+        bias_BK1S = torch.zeros((rows, kv_heads, 1, length), device=mask_BS.device).masked_fill_(
+            mask_BS[:, None, None, :length] == 0, float("-inf"))
         scaling = dim ** -0.5
         x_BH = self.embed[ids_B].float()
         low = self.dtype
@@ -129,16 +128,19 @@ class LlamaDecoder:
             keys, values = keys[:rows], values[:rows]
             h_BH = _rms_norm(x_BH, norm_in, self.eps)
             qkv_BF = ((h_BH.to(low) if low else h_BH) @ qkv.T).float()
-            pairs_BNP2 = qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim // 2, 2)
-            qk_BND = torch.view_as_real(torch.view_as_complex(pairs_BNP2) * turn_B1P).view(rows, heads + kv_heads, dim)
-            keys[:, :, at] = qk_BND[:, heads:]
+            pairs_BFJ2 = qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim // 2, 2)
+            qk_BFD = torch.view_as_real(torch.view_as_complex(pairs_BFJ2) * turn_B1J).view(rows, heads + kv_heads, dim)
+            keys[:, :, at] = qk_BFD[:, heads:]
             values[:, :, at] = qkv_BF[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
-            k_NSD = keys[:, :, :length].reshape(rows * kv_heads, length, dim)
-            v_NSD = values[:, :, :length].reshape(rows * kv_heads, length, dim)
-            scores_NGS = torch.baddbmm(bias_N1S, qk_BND[:, :heads].reshape(rows * kv_heads, group, dim),
-                                       k_NSD.transpose(1, 2), alpha=scaling)
-            attended_BH = torch.bmm(torch.softmax(scores_NGS, dim=-1), v_NSD).view(rows, heads * dim)
-            x_BH = x_BH + ((attended_BH.to(low) if low else attended_BH) @ out.T).float()
+            q_BKMD = qk_BFD[:, :heads].reshape(rows, kv_heads, group, dim)
+            k_BKSD, v_BKSD = keys[:, :, :length], values[:, :, :length]
+            # the batched products take rows and key heads on one axis
+            scores_BKMS = torch.baddbmm(bias_BK1S.flatten(0, 1), q_BKMD.flatten(0, 1),
+                                        k_BKSD.reshape(-1, length, dim).transpose(1, 2), alpha=scaling
+                                        ).view(rows, kv_heads, group, length)
+            probs_BKMS = torch.softmax(scores_BKMS, dim=-1)
+            attended_BF = torch.bmm(probs_BKMS.flatten(0, 1), v_BKSD.reshape(-1, length, dim)).view(rows, heads * dim)
+            x_BH = x_BH + ((attended_BF.to(low) if low else attended_BF) @ out.T).float()
             h_BH = _rms_norm(x_BH, norm_post, self.eps)
             gate_BF, up_BF = ((h_BH.to(low) if low else h_BH) @ gate_up.T).chunk(2, dim=-1)
             x_BH = x_BH + ((torch.nn.functional.silu(gate_BF) * up_BF) @ down.T).float()

@@ -1,15 +1,30 @@
 """The data that moves through one RL step, and the shape letters used in names.
 
-Shape letters (a tensor's name ends with its shape, e.g. ``logprobs_BT``):
+Shape letters (a tensor's name ends with its shape, e.g. ``logprobs_BT``; a digit is an axis
+of that size, e.g. ``max_B1``). Each letter has this one meaning everywhere, and
+``tests/unit/test_shape_letters.py`` fails on a name that uses a letter not listed here:
 
-- ``B``: sequences in a batch (prompt + completion, one per rollout)
-- ``T``: token positions (time)
-- ``P``: prompts (problems) in a step
-- ``G``: samples per prompt (the group)
+- ``B``: rows of a batch (one sequence each)
+- ``T``: token positions along whatever rows a tensor holds (a row, a prompt, a completion)
+- ``P``: distinct prompts
+- ``G``: samples per prompt (a group)
 - ``V``: vocabulary
-- ``H``: hidden size (a model's width)
-- ``R``, ``W``: rows of packed sequences and their width (``tempering.packing``)
+- ``H``: hidden width (a model's)
+- ``R``, ``W``: packed rows and their width (``tempering.packing``)
 - ``N``, ``C``: tokens taken out of their rows into one flat list, and a chunk of them
+- ``U``: decoding histories (the distinct token sequences the sampler's cache holds)
+- ``L``: cache slots opened in one decoding step
+- ``E``: candidate tokens kept for top-p
+- ``Z``, ``Y``: blocks of a vocabulary and the entries of one (the sampler's search for a
+  drawn token)
+- ``A``: query heads
+- ``K``: key/value heads
+- ``M``: query heads per key/value head
+- ``D``: head width
+- ``J``: pairs of a head's dimensions that rotary embeddings rotate together (``D / 2``)
+- ``Q``, ``S``: query positions and key positions (attention scores)
+- ``F``: features laid side by side (fused projections, a row's values compared when
+  merging rows)
 
 Token lists on a :class:`Rollout` are plain Python lists; tensors appear only once a
 :class:`Batch` is formed for the learner.

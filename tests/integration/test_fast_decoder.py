@@ -17,19 +17,6 @@ def _grouped_query_model():
     return LlamaForCausalLM(config).eval()
 
 
-def test_supports_only_what_it_computes_exactly():
-    assert fast_llama.supports(_grouped_query_model())
-    for change in ({"attention_bias": True}, {"mlp_bias": True}, {"hidden_act": "gelu"},
-                   {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}):
-        model = _grouped_query_model()
-        for key, value in change.items():
-            setattr(model.config, key, value)
-        assert not fast_llama.supports(model), change
-    model = _grouped_query_model()
-    model.config.model_type = "qwen2"
-    assert not fast_llama.supports(model)
-
-
 def _model_steps(model, ids_BT, mask_BT, new_BS):
     """Logits of transformers' forward for each of the tokens ``new_BS`` after the prompt."""
     positions_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
@@ -67,7 +54,7 @@ def test_decoding_steps_give_the_models_logits_as_rows_leave(selections):
     rows, position_B, mask = torch.arange(5), positions_BT[:, -1], mask_BT
     for step, keep in enumerate(selections):
         if keep is not None:
-            decoder.batch_select_indices(keep)
+            decoder.select_rows(keep)
             rows, position_B, mask = rows[keep], position_B[keep], mask[keep]
         mask = torch.nn.functional.pad(mask, (0, 1), value=1)
         position_B = position_B + 1

@@ -29,13 +29,12 @@ learner's token-budget plans keep a prompt's rows together where they fit,
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from tempering.models.attention import full_attention_cache
+from tempering.models.compat import cache_argument, checkpointing, full_attention_cache, select_cache_rows
 from tempering.packing import first_fit_decreasing, pack
 
 SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -176,14 +175,6 @@ def output_weight(model: Any) -> torch.Tensor:
     return head.weight
 
 
-def _checkpointing(model: Any) -> bool:
-    """Whether the model recomputes its layers in the backward pass (transformers 5 renamed the flag)."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name) or hasattr(model, name):
-            return bool(getattr(model, name))
-    return False
-
-
 def _plain_head(model: Any) -> bool:
     try:
         output_weight(model)
@@ -218,7 +209,7 @@ class SharedPrompts:
 def can_share_prompts(model: Any) -> bool:
     """Whether :func:`forward_logprobs` can share prompts for ``model``: no gradient
     checkpointing, a plain output layer, and a cache of plain full-attention layers."""
-    return not _checkpointing(model) and _plain_head(model) and full_attention_cache(model.config) is not None
+    return not checkpointing(model) and _plain_head(model) and full_attention_cache(model.config) is not None
 
 
 def distinct_prompts(input_ids_BT: torch.Tensor, prompt_lengths_B: torch.Tensor) -> tuple[list[tuple], list[int]]:
@@ -270,13 +261,13 @@ def _shared_hidden(model: Any, shared: SharedPrompts) -> torch.Tensor:
     """The decoder's last hidden states of the shared prompts then of the completions,
     flattened to ``[tokens, hidden]`` in the order of ``shared.index_BT``."""
     decoder = model.get_decoder()
-    cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    cache_arg = cache_argument(decoder.forward)
     prompt_ids_PS = shared.prompt_ids_PS
     positions_PS = torch.arange(prompt_ids_PS.shape[1], device=prompt_ids_PS.device)[None].expand_as(prompt_ids_PS)
     prompts = decoder(input_ids=prompt_ids_PS, attention_mask=shared.prompt_mask_PS, position_ids=positions_PS,
                       use_cache=True)
     cache = prompts[cache_arg]
-    cache.batch_select_indices(shared.prompt_of_B)  # each row continues its prompt's keys and values
+    select_cache_rows(cache, shared.prompt_of_B)  # each row continues its prompt's keys and values
     mask_BS = torch.cat([shared.prompt_mask_PS[shared.prompt_of_B], shared.completion_mask_BC], dim=1)
     completions = decoder(input_ids=shared.completion_ids_BC, attention_mask=mask_BS,
                           position_ids=shared.positions_BC, use_cache=True, **{cache_arg: cache})

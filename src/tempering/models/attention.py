@@ -16,17 +16,11 @@ is plain sdpa. The attention implementation is not saved with a checkpoint.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-try:
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-except ImportError:  # transformers releases before the layered cache
-    DynamicCache = DynamicLayer = None
+from tempering.models.compat import register_attention, sdpa_attention_forward, switch_sdpa_attention
 
 NAME = "cpu_autocast_attention"
 
@@ -35,26 +29,27 @@ SHORT = 128
 """Rows of up to this many keys take :func:`matmul_attention` under CPU autocast."""
 
 
-def matmul_attention(query_BNQD: torch.Tensor, key_BKSD: torch.Tensor, value_BKSD: torch.Tensor,
+def matmul_attention(query_BAQD: torch.Tensor, key_BKSD: torch.Tensor, value_BKSD: torch.Tensor,
                      mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
     """``softmax(q k^T * scaling + mask) v`` with two batched products in the inputs' dtype and
     the softmax in float32; ``mask`` is boolean (True = attend) or None for causal attention
     (query i sees keys up to ``i + keys - queries``). Returns ``[batch, queries, heads, dim]``
     as transformers' sdpa wrapper does."""
-    batch, heads, queries, dim = query_BNQD.shape
+    batch, heads, queries, dim = query_BAQD.shape
     kv_heads, keys = key_BKSD.shape[1], key_BKSD.shape[2]
     group = heads // kv_heads
     if mask is None:
-        mask = torch.ones((queries, keys), dtype=torch.bool, device=query_BNQD.device).tril(keys - queries)
-    q_BKRD = query_BNQD.reshape(batch, kv_heads, group * queries, dim)  # a key head's queries side by side
-    scores_BKRS = torch.matmul(q_BKRD, key_BKSD.transpose(-1, -2)).mul_(scaling)
+        mask = torch.ones((queries, keys), dtype=torch.bool, device=query_BAQD.device).tril(keys - queries)
+    # a key head's M query heads with their Q queries each, on one axis of M * Q
+    q_BKMD = query_BAQD.reshape(batch, kv_heads, group * queries, dim)
+    scores_BKMS = torch.matmul(q_BKMD, key_BKSD.transpose(-1, -2)).mul_(scaling)
     # the lowest finite value rather than -inf: a query that may see no key (a left-padded
     # prompt's padding) gets an average of the values instead of NaN, as sdpa gives it 0
-    scores_BNQS = scores_BKRS.view(batch, heads, queries, keys).float().masked_fill_(
+    scores_BAQS = scores_BKMS.view(batch, heads, queries, keys).float().masked_fill_(
         ~mask, torch.finfo(torch.float32).min)
-    probs_BKRS = torch.softmax(scores_BNQS, dim=-1).to(value_BKSD.dtype).view(batch, kv_heads, group * queries, keys)
-    out_BKRD = torch.matmul(probs_BKRS, value_BKSD)
-    return out_BKRD.view(batch, heads, queries, dim).transpose(1, 2).contiguous()
+    probs_BKMS = torch.softmax(scores_BAQS, dim=-1).to(value_BKSD.dtype).view(batch, kv_heads, group * queries, keys)
+    out_BKMD = torch.matmul(probs_BKMS, value_BKSD)
+    return out_BKMD.view(batch, heads, queries, dim).transpose(1, 2).contiguous()
 
 
 def _plain(module, kwargs) -> bool:
@@ -77,24 +72,10 @@ def _cpu_autocast_attention(module, query, key, value, attention_mask, **kwargs)
     return out.to(low), weights
 
 
-def full_attention_cache(config: Any) -> Optional[Any]:
-    """A new transformers ``DynamicCache`` for a model with this config when every layer of it
-    is plain full attention (keys and values appended position by position), else None
-    (sliding windows, recurrent states, or a transformers release without layered caches)."""
-    if DynamicCache is None:
-        return None
-    cache = DynamicCache(config=config)
-    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return None
-    return cache
-
-
-AttentionInterface.register(NAME, _cpu_autocast_attention)
-AttentionMaskInterface.register(NAME, sdpa_mask)
+register_attention(NAME, _cpu_autocast_attention)
 
 
 def upcast_attention(model: Any) -> None:
     """Give ``model``'s sdpa attention the CPU autocast treatment of the module docstring; other
     implementations stay."""
-    if getattr(model.config, "_attn_implementation", None) == "sdpa":
-        model.set_attn_implementation(NAME)
+    switch_sdpa_attention(model, NAME)

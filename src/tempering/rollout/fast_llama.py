@@ -15,9 +15,10 @@ unchanged by it.
 
 Only the decoding steps run here; the prompt's prefill is the model's own forward, whose
 cache is copied in. It is used where it computes exactly what the model computes, which
-:func:`supports` checks from the config: ``model_type`` llama, default rotary embeddings,
-no biases, SiLU MLP, no sliding window. Other models take transformers' path. Weights are
-read from the model at every :meth:`LlamaDecoder.start`, so a sampler sharing the learner's
+``tempering.models.compat.fused_llama_supported`` checks from the config: ``model_type``
+llama, default rotary embeddings, no biases, SiLU MLP, no sliding window. Other models take
+transformers' path. Weights are read from the model (through ``tempering.models.compat``,
+which knows where transformers keeps them) at every :meth:`LlamaDecoder.start`, so a sampler sharing the learner's
 model sees each update; the fused projections are copies made there (under bf16, casts),
 about the size of the model's projection weights, freed with the decoder's next start.
 
@@ -32,41 +33,8 @@ from typing import Any, Optional
 
 import torch
 
-
-def supports(model: Any) -> bool:
-    """Whether :class:`LlamaDecoder` computes exactly what ``model`` computes."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) != "llama":
-        return False
-    rope = getattr(config, "rope_parameters", None) or {}
-    return (rope.get("rope_type", "default") == "default" and "rope_theta" in rope
-            and not getattr(config, "attention_bias", False) and not getattr(config, "mlp_bias", False)
-            and getattr(config, "hidden_act", None) == "silu" and not getattr(config, "sliding_window", None)
-            and getattr(config, "pretraining_tp", 1) == 1)
-
-
-def select_rows(stores: list[torch.Tensor], rows_B: torch.Tensor, length: int) -> list[torch.Tensor]:
-    """Cache storage ``[row capacity, heads, positions, dim]`` rearranged so that its first
-    ``len(rows_B)`` rows hold rows ``rows_B`` (repeats allowed), of which only the first
-    ``length`` positions are filled and copied; returns the storage (new, larger, when the
-    selection does not fit).
-
-    Only the rows whose content changes are copied, from a gathered copy of their sources, so
-    any selection is safe in place: a finished row's hole filled from the end, a row copied
-    into a free one (a sample that diverges from the rows it was decoded with)."""
-    count = len(rows_B)
-    if count > len(stores[0]):
-        grown = []
-        for store in stores:  # positions beyond the filled ones are never read
-            new = store.new_empty((count,) + store.shape[1:])
-            new[:, :, :length] = store[rows_B, :, :length]
-            grown.append(new)
-        return grown
-    moved = (rows_B != torch.arange(count, device=rows_B.device)).nonzero()[:, 0]
-    if len(moved):
-        for store in stores:
-            store[moved, :, :length] = store[rows_B[moved], :, :length]
-    return stores
+from tempering.models.compat import (cache_layers, fused_llama_supported, llama_shape, llama_weights,
+                                     select_buffer_rows)
 
 
 def _rms_norm(x_BH: torch.Tensor, weight_H: torch.Tensor, eps: float) -> torch.Tensor:
@@ -88,59 +56,54 @@ class LlamaDecoder:
     """Decoding steps of a Llama model from a prefilled cache (see the module docstring)."""
 
     def __init__(self, model: Any):
-        if not supports(model):
+        if not fused_llama_supported(model):
             raise ValueError("LlamaDecoder supports Llama models with default rotary embeddings and no biases")
         self.model = model
-        config = model.config
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.eps = config.rms_norm_eps
-        self.theta = config.rope_parameters["rope_theta"]
+        shape = llama_shape(model)
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.eps, self.theta = shape.eps, shape.theta
 
     def start(self, cache: Any, capacity: int, dtype: Optional[torch.dtype], rows: int = 0) -> None:
         """Take the prefilled ``cache`` and this step's weights, in ``dtype`` for the matrix
         products (None: the model's own); keys and values get room for ``capacity`` positions
         and ``rows`` rows (at least the cache's)."""
-        base = self.model.model
-        device = base.embed_tokens.weight.device
-        cast = (lambda w: w.detach().to(dtype)) if dtype is not None else (lambda w: w.detach())
+        weights = llama_weights(self.model)
+        device = weights.embed.device
+        cast = (lambda w: w.to(dtype)) if dtype is not None else (lambda w: w)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         pairs = interleave_halves(dim, device)
         # queries' and keys' dimensions in rotation pairs (see the module docstring)
         query_rows = (torch.arange(heads, device=device)[:, None] * dim + pairs).reshape(-1)
         key_rows = (torch.arange(kv_heads, device=device)[:, None] * dim + pairs).reshape(-1)
         self.layers = []
-        for layer in base.layers:
-            attention, mlp = layer.self_attn, layer.mlp
+        for layer in weights.layers:
             self.layers.append((
-                layer.input_layernorm.weight.detach().float(),
-                cast(torch.cat([attention.q_proj.weight[query_rows], attention.k_proj.weight[key_rows],
-                                attention.v_proj.weight])),
-                cast(attention.o_proj.weight),
-                layer.post_attention_layernorm.weight.detach().float(),
-                cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                cast(mlp.down_proj.weight),
+                layer.input_norm.float(),
+                cast(torch.cat([layer.q[query_rows], layer.k[key_rows], layer.v])),
+                cast(layer.o),
+                layer.post_norm.float(),
+                cast(torch.cat([layer.gate, layer.up])),
+                cast(layer.down),
             ))
-        self.embed = base.embed_tokens.weight.detach()
-        self.final_norm = base.norm.weight.detach().float()
-        self.head = cast(self.model.lm_head.weight)
+        self.embed = weights.embed
+        self.final_norm = weights.final_norm.float()
+        self.head = cast(weights.head)
         self.dtype = dtype
         self.stores = []  # keys of every layer, then values: [row capacity, key heads, positions, dim]
-        filled, _, length, _ = cache.layers[0].keys.shape
-        for part in ("keys", "values"):
-            for layer in cache.layers:
-                tensor = getattr(layer, part)
-                store = tensor.new_empty((max(rows, filled), tensor.shape[1], capacity, tensor.shape[3]),
-                                         dtype=torch.float32)
-                store[:filled, :, :length] = tensor[..., pairs] if part == "keys" else tensor
-                self.stores.append(store)
+        layers = cache_layers(cache)
+        filled, _, length, _ = layers[0][0].shape
+        for tensor in [keys[..., pairs] for keys, _ in layers] + [values for _, values in layers]:
+            store = tensor.new_empty((max(rows, filled), tensor.shape[1], capacity, tensor.shape[3]),
+                                     dtype=torch.float32)
+            store[:filled, :, :length] = tensor
+            self.stores.append(store)
         self.length = length
         self.inv_freq = 1.0 / (self.theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
 
-    def batch_select_indices(self, rows_B: torch.Tensor) -> None:
-        """Make the cache's rows ``rows_B`` of the current ones (repeats allowed; see :func:`select_rows`)."""
-        self.stores = select_rows(self.stores, rows_B, self.length)
+    def select_rows(self, rows_B: torch.Tensor) -> None:
+        """Make the cache's rows ``rows_B`` of the current ones (repeats allowed; see
+        ``tempering.models.compat.select_buffer_rows``)."""
+        self.stores = select_buffer_rows(self.stores, rows_B, self.length)
 
     def step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
         """Logits (float32) after feeding one token per row at ``positions_B``; ``mask_BS``
@@ -151,12 +114,11 @@ class LlamaDecoder:
     def _step(self, ids_B: torch.Tensor, positions_B: torch.Tensor, mask_BS: torch.Tensor) -> torch.Tensor:
         rows, heads, kv_heads, dim = len(ids_B), self.heads, self.kv_heads, self.head_dim
         group, at, length = heads // kv_heads, self.length, self.length + 1
-        angle_BP = positions_B[:, None].float() * self.inv_freq
-        turn_B1P = torch.polar(torch.ones_like(angle_BP), angle_BP)[:, None]  # e^(i angle) per rotation pair
-        # 0 where a row attends and -inf where not, one row per key head's group of queries
-        bias_N1S = torch.zeros(mask_BS[:, None, :length].shape, device=mask_BS.device).masked_fill_(
-            mask_BS[:, None, :length] == 0, float("-inf"))
-        bias_N1S = bias_N1S.repeat_interleave(kv_heads, dim=0) if kv_heads > 1 else bias_N1S
+        angle_BJ = positions_B[:, None].float() * self.inv_freq
+        turn_B1J = torch.polar(torch.ones_like(angle_BJ), angle_BJ)[:, None]  # e^(i angle) per rotation pair
+        # 0 where a row attends and -inf where not, the same for each key head's queries
+        bias_BK1S = torch.zeros((rows, kv_heads, 1, length), device=mask_BS.device).masked_fill_(
+            mask_BS[:, None, None, :length] == 0, float("-inf"))
         scaling = dim ** -0.5
         x_BH = self.embed[ids_B].float()
         low = self.dtype
@@ -166,16 +128,19 @@ class LlamaDecoder:
             keys, values = keys[:rows], values[:rows]
             h_BH = _rms_norm(x_BH, norm_in, self.eps)
             qkv_BF = ((h_BH.to(low) if low else h_BH) @ qkv.T).float()
-            pairs_BNP2 = qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim // 2, 2)
-            qk_BND = torch.view_as_real(torch.view_as_complex(pairs_BNP2) * turn_B1P).view(rows, heads + kv_heads, dim)
-            keys[:, :, at] = qk_BND[:, heads:]
+            pairs_BFJ2 = qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim // 2, 2)
+            qk_BFD = torch.view_as_real(torch.view_as_complex(pairs_BFJ2) * turn_B1J).view(rows, heads + kv_heads, dim)
+            keys[:, :, at] = qk_BFD[:, heads:]
             values[:, :, at] = qkv_BF[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
-            k_NSD = keys[:, :, :length].reshape(rows * kv_heads, length, dim)
-            v_NSD = values[:, :, :length].reshape(rows * kv_heads, length, dim)
-            scores_NGS = torch.baddbmm(bias_N1S, qk_BND[:, :heads].reshape(rows * kv_heads, group, dim),
-                                       k_NSD.transpose(1, 2), alpha=scaling)
-            attended_BH = torch.bmm(torch.softmax(scores_NGS, dim=-1), v_NSD).view(rows, heads * dim)
-            x_BH = x_BH + ((attended_BH.to(low) if low else attended_BH) @ out.T).float()
+            q_BKMD = qk_BFD[:, :heads].reshape(rows, kv_heads, group, dim)
+            k_BKSD, v_BKSD = keys[:, :, :length], values[:, :, :length]
+            # the batched products take rows and key heads on one axis
+            scores_BKMS = torch.baddbmm(bias_BK1S.flatten(0, 1), q_BKMD.flatten(0, 1),
+                                        k_BKSD.reshape(-1, length, dim).transpose(1, 2), alpha=scaling
+                                        ).view(rows, kv_heads, group, length)
+            probs_BKMS = torch.softmax(scores_BKMS, dim=-1)
+            attended_BF = torch.bmm(probs_BKMS.flatten(0, 1), v_BKSD.reshape(-1, length, dim)).view(rows, heads * dim)
+            x_BH = x_BH + ((attended_BF.to(low) if low else attended_BF) @ out.T).float()
             h_BH = _rms_norm(x_BH, norm_post, self.eps)
             gate_BF, up_BF = ((h_BH.to(low) if low else h_BH) @ gate_up.T).chunk(2, dim=-1)
             x_BH = x_BH + ((torch.nn.functional.silu(gate_BF) * up_BF) @ down.T).float()

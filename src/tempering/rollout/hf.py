@@ -41,24 +41,18 @@ continuous batching across calls.
 
 from __future__ import annotations
 
-import inspect
 from contextlib import nullcontext
 from typing import Optional
 
 import torch
 
 from tempering.config import ConfigError
-from tempering.models.attention import full_attention_cache
+from tempering.models.compat import (cache_argument, fused_llama_supported, logits_to_keep_argument,
+                                     preallocated_cache, select_cache_rows)
 from tempering.rollout import fast_llama
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.prompts import fit_prompt, prompt_limit
 from tempering.types import Group, Problem, Prompt, Rollout
-
-try:
-    from transformers.cache_utils import DynamicLayer
-except ImportError:  # transformers releases before the layered cache: the model makes its own cache
-    DynamicLayer = None
-
 
 _BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
 
@@ -73,12 +67,12 @@ def _top_p_filter(probs_BV: torch.Tensor, top_p: float) -> tuple[torch.Tensor, t
     than the forward pass."""
     width = probs_BV.shape[-1]
     k = min(256, width)
-    sorted_BK, order_BK = probs_BV.topk(k, dim=-1)
-    while k < width and not bool((sorted_BK.sum(dim=-1) > top_p).all()):
+    sorted_BE, order_BE = probs_BV.topk(k, dim=-1)
+    while k < width and not bool((sorted_BE.sum(dim=-1) > top_p).all()):
         k = 4 * k if 4 * k <= width // 4 else width
-        sorted_BK, order_BK = probs_BV.topk(k, dim=-1) if k < width else probs_BV.sort(dim=-1, descending=True)
-    outside_BK = sorted_BK.cumsum(dim=-1) - sorted_BK > top_p
-    return sorted_BK.masked_fill_(outside_BK, 0.0), order_BK
+        sorted_BE, order_BE = probs_BV.topk(k, dim=-1) if k < width else probs_BV.sort(dim=-1, descending=True)
+    outside_BE = sorted_BE.cumsum(dim=-1) - sorted_BE > top_p
+    return sorted_BE.masked_fill_(outside_BE, 0.0), order_BE
 
 
 def _below(value: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
@@ -90,21 +84,21 @@ def _inverse_cdf(weights_BV: torch.Tensor, uniform_B: torch.Tensor) -> torch.Ten
     """Index drawn from each row of non-negative, unnormalised ``weights_BV`` with one uniform
     number in [0, 1): the first entry whose cumulative weight exceeds ``uniform * total``.
 
-    K blocks of C = ``_BLOCK`` entries are summed first and only the chosen block is scanned;
+    Z blocks of Y = ``_BLOCK`` entries are summed first and only the chosen block is scanned;
     a cumulative sum over the whole vocabulary is a sequential pass slower than all the others.
     Targets are kept strictly under the totals, so the entry found always has nonzero weight.
     """
     rows, width = weights_BV.shape
     if width % _BLOCK:
         weights_BV = torch.nn.functional.pad(weights_BV, (0, -width % _BLOCK))
-    blocks_BKC = weights_BV.view(rows, -1, _BLOCK)
-    cdf_BK = blocks_BKC.sum(dim=-1).cumsum(dim=-1)
-    target_B1 = _below(uniform_B[:, None].to(cdf_BK) * cdf_BK[:, -1:], cdf_BK[:, -1:])
-    block_B = torch.searchsorted(cdf_BK, target_B1, right=True)[:, 0]
-    before_B1 = torch.nn.functional.pad(cdf_BK, (1, 0)).gather(-1, block_B[:, None])
-    cdf_BC = blocks_BKC[torch.arange(rows, device=block_B.device), block_B].cumsum(dim=-1)
-    within_B1 = _below(target_B1 - before_B1, cdf_BC[:, -1:])
-    return block_B * _BLOCK + torch.searchsorted(cdf_BC, within_B1, right=True)[:, 0]
+    blocks_BZY = weights_BV.view(rows, -1, _BLOCK)
+    cdf_BZ = blocks_BZY.sum(dim=-1).cumsum(dim=-1)
+    target_B1 = _below(uniform_B[:, None].to(cdf_BZ) * cdf_BZ[:, -1:], cdf_BZ[:, -1:])
+    block_B = torch.searchsorted(cdf_BZ, target_B1, right=True)[:, 0]
+    before_B1 = torch.nn.functional.pad(cdf_BZ, (1, 0)).gather(-1, block_B[:, None])
+    cdf_BY = blocks_BZY[torch.arange(rows, device=block_B.device), block_B].cumsum(dim=-1)
+    within_B1 = _below(target_B1 - before_B1, cdf_BY[:, -1:])
+    return block_B * _BLOCK + torch.searchsorted(cdf_BY, within_B1, right=True)[:, 0]
 
 
 def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]
@@ -122,67 +116,19 @@ def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Opti
     sum_B1 = weights_BV.sum(dim=-1, keepdim=True)
     uniform_B = torch.rand(len(logits_BV), generator=generator, device=generator.device if generator else "cpu")
     if params.top_p < 1.0:
-        kept_BK, order_BK = _top_p_filter(weights_BV.div_(sum_B1), params.top_p)
-        next_B = order_BK.gather(-1, _inverse_cdf(kept_BK, uniform_B)[:, None])[:, 0]
+        kept_BE, order_BE = _top_p_filter(weights_BV.div_(sum_B1), params.top_p)
+        next_B = order_BE.gather(-1, _inverse_cdf(kept_BE, uniform_B)[:, None])[:, 0]
     else:
         next_B = _inverse_cdf(weights_BV, uniform_B)
     picked_B1 = logits_BV.gather(-1, next_B[:, None])
     return next_B, (picked_B1 - max_B1 - sum_B1.log())[:, 0]
 
 
-if DynamicLayer is not None:
-    class _PreallocatedLayer(DynamicLayer):
-        """One layer's keys and values in buffers with room for ``capacity`` positions: a
-        step writes its position in place, and ``keys``/``values`` are views of the filled part.
-
-        ``dtype`` bfloat16 under bf16 autocast: rotary embeddings leave keys in float32 there,
-        and attention would otherwise cast the whole cache to bf16 at every step. Only what
-        the sampler's loop calls is kept consistent with the buffers: ``update`` and
-        ``batch_select_indices``."""
-
-        def __init__(self, capacity: int, dtype: Optional[torch.dtype] = None):
-            super().__init__()
-            self.capacity = capacity
-            self.dtype = dtype
-
-        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-            self.device = key_states.device
-            rows, heads, _, dim = key_states.shape
-            dtype = self.dtype or key_states.dtype
-            # stores keep their row capacity; buffers are views of the rows in use
-            self._key_store = self._key_buffer = key_states.new_empty(rows, heads, self.capacity, dim, dtype=dtype)
-            self._value_store = self._value_buffer = value_states.new_empty(rows, heads, self.capacity,
-                                                                            value_states.shape[3], dtype=dtype)
-            self.keys, self.values = self._key_buffer[:, :, :0], self._value_buffer[:, :, :0]
-            self.is_initialized = True
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            start = self.keys.shape[-2]
-            end = start + key_states.shape[-2]
-            self._key_buffer[:, :, start:end] = key_states
-            self._value_buffer[:, :, start:end] = value_states
-            self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-            return self.keys, self.values
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            """Make the rows ``indices`` of the current ones (repeats allowed), copying only the
-            filled positions of changed rows (:func:`tempering.rollout.fast_llama.select_rows`)."""
-            if not self.is_initialized:
-                return
-            length, rows = self.keys.shape[-2], len(indices)
-            self._key_store, self._value_store = fast_llama.select_rows(
-                [self._key_store, self._value_store], indices, length)
-            self._key_buffer, self._value_buffer = self._key_store[:rows], self._value_store[:rows]
-            self.keys, self.values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
-
-
 def continue_histories(history_B: torch.Tensor, next_B: torch.Tensor, share: bool
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The cache rows of the next decoding step, after each live row (following history
-    ``history_B``, a cache row) drew ``next_B``: ``(source_H, token_H, history_B)``, where
-    new cache row ``h`` continues old row ``source_H[h]`` with ``token_H[h]`` and each live row
+    ``history_B``, a cache row) drew ``next_B``: ``(source_U, token_U, history_B)``, where
+    new cache row ``u`` continues old row ``source_U[u]`` with ``token_U[u]`` and each live row
     now follows ``history_B``.
 
     With ``share``, rows that followed one history and drew the same token still follow one
@@ -197,22 +143,22 @@ def continue_histories(history_B: torch.Tensor, next_B: torch.Tensor, share: boo
     """
     if share:
         base = int(next_B.max()) + 1
-        pairs_K, of_B = torch.unique(history_B * base + next_B, return_inverse=True)
-        parent_K, token_K = pairs_K // base, pairs_K % base
+        pairs_L, of_B = torch.unique(history_B * base + next_B, return_inverse=True)
+        parent_L, token_L = pairs_L // base, pairs_L % base
     else:
-        parent_K, token_K, of_B = history_B, next_B, torch.arange(len(history_B), device=history_B.device)
-    count = len(parent_K)
-    slot_K = [-1] * count
+        parent_L, token_L, of_B = history_B, next_B, torch.arange(len(history_B), device=history_B.device)
+    count = len(parent_L)
+    slot_L = [-1] * count
     kept = set()
-    for k, parent in enumerate(parent_K.tolist()):
+    for k, parent in enumerate(parent_L.tolist()):
         if parent < count and parent not in kept:
-            slot_K[k] = parent
+            slot_L[k] = parent
             kept.add(parent)
     free = iter(slot for slot in range(count) if slot not in kept)
-    slot_K = torch.tensor([slot if slot >= 0 else next(free) for slot in slot_K], device=history_B.device)
-    source_H, token_H = torch.empty_like(parent_K), torch.empty_like(token_K)
-    source_H[slot_K], token_H[slot_K] = parent_K, token_K
-    return source_H, token_H, slot_K[of_B]
+    slot_L = torch.tensor([slot if slot >= 0 else next(free) for slot in slot_L], device=history_B.device)
+    source_U, token_U = torch.empty_like(parent_L), torch.empty_like(token_L)
+    source_U[slot_L], token_U[slot_L] = parent_L, token_L
+    return source_U, token_U, slot_L[of_B]
 
 
 class HFGenerator:
@@ -227,7 +173,7 @@ class HFGenerator:
         self.bf16 = bf16
         self.share = share  # rows with the same tokens so far are decoded as one (continue_histories)
         # decoding steps without transformers' modules where that computes the same (fast_llama)
-        self.fast = fast and fast_llama.supports(model)
+        self.fast = fast and fused_llama_supported(model)
         self._decoder = fast_llama.LlamaDecoder(model) if self.fast else None
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.chat_template = has_template if chat_template is None else chat_template
@@ -235,10 +181,8 @@ class HFGenerator:
             raise ConfigError("model.chat_template is true but this model's tokenizer has no chat "
                               "template; set model.chat_template=false (or null) for it")
         self.eos_ids = self._eos_ids()
-        forward_args = inspect.signature(model.forward).parameters
-        # transformers 5 renamed past_key_values to cache; older releases know only the old name.
-        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
-        self._keep_arg = next((a for a in ("logits_to_keep", "num_logits_to_keep") if a in forward_args), None)
+        self._cache_arg = cache_argument(model.forward)
+        self._keep_arg = logits_to_keep_argument(model.forward)
 
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -287,10 +231,7 @@ class HFGenerator:
     def _new_cache(self, capacity: int, dtype: Optional[torch.dtype]):
         """A cache with preallocated layers where the model's layers are plain full attention;
         otherwise None, and the model makes its own."""
-        cache = full_attention_cache(self.model.config)
-        if cache is not None:
-            cache.layers = [_PreallocatedLayer(capacity, dtype) for _ in cache.layers]
-        return cache
+        return preallocated_cache(self.model.config, capacity, dtype)
 
     def _forward(self, ids_BT, mask_BT, positions_BT, cache):
         keep = {self._keep_arg: 1} if self._keep_arg else {}
@@ -323,16 +264,15 @@ class HFGenerator:
             # the decoder keeps its own float32 cache; transformers' path a bf16 one under bf16
             cache = self._new_cache(width if decoder else width + limit,
                                     torch.bfloat16 if self.bf16 and not decoder else None)
-            logits_HV, cache = self._forward(ids_PT, mask_PT, positions_PT, cache)
+            logits_UV, cache = self._forward(ids_PT, mask_PT, positions_PT, cache)
             if decoder:
                 decoder.start(cache, width + limit, torch.bfloat16 if self.bf16 else None, rows=n)
-                cache = decoder
             # histories: the distinct token sequences decoded so far, one cache row each (at
             # first, the distinct prompts); every running row follows one
-            mask_HT, position_H = mask_PT, positions_PT[:, -1]
+            mask_UT, position_U = mask_PT, positions_PT[:, -1]
             history_B, row_B = prompt_of_row_B, torch.arange(n, device=device)
             for step in range(limit):
-                next_B, logprob_B = pick_tokens(logits_HV[history_B], params, generator)
+                next_B, logprob_B = pick_tokens(logits_UV[history_B], params, generator)
                 tokens_BT[row_B, step], logprobs_BT[row_B, step] = next_B, logprob_B
                 done_B = torch.isin(next_B, eos_ids)
                 if params.stop:
@@ -343,15 +283,18 @@ class HFGenerator:
                     break
                 live_B = (~done_B).nonzero()[:, 0]
                 row_B, history_B, next_B = row_B[live_B], history_B[live_B], next_B[live_B]
-                source_H, token_H, history_B = continue_histories(history_B, next_B, self.share)
-                if len(source_H) != len(mask_HT) or bool((source_H != torch.arange(len(source_H), device=device)).any()):
-                    cache.batch_select_indices(source_H)  # some history ended, moved or split
-                mask_HT = torch.nn.functional.pad(mask_HT[source_H], (0, 1), value=1)
-                position_H = position_H[source_H] + 1
+                source_U, token_U, history_B = continue_histories(history_B, next_B, self.share)
+                if len(source_U) != len(mask_UT) or bool((source_U != torch.arange(len(source_U), device=device)).any()):
+                    if decoder:  # some history ended, moved or split
+                        decoder.select_rows(source_U)
+                    else:
+                        select_cache_rows(cache, source_U)
+                mask_UT = torch.nn.functional.pad(mask_UT[source_U], (0, 1), value=1)
+                position_U = position_U[source_U] + 1
                 if decoder:
-                    logits_HV = decoder.step(token_H, position_H, mask_HT)
+                    logits_UV = decoder.step(token_U, position_U, mask_UT)
                 else:
-                    logits_HV, cache = self._forward(token_H[:, None], mask_HT, position_H[:, None], cache)
+                    logits_UV, cache = self._forward(token_U[:, None], mask_UT, position_U[:, None], cache)
         tokens, logprobs = tokens_BT.tolist(), logprobs_BT.tolist()
         return [(tokens[b][:length], logprobs[b][:length], "stop" if stopped else "length")
                 for b, (length, stopped) in enumerate(zip(lengths_B.tolist(), stopped_B.tolist()))]

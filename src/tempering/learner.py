@@ -28,15 +28,16 @@ detached; otherwise an extra pass computes it first, and only for batches holdin
 rollouts older than the learner's version. Rows may carry ``weights_B``, multiplied into their policy loss (the
 scheduler's per-domain balance).
 
-How a batch becomes forward passes is ``tempering.packing``'s: micro-batches of
-``micro_batch_size`` rows, or of at most ``token_budget`` tokens, padded or packed. Log-probs
-are computed only on trained tokens, from the model's logits or chunk by chunk from its
-hidden states (``tempering.algorithms.logprobs``). None of this changes the update beyond
-floating-point summation order; nor does sharing: rows with the same prompt (a group's
-samples; token-budget micro-batches keep them together) share one pass over it when that
-computes fewer tokens (``learner.share_prompts``, see ``tempering.algorithms.logprobs``), and
-identical rows (samples that came out the same) are computed once, weighted by their count,
-when that is exact (``learner.merge_duplicates``, :meth:`Learner._merge_duplicates`). Gradient
+How a batch becomes forward passes is planned once per update by ``tempering.plan`` (the
+proximal pass and, with one mini-batch, every update of the step execute the same plan):
+rows without signal are left out and identical rows computed once, weighted by their count,
+when each row's loss stands alone (:meth:`Learner._rows_stand_alone`;
+``learner.skip_zero_advantage``, ``learner.merge_duplicates``); the rest are cut into
+micro-batches of ``micro_batch_size`` rows or at most ``token_budget`` tokens, each padded,
+packed, or sharing its rows' prompts when that computes fewer tokens (``learner.packing``,
+``learner.share_prompts``). Log-probs are computed only on trained tokens, from the model's
+logits or chunk by chunk from its hidden states (``tempering.algorithms.logprobs``). None of
+this changes the update beyond floating-point summation order. Gradient
 checkpointing trades compute for memory; bf16 autocast trades precision for speed and memory
 (on CPU with attention as batched bf16 products for short rows and in fp32 for long ones,
 see ``tempering.models.attention``).
@@ -62,10 +63,11 @@ from tempering import faults
 from tempering.algorithms import kl_estimate
 from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import KLCoefficient
-from tempering.algorithms.logprobs import can_share_prompts, distinct_prompts, forward_logprobs
+from tempering.algorithms.logprobs import can_share_prompts, forward_logprobs
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
 from tempering.models.attention import upcast_attention
-from tempering.packing import plan_micro_batches, plan_shared_micro_batches
+from tempering.models.compat import enable_checkpointing
+from tempering.plan import MicroBatch, PlanChoices, UpdatePlan, computed_batch, plan_update
 from tempering.types import Batch, Rollout
 
 
@@ -167,8 +169,7 @@ class Learner:
         if settings.bf16:
             upcast_attention(model)
         if settings.gradient_checkpointing:
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            enable()
+            enable_checkpointing(model)
         self.critic: Optional[Critic] = None
         if settings.critic is not None:
             self.critic = Critic(model, shared=settings.critic == "head")
@@ -217,45 +218,47 @@ class Learner:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.settings.bf16 else nullcontext()
 
-    def _micro_batches(self, batch: Batch) -> list[torch.Tensor]:
-        """Row indices of each micro-batch (see ``tempering.packing.plan_micro_batches``; with a
-        token budget and shared prompts, ``plan_shared_micro_batches``, so that a group's rows
-        stay together)."""
+    def plan(self, batch: Batch, every_row: bool = False) -> UpdatePlan:
+        """The plan of an update on ``batch`` (``tempering.plan``), with what it may skip or
+        merge decided by :meth:`_rows_stand_alone`; ``every_row`` computes each row as it is,
+        for values every row needs."""
         s = self.settings
-        lengths = batch.attention_mask_BT.sum(dim=1).tolist()
-        device = batch.attention_mask_BT.device
-        if (s.token_budget > 0 and s.share_prompts and batch.prompt_lengths_B is not None
-                and can_share_prompts(self.model)):
-            _, prompt_of = distinct_prompts(batch.input_ids_BT, batch.prompt_lengths_B)
-            if len(set(prompt_of)) < len(prompt_of):
-                return [torch.tensor(rows, device=device) for rows in plan_shared_micro_batches(
-                    prompt_of, batch.prompt_lengths_B.tolist(), lengths, s.token_budget)]
-        return [torch.tensor(rows, device=device)
-                for rows in plan_micro_batches(lengths, s.token_budget, s.packing, s.micro_batch_size)]
+        alone = not every_row and self._rows_stand_alone()
+        return plan_update(batch, PlanChoices(
+            skip_zero_advantage=s.skip_zero_advantage and alone, merge_duplicates=s.merge_duplicates and alone,
+            share_prompts=s.share_prompts and can_share_prompts(self.model), packing=s.packing,
+            token_budget=s.token_budget, micro_batch_size=s.micro_batch_size, chunk=s.logprob_chunk))
 
-    def _logprobs(self, model: Any, micro: Batch, **options: bool):
-        """``forward_logprobs`` of ``model`` on the micro-batch's trained tokens, as configured."""
-        s = self.settings
-        return forward_logprobs(model, micro.input_ids_BT, micro.attention_mask_BT, s.temperature,
-                                keep_BT=micro.loss_mask_BT, packing=s.packing, chunk=s.logprob_chunk,
-                                prompt_lengths_B=micro.prompt_lengths_B if s.share_prompts else None, **options)
+    def _logprobs(self, model: Any, micro: Batch, part: MicroBatch, **options: bool):
+        """``forward_logprobs`` of ``model`` on the micro-batch's trained tokens, laid out as planned."""
+        return forward_logprobs(model, micro.input_ids_BT, micro.attention_mask_BT, self.settings.temperature,
+                                keep_BT=micro.loss_mask_BT, layout=part.layout, chunk=part.chunk,
+                                prompt_lengths_B=micro.prompt_lengths_B, **options)
 
-    def _per_row(self, batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
-        """``fn`` over micro-batches without gradient (on the model's device), reassembled to
-        the batch's full width on the batch's device."""
-        out_BT = torch.zeros_like(batch.loss_mask_BT)
-        for rows in self._micro_batches(batch):
-            micro = batch.select(rows).to(self.device)
+    def _per_row(self, batch: Batch, plan: UpdatePlan, fn: Callable[[Batch, MicroBatch], torch.Tensor]
+                 ) -> torch.Tensor:
+        """``fn`` over the plan's micro-batches without gradient (on the model's device), put
+        back on the batch's rows at full width (merged copies take their row's values, rows not
+        computed 0), on the batch's device."""
+        computed = computed_batch(batch, plan)
+        computed_BT = torch.zeros_like(computed.loss_mask_BT)
+        for part in plan.micro_batches:
+            rows = torch.tensor(part.rows, device=computed_BT.device)
+            micro = computed.select(rows).to(self.device)
             with torch.no_grad(), self._autocast():
-                part_BT = fn(micro).float()
-            out_BT[rows, : part_BT.shape[1]] = part_BT.to(out_BT.device)
+                part_BT = fn(micro, part).float()
+            computed_BT[rows, : part_BT.shape[1]] = part_BT.to(computed_BT.device)
+        source_B = torch.tensor(plan.source, device=computed_BT.device)
+        out_BT = torch.zeros_like(batch.loss_mask_BT)
+        out_BT[source_B >= 0, : computed_BT.shape[1]] = computed_BT[source_B[source_B >= 0]]
         return out_BT * batch.loss_mask_BT
 
     def values(self, batch: Batch) -> Optional[torch.Tensor]:
         """The critic's values on the batch's trained tokens, or None without a critic."""
         if self.critic is None:
             return None
-        return self._per_row(batch, lambda micro: self.critic.values(micro.input_ids_BT, micro.attention_mask_BT))
+        return self._per_row(batch, self.plan(batch, every_row=True),
+                             lambda micro, _: self.critic.values(micro.input_ids_BT, micro.attention_mask_BT))
 
     def reward_penalty(self, batch: Batch) -> Optional[torch.Tensor]:
         """``kl_coef * KL(sampler || reference)`` per trained token, to subtract from the reward,
@@ -264,16 +267,18 @@ class Learner:
         s = self.settings
         if self.reference is None or not s.kl_in_reward:
             return None
-        ref_BT = self._per_row(batch, lambda micro: self._logprobs(self.reference, micro).logprobs_BT)
+        ref_BT = self._per_row(batch, self.plan(batch, every_row=True),
+                               lambda micro, part: self._logprobs(self.reference, micro, part).logprobs_BT)
         kl_BT = kl_estimate(batch.old_logprobs_BT, ref_BT, s.kl_estimator) * batch.loss_mask_BT
         self._reward_kl = masked_mean(kl_BT, batch.loss_mask_BT)
         return self.kl.value * kl_BT
 
-    def _micro_step(self, micro: Batch, tokens: int, sequences: int, prox_from_forward: bool) -> dict[str, float]:
+    def _micro_step(self, micro: Batch, part: MicroBatch, tokens: int, sequences: int,
+                    prox_from_forward: bool) -> dict[str, float]:
         s = self.settings
         shared_critic = self.critic is not None and self.critic.shared
         with self._autocast():
-            out = self._logprobs(self.model, micro, with_entropy=True, entropy_grad=s.entropy_coef > 0,
+            out = self._logprobs(self.model, micro, part, with_entropy=True, entropy_grad=s.entropy_coef > 0,
                                  with_hidden=shared_critic)
             logprobs_BT, entropy_BT = out.logprobs_BT, out.entropy_BT
         mask_BT = micro.loss_mask_BT
@@ -296,7 +301,7 @@ class Learner:
             loss_BT = loss_BT - s.entropy_coef * entropy_BT
         if self.reference is not None and not s.kl_in_reward:
             with torch.no_grad(), self._autocast():
-                ref_BT = self._logprobs(self.reference, micro).logprobs_BT
+                ref_BT = self._logprobs(self.reference, micro, part).logprobs_BT
             kl_BT = kl_estimate(logprobs_BT, ref_BT, s.kl_estimator)
             loss_BT = loss_BT + self.kl.value * kl_BT
             metrics["kl"] = masked_mean(kl_BT.detach(), mask_BT)
@@ -322,73 +327,22 @@ class Learner:
         return (zero_at_zero_advantage(s.loss) and s.entropy_coef == 0
                 and (self.reference is None or s.kl_in_reward) and self.critic is None)
 
-    def _rows_with_signal(self, batch: Batch) -> Optional[torch.Tensor]:
-        """Rows that can move the weights, or None when every row must be computed.
+    def _update(self, batch: Batch, prox_from_forward: bool = False,
+                plan: Optional[UpdatePlan] = None) -> dict[str, float]:
+        """One optimizer update on a (mini-)batch, accumulated over micro-batches, as ``plan``
+        says (:meth:`plan` when None).
 
-        When rows stand alone (:meth:`_rows_stand_alone`) and the loss vanishes at zero
-        advantage, a row whose advantages are all 0 adds exactly 0 to the loss and gradient,
-        so leaving it out changes nothing. At least one row is kept, so that the update still
-        runs (AdamW moves the weights on its momentum even with a zero gradient) and reports
-        its metrics.
-        """
-        if not (self.settings.skip_zero_advantage and self._rows_stand_alone()):
-            return None
-        signal_B = ((batch.advantages_BT != 0) & (batch.loss_mask_BT > 0)).any(dim=1)
-        if bool(signal_B.all()):
-            return None
-        rows = torch.nonzero(signal_B)[:, 0]
-        return rows if len(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
-
-    def _merge_duplicates(self, batch: Batch) -> tuple[Batch, int]:
-        """The batch with each set of identical rows computed once, its policy loss weighted
-        by their count, and how many rows that saved.
-
-        Rows are identical when everything the loss reads is: tokens and length, trained-token mask,
-        advantages, the sampler's log-probs (bitwise: the sampler decodes rows with the same
-        tokens as one, so a group's identical samples have the same), proximal log-probs,
-        policy version and weight. When rows stand alone, ``count`` copies of a row contribute
-        ``count`` times its loss and gradient, so the update is unchanged."""
-        if not (self.settings.merge_duplicates and self._rows_stand_alone()) or len(batch) < 2:
-            return batch, 0
-        parts = [batch.input_ids_BT * batch.attention_mask_BT, batch.attention_mask_BT, batch.loss_mask_BT,
-                 batch.advantages_BT, batch.old_logprobs_BT, batch.policy_versions_B[:, None]]
-        parts += [t for t in (batch.prox_logprobs_BT, None if batch.weights_B is None else batch.weights_B[:, None])
-                  if t is not None]
-        rows_BF = torch.cat([part.double() for part in parts], dim=1).cpu().numpy()
-        first: dict[bytes, int] = {}  # a row's content -> its place among the rows kept
-        order: list[int] = []
-        counts: list[int] = []
-        for row in range(len(rows_BF)):
-            place = first.setdefault(rows_BF[row].tobytes(), len(order))
-            if place == len(order):
-                order.append(row)
-                counts.append(0)
-            counts[place] += 1
-        if len(order) == len(batch):
-            return batch, 0
-        device = batch.input_ids_BT.device
-        merged = batch.select(torch.tensor(order, device=device))
-        weights_B = torch.tensor(counts, dtype=torch.float32, device=device)
-        merged.weights_B = weights_B if merged.weights_B is None else merged.weights_B * weights_B
-        return merged, len(batch) - len(order)
-
-    def _update(self, batch: Batch, prox_from_forward: bool = False) -> dict[str, float]:
-        """One optimizer update on a (mini-)batch, accumulated over micro-batches.
-
-        Rows without signal are left out (see :meth:`_rows_with_signal`) and identical rows
-        computed once (:meth:`_merge_duplicates`); the metrics then describe the rows computed,
-        and ``skipped_rows`` and ``merged_rows`` count the others. With
-        ``prox_from_forward`` the proximal log-probs are this update's own forward pass."""
+        The metrics describe the rows computed; ``skipped_rows`` and ``merged_rows`` count
+        the others. With ``prox_from_forward`` the proximal log-probs are this update's own
+        forward pass."""
+        plan = plan or self.plan(batch)
         tokens, sequences = batch.num_tokens, len(batch)
-        keep = self._rows_with_signal(batch)
-        computed = batch if keep is None else batch.select(keep)
-        totals: dict[str, float] = {"skipped_rows": float(len(batch) - len(computed))}
-        computed, merged = self._merge_duplicates(computed)
-        totals["merged_rows"] = float(merged)
-        for rows in self._micro_batches(computed):
-            micro = computed.select(rows)
+        computed = computed_batch(batch, plan)
+        totals: dict[str, float] = {"skipped_rows": float(plan.skipped), "merged_rows": float(plan.merged)}
+        for part in plan.micro_batches:
+            micro = computed.select(torch.tensor(part.rows, device=computed.loss_mask_BT.device))
             weight = micro.num_tokens / max(computed.num_tokens, 1)
-            for key, value in self._micro_step(micro, tokens, sequences, prox_from_forward).items():
+            for key, value in self._micro_step(micro, part, tokens, sequences, prox_from_forward).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "loss" else value * weight)
         clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
         parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -400,6 +354,13 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         totals["skipped_updates"] = 0.0 if finite else 1.0
         return totals
+
+    def proximal_logprobs(self, batch: Batch, plan: UpdatePlan) -> torch.Tensor:
+        """The current weights' log-probs on the rows ``plan`` computes; the sampler's on the
+        others (rows without signal, whose loss is 0 whatever the correction)."""
+        prox_BT = self._per_row(batch, plan, lambda micro, part: self._logprobs(self.model, micro, part).logprobs_BT)
+        computed_B = torch.tensor(plan.source, device=prox_BT.device) >= 0
+        return torch.where(computed_B[:, None], prox_BT, batch.old_logprobs_BT)
 
     def _mini_batches(self, size: int, epoch: int) -> list[torch.Tensor | slice]:
         """Rows of each mini-batch: the batch in order when there is one, else a permutation
@@ -417,18 +378,15 @@ class Learner:
         batch = batch.to(self.device)
         stale = bool((batch.policy_versions_B < self.version).any())
         corrected = self.settings.off_policy != "none" and stale  # fresh batches need no correction
-        prox_from_forward = corrected and self.settings.ppo_epochs == 1 and self.settings.mini_batches == 1
-        if corrected and not prox_from_forward:
-            keep = self._rows_with_signal(batch)  # rows the updates will compute
-            target = batch if keep is None else batch.select(keep)
-            prox_BT = self._per_row(target, lambda micro: self._logprobs(self.model, micro).logprobs_BT)
-            if keep is not None:
-                prox_BT, part_BT = batch.old_logprobs_BT.clone(), prox_BT
-                prox_BT[keep, : part_BT.shape[1]] = part_BT
-            batch.prox_logprobs_BT = prox_BT
+        whole = self.settings.mini_batches == 1  # then every update's mini-batch is the batch
+        prox_from_forward = corrected and self.settings.ppo_epochs == 1 and whole
+        prox_pass = corrected and not prox_from_forward
+        plan = self.plan(batch) if whole or prox_pass else None  # the proximal pass's, and each update's
+        if prox_pass:
+            batch.prox_logprobs_BT = self.proximal_logprobs(batch, plan)
         self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]
-        updates = [self._update(batch.select(rows), prox_from_forward)
+        updates = [self._update(batch.select(rows), prox_from_forward, plan if whole else None)
                    for epoch in range(self.settings.ppo_epochs)
                    for rows in self._mini_batches(len(batch), epoch)]
         totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}

@@ -118,6 +118,15 @@ def plan_micro_batches(lengths: list[int], token_budget: int, packing: bool, max
     return micro_batches
 
 
+def distinct_prompts(input_ids_BT: torch.Tensor, prompt_lengths_B: torch.Tensor) -> tuple[list[tuple], list[int]]:
+    """The distinct prompts of right-padded rows (their first ``prompt_lengths_B`` tokens), in
+    order of first appearance, and which of them each row has."""
+    index_of: dict[tuple, int] = {}
+    prompt_of = [index_of.setdefault(tuple(input_ids_BT[b, :n].tolist()), len(index_of))
+                 for b, n in enumerate(prompt_lengths_B.tolist())]
+    return list(index_of), prompt_of
+
+
 def plan_shared_micro_batches(prompt_of_B: list[int], prompt_lengths: list[int], lengths: list[int],
                               token_budget: int) -> list[list[int]]:
     """Row indices of each micro-batch, keeping rows that continue the same prompt together.

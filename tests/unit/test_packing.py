@@ -15,6 +15,7 @@ from tempering.models.tiny import build_model
 from tempering.packing import (activation_bytes_per_token, first_fit_decreasing, pack, plan_micro_batches,
                                tokens_for_memory)
 from tempering.build import build_learner, resolve_algorithm
+from tempering.plan import Layout
 
 
 def _params(model):
@@ -43,7 +44,8 @@ def test_a_packed_forward_gives_each_sequence_the_logprobs_it_has_alone():
         plain_BT, entropy_BT = logprobs_from_logits(logits, batch.input_ids_BT, TEMPERATURE, with_entropy=True)
         for chunk in (0, 5):
             out = forward_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT, TEMPERATURE,
-                                   keep_BT=batch.loss_mask_BT, packing=True, chunk=chunk, with_entropy=True)
+                                   keep_BT=batch.loss_mask_BT, layout=Layout.PACKED, chunk=chunk,
+                                   with_entropy=True)
             mask_BT = batch.loss_mask_BT
             torch.testing.assert_close(out.logprobs_BT, plain_BT * mask_BT, atol=1e-5, rtol=0)
             torch.testing.assert_close(out.entropy_BT, entropy_BT * mask_BT, atol=1e-5, rtol=0)
@@ -159,7 +161,7 @@ def test_a_token_budget_cuts_the_batch_finer_and_the_update_stays_the_same():
     batch = _batch(model)
     lengths = batch.attention_mask_BT.sum(1).tolist()
     learner = _learner(model, token_budget=20)
-    micro_batches = learner._micro_batches(batch)
+    micro_batches = [torch.tensor(part.rows) for part in learner.plan(batch, every_row=True).micro_batches]
     assert len(micro_batches) > 1
     assert sorted(torch.cat(micro_batches).tolist()) == list(range(len(batch)))
     for rows in micro_batches:

@@ -11,9 +11,6 @@ SOURCE = Path(tempering.__file__).parent
 NOT_SHAPES = {"memory_limit_MB", "do_GET", "do_POST"}
 """Names that end in capitals for another reason: a unit, and http.server's handler methods."""
 
-NOT_YET_RENAMED = {"algorithms/logprobs.py", "packing.py"}
-"""Files whose names are being renamed to the table on another branch; remove once merged."""
-
 NAME = re.compile(r"\b_*[a-z][A-Za-z0-9_]*?_([A-Z][A-Z0-9]*)\b")
 """A name with a lower-case part that ends in ``_`` and capitals (all-caps constants excluded)."""
 
@@ -51,6 +48,5 @@ def test_every_name_in_tempering_uses_defined_letters():
     problems = []
     for path in sorted(SOURCE.rglob("*.py")):
         relative = path.relative_to(SOURCE).as_posix()
-        if relative not in NOT_YET_RENAMED:
-            problems += [f"{relative}: {name}" for name in dict.fromkeys(_undefined(path.read_text(), defined))]
+        problems += [f"{relative}: {name}" for name in dict.fromkeys(_undefined(path.read_text(), defined))]
     assert not problems, "letters not defined in tempering/types.py:\n" + "\n".join(problems)

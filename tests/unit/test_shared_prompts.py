@@ -15,6 +15,7 @@ from tempering.algorithms import logprobs as logprobs_module
 from tempering.algorithms.logprobs import forward_logprobs, share_prompts
 from tempering.learner import collate
 from tempering.packing import plan_shared_micro_batches
+from tempering.plan import Layout
 from tempering.models.attention import matmul_attention, upcast_attention
 
 
@@ -51,11 +52,11 @@ def test_the_layout_runs_each_distinct_prompt_once_and_maps_every_token_back():
     model = _model()
     batch = _group_batch(model)
     shared = share_prompts(batch.input_ids_BT, batch.attention_mask_BT, batch.prompt_lengths_B)
-    assert shared.prompt_ids_PS.shape == (3, 5)
+    assert shared.prompt_ids_PT.shape == (3, 5)
     assert shared.prompt_of_B.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert shared.tokens < batch.input_ids_BT.numel()
     # every real token is found again where the layout says it went
-    flat = torch.cat([shared.prompt_ids_PS.flatten(), shared.completion_ids_BC.flatten()])
+    flat = torch.cat([shared.prompt_ids_PT.flatten(), shared.completion_ids_BT.flatten()])
     real_BT = batch.attention_mask_BT.bool()
     assert (flat[shared.index_BT[real_BT]] == batch.input_ids_BT[real_BT]).all()
     assert (shared.index_BT[~real_BT] == -1).all()
@@ -73,17 +74,17 @@ def test_shared_prompts_give_each_row_its_own_logprobs_entropy_hidden_and_gradie
     up_BT = torch.randn(batch.loss_mask_BT.shape, generator=torch.Generator().manual_seed(5))
     real_BT = batch.attention_mask_BT[..., None]
 
-    def run(prompt_lengths_B):
+    def run(layout):
         model.zero_grad()
         out = forward_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT, TEMPERATURE,
                                keep_BT=batch.loss_mask_BT, chunk=chunk, with_entropy=True, entropy_grad=True,
-                               with_hidden=True, prompt_lengths_B=prompt_lengths_B)
+                               with_hidden=True, layout=layout, prompt_lengths_B=batch.prompt_lengths_B)
         hidden_BTH = out.hidden_BTH * real_BT
         ((out.logprobs_BT + out.entropy_BT) * up_BT).sum().add(hidden_BTH.square().mean()).backward()
         return out, hidden_BTH, torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    alone, alone_hidden, alone_grad = run(None)
-    shared, shared_hidden, shared_grad = run(batch.prompt_lengths_B)
+    alone, alone_hidden, alone_grad = run(Layout.PADDED)
+    shared, shared_hidden, shared_grad = run(Layout.SHARED)
     assert alone_grad.abs().max() > 1e-3
     torch.testing.assert_close(shared.logprobs_BT, alone.logprobs_BT, atol=1e-5, rtol=0)
     torch.testing.assert_close(shared.entropy_BT, alone.entropy_BT, atol=1e-5, rtol=0)

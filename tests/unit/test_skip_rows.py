@@ -104,7 +104,7 @@ def test_one_update_takes_the_proximal_log_probs_from_its_own_forward_pass(off_p
     model = _model()
     batch = _signal_batch(model)
     learner = _learner(model, off_policy=off_policy, is_cap=1.5)
-    batch.prox_logprobs_BT = learner._per_row(batch, lambda micro: learner._logprobs(model, micro).logprobs_BT)
+    batch.prox_logprobs_BT = learner.proximal_logprobs(batch, learner.plan(batch))
     before = [p.detach().clone() for p in model.parameters()]
     learner.model.train()
     expected_metrics = learner._update(batch)

@@ -9,18 +9,18 @@ Two ways from the model to log-probs:
   so no more than one chunk of logits ever exists. It assumes logits are exactly
   ``hidden @ lm_head.weight.T``: models that scale or soft-cap their logits are refused.
 
-:func:`forward_logprobs` runs the model (right-padded rows, packed with
-``tempering.packing``, or with shared prompts) and computes log-probs only where they are
+:func:`forward_logprobs` runs the model on the rows laid out as ``tempering.plan`` chose
+(right-padded, packed with ``tempering.packing``, or with shared prompts) and computes log-probs only where they are
 wanted, usually the trained completion tokens, then puts them back on the batch's rows.
 
 **Shared prompts.** A group's samples repeat one prompt, and the learner would compute each
-copy's forward and backward pass. With ``prompt_lengths_B`` given, rows whose prompts are the
+copy's forward and backward pass. In the shared layout, rows whose prompts are the
 same token for token share one pass over it: the distinct prompts run first, keeping their
 keys and values (with gradient), and each row's completion then runs on the cache of its
 prompt, the way a sampler continues a prefilled prompt. A prompt's gradient is then the sum of
 what its copies would have received, so log-probs and gradients are those of the separate
-rows up to floating-point summation order. It is used when it computes fewer tokens than
-the padded or packed rows would (completions are right-padded to the longest), needs a model
+rows up to floating-point summation order. The plan chooses it when it computes fewer tokens
+than the padded or packed rows would (completions are right-padded to the longest), needs a model
 whose forward takes a cache (not with gradient checkpointing, which drops the cache) and a
 plain output layer (see :func:`output_weight`), and shares only within a micro-batch (the
 learner's token-budget plans keep a prompt's rows together where they fit,
@@ -35,7 +35,8 @@ from typing import Any, Optional
 import torch
 
 from tempering.models.compat import cache_argument, checkpointing, full_attention_cache, select_cache_rows
-from tempering.packing import first_fit_decreasing, pack
+from tempering.packing import distinct_prompts, pack
+from tempering.plan import Layout, layout_of
 
 SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 """Config fields of models whose logits are not the plain output projection."""
@@ -56,17 +57,17 @@ def logprobs_from_logits(logits_BTV: torch.Tensor, input_ids_BT: torch.Tensor, t
             None if entropy_BT is None else torch.nn.functional.pad(entropy_BT, (1, 0)))
 
 
-def _pick(logits_XV: torch.Tensor, targets_X: torch.Tensor, temperature: float, with_entropy: bool,
+def _pick(logits_NV: torch.Tensor, targets_N: torch.Tensor, temperature: float, with_entropy: bool,
           entropy_grad: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Log-probs of ``targets_X`` under ``softmax(logits / temperature)`` over the last
+    """Log-probs of ``targets_N`` under ``softmax(logits / temperature)`` over the last
     dimension, in float32, and the entropies when asked for (with gradient if ``entropy_grad``)."""
-    logp_XV = torch.log_softmax(logits_XV.float() / temperature, dim=-1)
-    picked_X = logp_XV.gather(-1, targets_X[..., None])[..., 0]
-    entropy_X = None
+    logp_NV = torch.log_softmax(logits_NV.float() / temperature, dim=-1)
+    picked_N = logp_NV.gather(-1, targets_N[..., None])[..., 0]
+    entropy_N = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy_X = -(logp_XV.exp() * logp_XV).sum(-1)
-    return picked_X, entropy_X
+            entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
+    return picked_N, entropy_N
 
 
 def _chunk_logits(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -187,38 +188,29 @@ def _plain_head(model: Any) -> bool:
 class SharedPrompts:
     """Rows regrouped as their distinct prompts and their completions (see the module docstring)."""
 
-    prompt_ids_PS: torch.Tensor
+    prompt_ids_PT: torch.Tensor
     """Distinct prompts, right-padded."""
-    prompt_mask_PS: torch.Tensor
+    prompt_mask_PT: torch.Tensor
     prompt_of_B: torch.Tensor
     """Which distinct prompt each row continues."""
-    completion_ids_BC: torch.Tensor
+    completion_ids_BT: torch.Tensor
     """Each row's tokens after its prompt, right-padded."""
-    completion_mask_BC: torch.Tensor
-    positions_BC: torch.Tensor
+    completion_mask_BT: torch.Tensor
+    positions_BT: torch.Tensor
     index_BT: torch.Tensor
     """Where the token at ``[b, t]`` is in the prompts' outputs followed by the completions'
-    (flattened): ``p * S + t`` in its prompt, ``P * S + b * C + (t - prompt length)`` after it;
-    -1 on padding."""
+    (flattened): with prompts ``span`` wide and completions ``reach`` wide, ``p * span + t`` in
+    its prompt, ``P * span + b * reach + (t - prompt length)`` after it; -1 on padding."""
 
     @property
     def tokens(self) -> int:
-        return self.prompt_ids_PS.numel() + self.completion_ids_BC.numel()
+        return self.prompt_ids_PT.numel() + self.completion_ids_BT.numel()
 
 
 def can_share_prompts(model: Any) -> bool:
     """Whether :func:`forward_logprobs` can share prompts for ``model``: no gradient
     checkpointing, a plain output layer, and a cache of plain full-attention layers."""
     return not checkpointing(model) and _plain_head(model) and full_attention_cache(model.config) is not None
-
-
-def distinct_prompts(input_ids_BT: torch.Tensor, prompt_lengths_B: torch.Tensor) -> tuple[list[tuple], list[int]]:
-    """The distinct prompts of right-padded rows (their first ``prompt_lengths_B`` tokens), in
-    order of first appearance, and which of them each row has."""
-    index_of: dict[tuple, int] = {}
-    prompt_of = [index_of.setdefault(tuple(input_ids_BT[b, :n].tolist()), len(index_of))
-                 for b, n in enumerate(prompt_lengths_B.tolist())]
-    return list(index_of), prompt_of
 
 
 def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
@@ -236,25 +228,25 @@ def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
     device = input_ids_BT.device
     prompt_of_B = torch.tensor(prompt_of, device=device)
     span = max(map(len, prompts))
-    prompt_ids_PS = torch.zeros((len(prompts), span), dtype=input_ids_BT.dtype, device=device)
-    prompt_mask_PS = torch.zeros((len(prompts), span), dtype=attention_mask_BT.dtype, device=device)
+    prompt_ids_PT = torch.zeros((len(prompts), span), dtype=input_ids_BT.dtype, device=device)
+    prompt_mask_PT = torch.zeros((len(prompts), span), dtype=attention_mask_BT.dtype, device=device)
     for i, prompt in enumerate(prompts):
-        prompt_ids_PS[i, : len(prompt)] = torch.tensor(prompt, dtype=input_ids_BT.dtype, device=device)
-        prompt_mask_PS[i, : len(prompt)] = 1
+        prompt_ids_PT[i, : len(prompt)] = torch.tensor(prompt, dtype=input_ids_BT.dtype, device=device)
+        prompt_mask_PT[i, : len(prompt)] = 1
     completion_lengths_B = lengths_B - prompt_lengths_B
     reach = int(completion_lengths_B.max())
-    offsets_C = torch.arange(reach, device=device)
-    completion_mask_BC = (offsets_C < completion_lengths_B[:, None]).to(attention_mask_BT.dtype)
-    source_BC = (prompt_lengths_B[:, None] + offsets_C).clamp(max=width - 1)
-    completion_ids_BC = input_ids_BT.gather(1, source_BC) * completion_mask_BC
+    offsets_T = torch.arange(reach, device=device)
+    completion_mask_BT = (offsets_T < completion_lengths_B[:, None]).to(attention_mask_BT.dtype)
+    source_BT = (prompt_lengths_B[:, None] + offsets_T).clamp(max=width - 1)
+    completion_ids_BT = input_ids_BT.gather(1, source_BT) * completion_mask_BT
     columns_T = torch.arange(width, device=device)
     in_prompt_BT = columns_T < prompt_lengths_B[:, None]
     index_BT = torch.where(in_prompt_BT, prompt_of_B[:, None] * span + columns_T,
                            len(prompts) * span + torch.arange(rows, device=device)[:, None] * reach
                            + (columns_T - prompt_lengths_B[:, None]))
     index_BT = index_BT.masked_fill(~attention_mask_BT.bool(), -1)
-    return SharedPrompts(prompt_ids_PS, prompt_mask_PS, prompt_of_B, completion_ids_BC, completion_mask_BC,
-                         source_BC, index_BT)
+    return SharedPrompts(prompt_ids_PT, prompt_mask_PT, prompt_of_B, completion_ids_BT, completion_mask_BT,
+                         source_BT, index_BT)
 
 
 def _shared_hidden(model: Any, shared: SharedPrompts) -> torch.Tensor:
@@ -262,15 +254,15 @@ def _shared_hidden(model: Any, shared: SharedPrompts) -> torch.Tensor:
     flattened to ``[tokens, hidden]`` in the order of ``shared.index_BT``."""
     decoder = model.get_decoder()
     cache_arg = cache_argument(decoder.forward)
-    prompt_ids_PS = shared.prompt_ids_PS
-    positions_PS = torch.arange(prompt_ids_PS.shape[1], device=prompt_ids_PS.device)[None].expand_as(prompt_ids_PS)
-    prompts = decoder(input_ids=prompt_ids_PS, attention_mask=shared.prompt_mask_PS, position_ids=positions_PS,
+    prompt_ids_PT = shared.prompt_ids_PT
+    positions_PT = torch.arange(prompt_ids_PT.shape[1], device=prompt_ids_PT.device)[None].expand_as(prompt_ids_PT)
+    prompts = decoder(input_ids=prompt_ids_PT, attention_mask=shared.prompt_mask_PT, position_ids=positions_PT,
                       use_cache=True)
     cache = prompts[cache_arg]
     select_cache_rows(cache, shared.prompt_of_B)  # each row continues its prompt's keys and values
-    mask_BS = torch.cat([shared.prompt_mask_PS[shared.prompt_of_B], shared.completion_mask_BC], dim=1)
-    completions = decoder(input_ids=shared.completion_ids_BC, attention_mask=mask_BS,
-                          position_ids=shared.positions_BC, use_cache=True, **{cache_arg: cache})
+    mask_BS = torch.cat([shared.prompt_mask_PT[shared.prompt_of_B], shared.completion_mask_BT], dim=1)
+    completions = decoder(input_ids=shared.completion_ids_BT, attention_mask=mask_BS,
+                          position_ids=shared.positions_BT, use_cache=True, **{cache_arg: cache})
     size = prompts.last_hidden_state.shape[-1]
     return torch.cat([prompts.last_hidden_state.reshape(-1, size), completions.last_hidden_state.reshape(-1, size)])
 
@@ -285,33 +277,31 @@ class TokenOutputs:
 
 
 def forward_logprobs(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
-                     temperature: float = 1.0, *, keep_BT: Optional[torch.Tensor] = None, packing: bool = False,
-                     chunk: int = 0, with_entropy: bool = False, entropy_grad: bool = False,
-                     with_hidden: bool = False, prompt_lengths_B: Optional[torch.Tensor] = None) -> TokenOutputs:
+                     temperature: float = 1.0, *, keep_BT: Optional[torch.Tensor] = None,
+                     layout: Layout = Layout.PADDED, chunk: int = 0, with_entropy: bool = False,
+                     entropy_grad: bool = False, with_hidden: bool = False,
+                     prompt_lengths_B: Optional[torch.Tensor] = None) -> TokenOutputs:
     """Log-probs (and entropies) of the tokens of right-padded rows where ``keep_BT`` is
     nonzero (every real token after the first when None).
 
-    ``packing`` runs the model on packed rows (``tempering.packing.pack``); ``prompt_lengths_B``
-    lets rows with the same prompt share its pass when that computes fewer tokens (see the
-    module docstring); ``chunk > 0`` computes log-probs from hidden states ``chunk`` tokens at
-    a time (:func:`chunked_logprobs`), ``chunk == 0`` from the model's own logits. Either way
-    only the wanted positions' log-probs are formed. The values agree with
-    :func:`logprobs_from_logits` on the padded rows up to floating-point summation order.
+    The model runs on the rows as ``layout`` says (chosen by ``tempering.plan``): padded,
+    packed (``tempering.packing.pack``), or sharing their prompts (see the module docstring;
+    it needs ``prompt_lengths_B`` and a model that :func:`can_share_prompts`). ``chunk > 0``
+    computes log-probs from hidden states ``chunk`` tokens at a time
+    (:func:`chunked_logprobs`), ``chunk == 0`` from the model's own logits. Either way only the
+    wanted positions' log-probs are formed. The values agree with :func:`logprobs_from_logits`
+    on the padded rows up to floating-point summation order.
     """
     rows, width = input_ids_BT.shape
     real_BT = attention_mask_BT.bool()
-    shared = None
-    if prompt_lengths_B is not None and can_share_prompts(model):
+    shared = packed = None
+    if layout is Layout.SHARED:
         shared = share_prompts(input_ids_BT, attention_mask_BT, prompt_lengths_B)
-    if shared is not None:
-        lengths = attention_mask_BT.sum(dim=1).tolist()
-        unshared = len(first_fit_decreasing(lengths, max(lengths))) * max(lengths) if packing else rows * width
-        if shared.tokens >= unshared:
-            shared = None  # completions padded to the longest cost more than the repeated prompts
-    packed = pack(input_ids_BT, attention_mask_BT) if packing and shared is None else None
-    if shared is not None:
+        if shared is None:
+            raise ValueError("the shared layout needs rows that repeat a prompt, each with a prompt and a completion")
         index_BT = shared.index_BT
-    elif packed is not None:
+    elif layout is Layout.PACKED:
+        packed = pack(input_ids_BT, attention_mask_BT)
         inputs = {"input_ids": packed.input_ids_RW, "position_ids": packed.position_ids_RW}
         index_BT = packed.index_BT
     else:
@@ -356,7 +346,9 @@ def token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.T
                    temperature: float = 1.0, with_entropy: bool = False, packing: bool = False, chunk: int = 0
                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """:func:`forward_logprobs` of ``model`` on every real token of right-padded rows
-    (positions count from 0 at the first token); the entropy, when asked for, is without gradient."""
-    out = forward_logprobs(model, input_ids_BT, attention_mask_BT, temperature, packing=packing, chunk=chunk,
+    (positions count from 0 at the first token), packed or padded as ``packing`` says; the
+    entropy, when asked for, is without gradient."""
+    out = forward_logprobs(model, input_ids_BT, attention_mask_BT, temperature,
+                           layout=layout_of(input_ids_BT, attention_mask_BT, packing), chunk=chunk,
                            with_entropy=with_entropy)
     return out.logprobs_BT, out.entropy_BT

@@ -64,6 +64,12 @@ def checkpointing(model: Any) -> bool:
     return False
 
 
+def enable_checkpointing(model: Any) -> None:
+    """Make ``model`` recompute its layers in the backward pass (transformers 5 renamed the method)."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
 def full_attention_cache(config: Any) -> Optional[Any]:
     """A new ``DynamicCache`` for a model with this config when every layer of it is plain
     full attention (keys and values appended position by position), else None (sliding

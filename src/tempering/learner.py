@@ -170,6 +170,7 @@ class Learner:
             upcast_attention(model)
         if settings.gradient_checkpointing:
             enable_checkpointing(model)
+        self._shares_prompts = settings.share_prompts and can_share_prompts(model)  # fixed from here on
         self.critic: Optional[Critic] = None
         if settings.critic is not None:
             self.critic = Critic(model, shared=settings.critic == "head")
@@ -226,7 +227,7 @@ class Learner:
         alone = not every_row and self._rows_stand_alone()
         return plan_update(batch, PlanChoices(
             skip_zero_advantage=s.skip_zero_advantage and alone, merge_duplicates=s.merge_duplicates and alone,
-            share_prompts=s.share_prompts and can_share_prompts(self.model), packing=s.packing,
+            share_prompts=self._shares_prompts, packing=s.packing,
             token_budget=s.token_budget, micro_batch_size=s.micro_batch_size, chunk=s.logprob_chunk))
 
     def _logprobs(self, model: Any, micro: Batch, part: MicroBatch, **options: bool):

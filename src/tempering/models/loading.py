@@ -5,7 +5,9 @@
   dequantized once into a cached safetensors folder (a GGUF load dequantizes every time, 30-60 s
   on a laptop CPU; the folder loads in under a second);
 - a ``.gguf`` file (dequantized by transformers' GGUF loader, needs the ``gguf`` package);
-- a model directory, or a hub id (needs network access or a warm hub cache).
+- a model directory (checked first: config, weights, every shard, a tokenizer, a causal LM);
+- a run folder (its newest complete checkpoint) or one checkpoint folder;
+- a hub id (from the Hugging Face cache when it is there, else downloaded).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -101,10 +101,21 @@ def learner_token_budget(model, config: TrainConfig, critic: bool) -> int:
         return lc.token_budget
     frozen = int(ac.kl_coef > 0) + int(critic and ac.critic == "model")
     try:
-        tokens = tokens_for_memory(lc.memory_budget_gb, model, lc.gradient_checkpointing, lc.logprob_chunk, frozen)
+        tokens = tokens_for_memory(lc.memory_budget_gb, model, lc.gradient_checkpointing,
+                                   logprob_chunk(model, config), frozen)
     except ValueError as exc:
         raise ConfigError(f"learner.memory_budget_gb={lc.memory_budget_gb}: {exc}") from None
     return max(1, tokens)
+
+
+def logprob_chunk(model, config: TrainConfig) -> int:
+    """``learner.logprob_chunk``, or 0 (the model's own logits) for a model whose logits are more
+    than its output layer's product (Gemma 2 soft-caps them), which chunks would not compute."""
+    try:
+        output_weight(model)
+    except ValueError:
+        return 0
+    return config.learner.logprob_chunk
 
 
 def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) -> LearnerSettings:
@@ -140,12 +151,7 @@ def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> 
 def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
     lc = config.learner
     budget = learner_token_budget(model, config, needs_values(algorithm["advantage"]))
-    settings = learner_settings(config, algorithm, budget)
-    if lc.logprob_chunk:
-        try:
-            output_weight(model)
-        except ValueError as exc:
-            raise ConfigError(f"learner.logprob_chunk={lc.logprob_chunk}: {exc}") from None
+    settings = replace(learner_settings(config, algorithm, budget), logprob_chunk=logprob_chunk(model, config))
     schedule = lambda step: lr_factor(step, lc.warmup_steps, config.steps, lc.schedule, lc.min_lr_ratio)  # noqa: E731
     return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings)
 

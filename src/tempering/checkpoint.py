@@ -59,6 +59,8 @@ STEP_DIR = re.compile(r"^step-(\d{8})$")
 LOCK_NAME = ".lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl")
 """Files only a run writes: a folder holding one is a run, continued with ``--resume``."""
+FINAL_MODEL = "checkpoint-final"
+"""The folder in a run that holds the policy (and tokenizer) at the end of the run."""
 
 
 class StorageError(RuntimeError):

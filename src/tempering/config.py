@@ -132,7 +132,7 @@ class LearnerConfig(Strict):
     packing: bool = Field(True, description="lay sequences end to end in rows as wide as the longest one, instead of one padded row each")
     token_budget: int = Field(0, ge=0, description="tokens per micro-batch (rows x width as the model sees them), replacing micro_batch_size; 0 = from memory_budget_gb, or micro_batch_size rows when that is 0 too")
     memory_budget_gb: float = Field(0.0, ge=0, description="size micro-batches to fit this much memory for a learner step (an estimate from the model's shape), in GB; 0 = off (micro_batch_size rows)")
-    logprob_chunk: int = Field(1024, ge=0, description="compute log-probs this many tokens at a time from hidden states, so the full tokens x vocab logits never exist; 0 = the model's whole logits at once")
+    logprob_chunk: int = Field(1024, ge=0, description="compute log-probs this many tokens at a time from hidden states, so the full tokens x vocab logits never exist; 0 = the model's whole logits at once (always, for models whose logits are more than the output layer's product, e.g. Gemma 2's soft-capped ones)")
     skip_zero_advantage: bool = Field(True, description="leave rows whose advantages are all 0 (groups with equal rewards) out of the forward and backward passes when that cannot change the update: a built-in loss, no entropy bonus, no KL term in the loss, no critic; logged as skipped_rows")
     gradient_checkpointing: bool = Field(False, description="keep only each layer's input and recompute the rest in the backward pass: about a third more compute, far less memory")
 

@@ -136,7 +136,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         run.close()
 
     eval_after = run.evaluate()
-    final = run.run_dir / "checkpoint-final"
+    final = run.run_dir / checkpoint.FINAL_MODEL
     checkpoint.save_model(run.model, run.tokenizer, final)
     counters = run.pipeline.counters
     summary = {

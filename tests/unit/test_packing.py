@@ -230,11 +230,14 @@ def test_the_config_maps_a_memory_budget_to_a_token_budget_and_an_explicit_budge
 def test_impossible_learner_settings_are_config_errors_naming_the_field():
     with pytest.raises(ConfigError, match="learner.memory_budget_gb=1e-06: .* weights, gradients"):
         _built(["learner.memory_budget_gb=0.000001"])
+
+
+def test_a_model_with_soft_capped_logits_takes_log_probs_from_its_own_logits():
     model = _model()
     model.config.final_logit_softcapping = 30.0
-    with pytest.raises(ConfigError, match="learner.logprob_chunk=1024: .*final_logit_softcapping"):
-        _built([], model)
+    assert _built([], model).logprob_chunk == 0
     assert _built(["learner.logprob_chunk=0"], model).logprob_chunk == 0
+    assert _built([]).logprob_chunk == 1024
 
 
 def test_bf16_autocast_runs_through_every_path_and_stays_near_the_fp32_step():

@@ -5,21 +5,28 @@
   dequantized once into a cached safetensors folder (a GGUF load dequantizes every time, 30-60 s
   on a laptop CPU; the folder loads in under a second);
 - a ``.gguf`` file (dequantized by transformers' GGUF loader, needs the ``gguf`` package);
-- a model directory, or a hub id (needs network access or a warm hub cache).
+- a model directory (checked first: config, weights, every shard, a tokenizer, a causal LM);
+- a run folder (its newest complete checkpoint) or one checkpoint folder;
+- a hub id (from the Hugging Face cache when it is there, else downloaded).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+from urllib.parse import urlparse
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL_LM_CLASSES
 
+from tempering import checkpoint
 from tempering.config import PretrainConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -78,7 +85,8 @@ def ensure_converted(gguf: Path, progress: bool = True) -> Path:
 
 
 def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = True) -> str:
-    """Turn the ``builtin:`` names into files, pre-training the tiny model when needed."""
+    """Turn the ``builtin:`` names into files, pre-training the tiny model when needed, and a run
+    or checkpoint folder into the model folder it holds."""
     if path == "builtin:tiny":
         from tempering.pretrain import ensure_pretrained
 
@@ -87,22 +95,47 @@ def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = Tru
         return str(ensure_converted(smollm2_gguf(), progress=progress))
     if path.startswith("builtin:"):
         raise ModelLoadError(f"model.path {path!r}: known built-in models are builtin:tiny and builtin:smollm2")
-    return path
+    inside = checkpoint_model(Path(path).expanduser())
+    return str(inside) if inside is not None else path
+
+
+def checkpoint_model(path: Path) -> Optional[Path]:
+    """The model folder a run folder holds (its newest complete checkpoint: ``checkpoint-final``
+    or the last ``checkpoints/step-N``, whichever was written last) or a checkpoint folder
+    holds (its ``model/``); None for any other path."""
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    if (path / "model" / "config.json").is_file():
+        return path / "model"
+    if not any((path / name).exists() for name in (*checkpoint.RUN_FILES, "checkpoints", checkpoint.FINAL_MODEL)):
+        return None
+    final = path / checkpoint.FINAL_MODEL
+    found = [final] if (final / "config.json").is_file() else []
+    newest = checkpoint.usable(path)
+    if newest is not None:
+        found.append(newest / "model")
+    if not found:
+        raise ModelLoadError(f"run folder {path} holds no complete checkpoint yet (one is written every "
+                             "checkpoint.every steps and at the end); give a model folder instead")
+    return max(found, key=lambda folder: (folder / "config.json").stat().st_mtime)
 
 
 def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
     """``(model, tokenizer)`` from a directory, ``.gguf`` file or hub id; the model is in eval mode."""
     kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
-    location: str = path
-    if path.endswith(".gguf"):
+    local = Path(path).expanduser()
+    location = str(local)
+    if path.endswith(".gguf") and local.is_file():
         if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None:
             raise ModelLoadError(f"{path} is a GGUF file; loading it needs: pip install 'tempering[gguf]'")
-        location, kwargs["gguf_file"] = str(Path(path).parent), Path(path).name
-    elif Path(path).exists():
+        location, kwargs["gguf_file"] = str(local.parent), local.name
+    elif local.exists():
         kwargs["local_files_only"] = True
-        check_model_dir(Path(path))
-    elif path.startswith(("/", ".", "~")):
+        check_model_dir(local)
+    elif path.startswith(("/", ".", "~")) or path.endswith(".gguf"):
         raise ModelLoadError(f"model path {path} does not exist; give a model directory, a .gguf file or a hub id")
+    else:
+        location, kwargs["local_files_only"] = path, hub_cached(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **{k: v for k, v in kwargs.items() if k != "dtype"})
         model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
@@ -113,6 +146,39 @@ def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
     return model, tokenizer
+
+
+def hub_cached(repo: str) -> bool:
+    """Whether hub id ``repo`` is in the Hugging Face cache (then it loads from there, with no
+    network); when it is not and the hub cannot be reached, a ModelLoadError at once, where
+    transformers would retry for tens of seconds and then blame the connection."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(repo, "config.json", cache_dir=constants.HF_HUB_CACHE)
+    except HFValidationError:
+        raise ModelLoadError(f"model.path {repo!r} is neither an existing file or folder nor a hub id "
+                             "(owner/name); give a model folder, a .gguf file or a hub id") from None
+    if isinstance(cached, str):
+        return True
+    unreachable = ("the hub is off (HF_HUB_OFFLINE)" if constants.HF_HUB_OFFLINE
+                   else None if _reachable(constants.ENDPOINT) else f"{constants.ENDPOINT} cannot be reached (no network)")
+    if unreachable:
+        raise ModelLoadError(f"model.path {repo!r} is not a local folder or file, and it is not in the Hugging "
+                             f"Face cache; {unreachable}: give a local model folder or a .gguf file, or "
+                             f"download it first where there is network (`hf download {repo}`)")
+    return False
+
+
+def _reachable(endpoint: str) -> bool:
+    """Whether a TCP connection to ``endpoint``'s host opens within a few seconds."""
+    url = urlparse(endpoint)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=5).close()
+    except OSError:
+        return False
+    return True
 
 
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
@@ -133,9 +199,42 @@ def check_model_dir(path: Path) -> None:
     if missing:
         raise ModelLoadError(f"model folder {path} is missing {', '.join(missing)}; it needs what "
                              "save_pretrained writes for a model and its tokenizer")
+    _check_causal_lm(path)
+    _check_shards(path)
     for file in weights:
         if file.suffix == ".safetensors":
             _check_safetensors(file)
+
+
+def _check_causal_lm(path: Path) -> None:
+    """Refuse a folder whose config names a model that is not a causal LM (an encoder, an
+    encoder-decoder); transformers would load a BERT masked-LM folder as a causal LM head."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"model folder {path}: config.json is not valid JSON ({exc})") from None
+    model_type, architectures = config.get("model_type"), config.get("architectures") or []
+    causal = set(CAUSAL_LM_CLASSES.values())
+    if model_type is None or (model_type in CAUSAL_LM_CLASSES and (
+            not architectures or any(a in causal or a.endswith("ForCausalLM") for a in architectures))):
+        return
+    what = architectures[0] if architectures else f"model of type {model_type!r}"
+    raise ModelLoadError(f"model folder {path} holds a {what}, not a causal language model: tempering trains "
+                         "decoder-only models that AutoModelForCausalLM loads (Llama, Qwen, Gemma, GPT-NeoX, ...)")
+
+
+def _check_shards(path: Path) -> None:
+    """Name a shard that a sharded checkpoint's index lists but the folder lacks."""
+    for index in sorted(path.glob("*.index.json")):
+        try:
+            names = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise ModelLoadError(f"model folder {path}: {index.name} is not a readable index ({exc}); "
+                                 "copy or save the model again") from None
+        absent = sorted(name for name in names if not (path / name).is_file())
+        if absent:
+            raise ModelLoadError(f"model folder {path}: {index.name} names {absent[0]}, which is missing "
+                                 f"({len(absent)} of {len(names)} shards missing); copy or download the folder again")
 
 
 def _check_safetensors(file: Path) -> None:

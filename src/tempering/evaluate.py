@@ -2,7 +2,11 @@
 
 A problem whose grader failed (``RewardResult.error``: a sandbox fault, a math checker that
 timed out) says nothing about the model, so it is left out of the accuracy and counted in
-``grader_errors`` instead of counting as wrong.
+``grader_errors`` instead of counting as wrong. A completion cut off at ``max_new_tokens``
+is graded as written (usually wrong) and counted in ``truncated``, so a length limit shorter
+than the model's answers shows as such and not as a model that cannot solve the task; a
+before/after table with a shorter limit before than the answers need would otherwise report
+a gain that is only the model learning to be brief.
 """
 
 from __future__ import annotations
@@ -40,12 +44,12 @@ def close_metrics(metrics: Mapping[str, BatchReward]) -> None:
 def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
              max_new_tokens: int, options: dict[str, dict[str, Any]] | None = None,
              metrics: Mapping[str, BatchReward] | None = None) -> dict:
-    """``{"accuracy", "per_task", "problems", "grader_errors", "examples"}``.
+    """``{"accuracy", "per_task", "problems", "grader_errors", "truncated", "examples"}``.
 
     ``per_task[name]`` is the mean ``metric`` score of the task's greedy completions over the
     held-out problems that were graded (None when none was); ``problems`` counts the problems
     (a task may hold fewer than ``problems_per_task``) and ``grader_errors`` those whose grader
-    failed. ``accuracy`` is the unweighted mean over the tasks with a number. The metrics are
+    failed, ``truncated`` the completions cut off at ``max_new_tokens``. ``accuracy`` is the unweighted mean over the tasks with a number. The metrics are
     built from ``options`` and closed here, unless the caller passes them built (``metrics``,
     from :func:`build_metrics`) and closes them itself.
     """
@@ -61,15 +65,16 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
 def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int, max_new_tokens: int,
               metrics: Mapping[str, BatchReward]) -> dict:
     params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
-    per_task, problems, grader_errors, examples = {}, {}, {}, {}
+    per_task, problems, grader_errors, truncated, examples = {}, {}, {}, {}, {}
     for task in tasks:
         groups = generator.generate(task.eval_problems(problems_per_task), group_size=1, params=params)
         results = metrics[task.metric].score_batch([g.problem for g in groups], [g.rollouts[0] for g in groups])
         graded = [r.score for r in results if r.error is None]
         per_task[task.name] = sum(graded) / len(graded) if graded else None
         problems[task.name], grader_errors[task.name] = len(results), len(results) - len(graded)
+        truncated[task.name] = sum(g.rollouts[0].finish_reason == "length" for g in groups)
         if groups:
             examples[task.name] = {"prompt": str(groups[0].problem.prompt), "completion": groups[0].rollouts[0].text}
     known = [value for value in per_task.values() if value is not None]
     return {"accuracy": sum(known) / len(known) if known else None, "per_task": per_task, "problems": problems,
-            "grader_errors": grader_errors, "examples": examples}
+            "grader_errors": grader_errors, "truncated": truncated, "examples": examples}

@@ -49,6 +49,8 @@ def before_after_table(before: dict, after: dict) -> str:
 
     A ``grader errors`` column (before -> after) appears when any problem's grader failed;
     those problems are outside the accuracies, and a task with none graded reads ``n/a``.
+    A ``truncated`` column appears when any completion hit the length limit, with a closing
+    line saying that those count as wrong.
 
     >>> print(before_after_table({"accuracy": 0.25, "per_task": {"add": 0.25}},
     ...                          {"accuracy": 0.75, "per_task": {"add": 0.75}}))
@@ -57,23 +59,28 @@ def before_after_table(before: dict, after: dict) -> str:
     mean     25.0%   75.0%    +50.0
     """
     names = list(before["per_task"]) + ["mean"]
-    show_errors = any(_grader_errors(result, "mean") for result in (before, after))
-    rows = [("task", "before", "after", "change") + (("grader errors",) if show_errors else ())]
+    extra = [(title, key) for title, key in (("grader errors", "grader_errors"), ("truncated", "truncated"))
+             if any(_count(result, key, "mean") for result in (before, after))]
+    rows = [("task", "before", "after", "change") + tuple(title for title, _ in extra)]
     for name in names:
         b = before["accuracy"] if name == "mean" else before["per_task"][name]
         a = after["accuracy"] if name == "mean" else after["per_task"].get(name, float("nan"))
         change = "n/a" if a is None or b is None else f"{100 * (a - b):+.1f}"
         rows.append((name, _percent(b), _percent(a), change)
-                    + ((f"{_grader_errors(before, name)} -> {_grader_errors(after, name)}",) if show_errors else ()))
+                    + tuple(f"{_count(before, key, name)} -> {_count(after, key, name)}" for _, key in extra))
     width = max(len(r[0]) for r in rows) + 2
-    return "\n".join(f"{r[0]:<{width}}{r[1]:>8}{r[2]:>8}{r[3]:>9}{''.join(f'{c:>15}' for c in r[4:])}".rstrip()
-                     for r in rows)
+    table = "\n".join(f"{r[0]:<{width}}{r[1]:>8}{r[2]:>8}{r[3]:>9}{''.join(f'{c:>15}' for c in r[4:])}".rstrip()
+                      for r in rows)
+    if any(key == "truncated" for _, key in extra):
+        table += ("\ntruncated: completions cut off at eval.max_new_tokens, graded as written (mostly wrong); "
+                  "raise eval.max_new_tokens if the model's answers need more")
+    return table
 
 
-def _grader_errors(result: dict, name: str) -> int:
-    """Problems whose grader failed, for one task or (``mean``) all; results saved before these
-    were counted have none."""
-    counts = result.get("grader_errors", {})
+def _count(result: dict, key: str, name: str) -> int:
+    """Problems counted under ``key`` (grader errors, truncated) for one task or (``mean``) all;
+    results saved before these were counted have none."""
+    counts = result.get(key, {})
     return sum(counts.values()) if name == "mean" else counts.get(name, 0)
 
 

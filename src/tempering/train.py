@@ -164,6 +164,7 @@ def eval_record(result: dict) -> dict[str, float]:
     if result["accuracy"] is not None:
         record["eval/accuracy"] = result["accuracy"]
     record["eval/grader_errors"] = sum(result["grader_errors"].values())
+    record["eval/truncated"] = sum(result.get("truncated", {}).values())
     return record
 
 

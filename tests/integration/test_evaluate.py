@@ -110,3 +110,21 @@ def test_temper_eval_grades_with_the_configs_reward_options(tmp_path, tiny_model
     printed = json.loads(capsys.readouterr().out)
     assert printed["per_task"] == {"dataset": 1.0}, "graded with credit=1.0 from rewards.options"
     assert printed["problems"] == {"dataset": 3}
+
+
+def test_completions_cut_off_at_the_length_limit_are_counted_as_truncated(tiny_policy):
+    tasks = [FixedTask("cut", ["right0", "wrong0", "right1"])]
+    generator = HFGenerator(*tiny_policy)
+
+    short = evaluate(generator, tasks, problems_per_task=10, max_new_tokens=1)
+    # the built-in model writes a worked solution of several lines: one token is never all of it
+    assert short["truncated"] == {"cut": 3}
+    assert short["per_task"] == {"cut": 2 / 3}  # graded as written, and counted apart
+    table = before_after_table(short, short)
+    assert table.splitlines()[0].split()[-1] == "truncated"
+    assert "3 -> 3" in table and "raise eval.max_new_tokens" in table
+
+
+def test_the_table_has_no_truncated_column_when_nothing_was_cut_off():
+    clean = {"accuracy": 0.5, "per_task": {"add": 0.5}, "grader_errors": {"add": 0}, "truncated": {"add": 0}}
+    assert "truncated" not in before_after_table(clean, clean)

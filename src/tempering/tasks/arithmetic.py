@@ -18,6 +18,11 @@ prints the sum, one variable per column (``c1=4+3+c0//10``; the buggy variant dr
 carry term), graded by running it in the sandbox against the expected output: a code task
 small enough for the built-in model, used where the reward must take real time.
 
+``grading="lenient"`` grades the answer a reader would take (the last number when there is
+no ``answer:`` line), for chat models that know some arithmetic but not the format; the
+format is then left to the ``format`` reward. ``template`` rewrites a chat prompt, e.g.
+``"What is {a} {op} {b}? End with a line 'answer: N'."``.
+
 Not done here: negative results, multi-digit multipliers, division, programs for sub/mul.
 """
 
@@ -172,6 +177,8 @@ class ArithmeticTask(StreamState):
     domain: str = ""
     rewards: dict[str, float] = field(default_factory=lambda: {"exact_match": 1.0, "format": 0.1})
     metric: str = "exact_match"
+    grading: str = "strict"
+    template: str = ""
 
     def __post_init__(self) -> None:
         if self.operation not in OPERATIONS:
@@ -187,8 +194,21 @@ class ArithmeticTask(StreamState):
                 self.rewards = {"code": 1.0}
             if self.metric == "exact_match":
                 self.metric = "code"
+        if self.grading not in ("strict", "lenient"):
+            raise ValueError(f"grading must be 'strict' or 'lenient', got {self.grading!r}")
+        if self.template and self.style != "chat":
+            raise ValueError("template rewrites chat prompts; set style: chat")
         self.domain = self.domain or self.name
         self._op = OPERATIONS[self.operation]
+        if self.template:
+            self._render(1, 2)  # a bad placeholder fails here, naming itself, not in the first step
+
+    def _render(self, a: int, b: int) -> str:
+        try:
+            return self.template.format(a=a, b=b, op=self._op.symbol, expression=f"{a}{self._op.symbol}{b}")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"template {self.template!r}: {exc!r}; placeholders are {{a}}, {{b}}, {{op}} "
+                             "and {expression}") from None
 
     def _is_eval(self, a: int, b: int) -> bool:
         return zlib.crc32(f"{self.operation}:{a}:{b}".encode()) % EVAL_EVERY == 0
@@ -208,13 +228,15 @@ class ArithmeticTask(StreamState):
             return Problem(task=self.name, id=expression, prompt=f"py {expression}\n", answer=str(answer),
                            domain=self.domain, meta={"a": a, "b": b, "code_fenced": False, "tests": {
                                "kind": "stdio", "cases": [{"stdin": "", "stdout": f"{answer}\n"}]}})
+        elif self.template:
+            prompt = [{"role": "user", "content": self._render(a, b)}]
         else:
             prompt = [{"role": "user", "content": (
                 f"{self._op.instruction}: {expression}. Write one line per column, "
                 "like 7+8=15, then finish with a line 'answer: N'."
             )}]
         return Problem(task=self.name, id=expression, prompt=prompt, answer=str(answer),
-                       domain=self.domain, meta={"a": a, "b": b})
+                       domain=self.domain, meta={"a": a, "b": b, "grading": self.grading})
 
     def train_problem(self, index: int) -> Problem:
         rng = random.Random(f"{self.seed}:{self.name}:{index}")

@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tempering.rewards.base import register_reward
-from tempering.rewards.basic import extract_answer
+from tempering.rewards.basic import extract_answer, is_lenient, lenient_answer, parse_number
 from tempering.tasks.base import StreamState
 from tempering.types import Problem
 
@@ -67,6 +67,7 @@ EXAMPLE_KEYS = {"graph_color": "possible_answer", "rubiks_cube": "example_correc
 NO_REFERENCE = frozenset({"boxnet", "rush_hour"})
 """Validated types for which reasoning-gym keeps no valid answer at all."""
 _SKIP_TRIES = 100
+DEFAULT_TEMPLATE = "{question}\n\nGive your final answer inside <answer></answer> tags."
 SLOW_TYPES = frozenset({"knight_swap", "sokoban", "futoshiki", "zebra_puzzles", "puzzle24", "intermediate_integration",
                         "quantum_lock", "polynomial_equations", "arc_agi", "group_anagrams", "acre", "figlet_font"})
 """Types that take about 40 ms or more per training item (an item, or a share of building its block
@@ -163,17 +164,28 @@ class ReasoningGymTask(StreamState):
     ``style``: ``raw`` (question then a newline) or ``chat`` (a user message asking for
     ``<answer>`` tags); ``eval_size``: held-out items, all excluded from training by text;
     ``prefetch``: training items generated ahead in a worker process (0 = none; ``None`` =
-    :data:`PREFETCH_AHEAD` for :data:`SLOW_TYPES`, none for the others)."""
+    :data:`PREFETCH_AHEAD` for :data:`SLOW_TYPES`, none for the others); ``grading``:
+    ``strict`` reads only ``<answer>`` tags or an ``answer:`` line, ``lenient`` falls back to
+    ``\\boxed{}``, then the last number (numeric answers) or the last line (see
+    ``tempering.rewards.basic``); ``template``: the chat prompt, with ``{question}``."""
 
     def __init__(self, name: str, seed: int, type: str = "", config: dict[str, Any] | None = None,
                  style: str = "chat", eval_size: int = 64, curriculum: bool = False, domain: str = "",
-                 rewards: dict[str, float] | None = None, prefetch: int | None = None):
+                 rewards: dict[str, float] | None = None, prefetch: int | None = None,
+                 grading: str = "strict", template: str = DEFAULT_TEMPLATE):
         _rg()
         self.rg_type = type or name.removeprefix(PREFIX)
         if self.rg_type not in rg_types():
             raise ValueError(f"unknown reasoning-gym type {self.rg_type!r}; see tempering.tasks.reasoning_gym.rg_types()")
         if style not in ("raw", "chat"):
             raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
+        if grading not in ("strict", "lenient"):
+            raise ValueError(f"grading must be 'strict' or 'lenient', got {grading!r}")
+        try:
+            template.format(question="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"template {template!r}: {exc!r}; the one placeholder is {{question}}") from None
+        self.grading, self.template = grading, template
         if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError(f"prefetch must be a count of items >= 0 (0 = off) or null (automatic), got {prefetch!r}")
         self.name, self.seed, self.style, self.eval_size = name, seed, style, eval_size
@@ -266,9 +278,10 @@ class ReasoningGymTask(StreamState):
         if self.style == "raw":
             prompt: Any = f"{question}\n"
         else:
-            prompt = [{"role": "user", "content": f"{question}\n\nGive your final answer inside <answer></answer> tags."}]
+            prompt = [{"role": "user", "content": self.template.format(question=question)}]
         return Problem(task=self.name, id=id, prompt=prompt, answer=reference_answer(self.rg_type, entry),
-                       domain=self.domain, meta={"rg_type": self.rg_type, "entry": entry})
+                       domain=self.domain, meta={"rg_type": self.rg_type, "entry": entry,
+                                                 "grading": self.grading, "answer_format": "tag"})
 
     def train_problem(self, index: int) -> Problem:
         if self.prefetch:
@@ -306,12 +319,16 @@ def build_rg_task(name: str, seed: int, **options: Any) -> ReasoningGymTask:
 
 @register_reward("reasoning_gym")
 def reasoning_gym_score(problem: Problem, completion: str) -> float:
-    """reasoning-gym's own score of the last ``<answer>`` (else the ``answer:`` line), 0..1."""
+    """reasoning-gym's own score of the last ``<answer>`` (else the ``answer:`` line), 0..1;
+    a lenient problem falls back to the answer a reader would take."""
     from reasoning_gym.utils import extract_answer as extract_tag
 
-    found = extract_tag(completion)
-    if found is None:
-        found = extract_answer(completion)
+    if is_lenient(problem):
+        found = lenient_answer(completion, numeric=parse_number(problem.answer) is not None)
+    else:
+        found = extract_tag(completion)
+        if found is None:
+            found = extract_answer(completion)
     scorer = _rg().get_score_answer_fn(problem.meta["rg_type"])
     return float(scorer(found, problem.meta["entry"]))
 

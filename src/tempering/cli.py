@@ -170,6 +170,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.sampled_eval import sampled_evaluate
 
     model_path, config_path, overrides = _eval_inputs(args)
+    if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
+        raise ConfigError(f"--json {args.json}: its folder does not exist")
     config = _select_tasks(load_config(config_path, overrides), args.tasks)
     tasks = build_tasks(config)
     settings = _sampled_settings(args, config)

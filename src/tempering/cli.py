@@ -82,22 +82,132 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_config(item: str) -> bool:
+    """A YAML file, or the name of a config shipped with tempering (``quickstart``) when no
+    file or folder of that name exists here."""
+    from tempering.config import builtin_config
+
+    if item.endswith((".yaml", ".yml")):
+        return True
+    return "/" not in item and not Path(item).exists() and builtin_config(item).exists()
+
+
+def _eval_inputs(args: argparse.Namespace) -> tuple[Optional[str], Optional[str], list[str]]:
+    """``(model, config file, overrides)`` from ``[MODEL] [CONFIG] [key=value ...]`` in any
+    order (an item holding '=' is an override, a ``.yaml`` or shipped config name is the
+    config, anything else the model), ``--model``, ``--config`` and the flags that set a
+    config key."""
+    models, configs, overrides = [], [], []
+    for item in args.inputs:
+        (overrides if "=" in item else configs if _is_config(item) else models).append(item)
+    models += [args.model] if args.model else []
+    configs += [args.config] if args.config else []
+    for kind, found in (("model", models), ("config", configs)):
+        if len(found) > 1:
+            raise ConfigError(f"more than one {kind} given ({', '.join(found)}); name one")
+    for flag, key in (("problems", "eval.problems_per_task"), ("max_new_tokens", "eval.max_new_tokens"),
+                      ("temperature", "rollout.temperature")):
+        if getattr(args, flag) is not None:
+            overrides.append(f"{key}={getattr(args, flag)}")
+    return (models or [None])[0], (configs or [None])[0], overrides
+
+
+def _select_tasks(config, names: Optional[str]):
+    """The config with only the tasks ``--tasks`` names, each keeping the options the config
+    gives a task of that name."""
+    if names is None:
+        return config
+    from tempering.config import TaskSpec
+
+    chosen = [name.strip() for name in names.split(",") if name.strip()]
+    if not chosen:
+        raise ConfigError("--tasks: name at least one task, e.g. --tasks add,mul")
+    specs = {spec.name: spec for spec in config.tasks}
+    return config.model_copy(update={"tasks": [specs.get(name) or TaskSpec(name=name) for name in chosen]})
+
+
+def _sampled_settings(args: argparse.Namespace, config):
+    """``--n``/``--k`` as :class:`~tempering.sampled_eval.SampledSettings`; None for greedy only."""
+    from tempering.rollout.base import SamplingParams
+    from tempering.sampled_eval import SampledSettings
+
+    if args.n is None:
+        if args.k or args.best_of:
+            raise ConfigError("--k and --best-of need --n, the number of samples per problem")
+        return None
+    if args.n < 1:
+        raise ConfigError(f"--n {args.n}: samples per problem must be at least 1")
+    try:
+        ks = sorted({int(k) for k in args.k.split(",")}) if args.k else sorted({1, args.n})
+    except ValueError:
+        raise ConfigError(f"--k {args.k!r}: expected whole numbers separated by commas, e.g. 1,5") from None
+    if ks[0] < 1 or ks[-1] > args.n:
+        raise ConfigError(f"--k {args.k}: each k must be between 1 and --n {args.n}")
+    params = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+                            max_new_tokens=config.eval.max_new_tokens)
+    return SampledSettings(args.n, tuple(ks), params, config.seed)
+
+
+def _selectors(best_of: list[str]) -> tuple[bool, dict]:
+    """``(verifier wanted, {"rm": reward model})`` from the ``--best-of`` values."""
+    verifier, selectors = False, {}
+    for value in best_of:
+        if value == "verifier":
+            verifier = True
+        elif value.startswith("rm:") and len(value) > 3:
+            from tempering.rewards.model import ModelReward
+
+            selectors["rm"] = ModelReward(path=value[3:], transform="raw")
+        else:
+            raise ConfigError(f"--best-of {value!r}: expected verifier or rm:PATH (a reward model)")
+    return verifier, selectors
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.build import build_tasks, load_model
-    from tempering.evaluate import build_metrics, close_metrics, evaluate
+    from tempering.evaluate import build_metrics, close_metrics
     from tempering.rollout.hf import HFGenerator
+    from tempering.sampled_eval import sampled_evaluate
 
-    config = _load(args)
+    model_path, config_path, overrides = _eval_inputs(args)
+    if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
+        raise ConfigError(f"--json {args.json}: its folder does not exist")
+    config = _select_tasks(load_config(config_path, overrides), args.tasks)
     tasks = build_tasks(config)
+    settings = _sampled_settings(args, config)
     metrics = build_metrics(tasks, config.rewards.options)  # a bad option stops here, before any model work
     try:
-        model, tokenizer, _ = load_model(config, args.model or config.model.path, progress=not args.quiet)
+        verifier, selectors = _selectors(args.best_of or [])
+        model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
+        print(f"temper eval: model {resolved}", file=sys.stderr)
         generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
-        result = evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens, metrics=metrics)
+        result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
+                                  metrics, config.rewards.options, settings, selectors, verifier, not args.quiet)
     finally:
         close_metrics(metrics)
-    print(json.dumps(result, indent=2))
+    _report({"model": resolved, "settings": _settings_record(config, settings), **result}, args.json)
     return 0
+
+
+def _settings_record(config, settings) -> dict:
+    record = {"problems_per_task": config.eval.problems_per_task, "max_new_tokens": config.eval.max_new_tokens,
+              "seed": config.seed, "ci": "95%: Wilson for greedy, percentile bootstrap over problems otherwise"}
+    if settings is not None:
+        record.update(n=settings.n, k=list(settings.ks), temperature=settings.params.temperature,
+                      top_p=settings.params.top_p)
+    return record
+
+
+def _report(result: dict, json_path: Optional[str]) -> None:
+    """The table on stdout, or on stderr when the JSON takes stdout (``--json -``)."""
+    from tempering.sampled_eval import metric_table
+
+    text = json.dumps(result, indent=2)
+    if json_path and json_path != "-":
+        Path(json_path).write_text(text + "\n")
+    print(metric_table(result), file=sys.stderr if json_path == "-" else sys.stdout)
+    if json_path == "-":
+        print(text)
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -124,9 +234,26 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--force", action="store_true", help="pre-train again even if cached")
     pretrain.set_defaults(func=cmd_pretrain)
 
-    evaluate = sub.add_parser("eval", help="greedy held-out accuracy of a model on the config's tasks")
-    _add_config_args(evaluate)
-    evaluate.add_argument("--model", help="model path (default: the config's model.path)")
+    evaluate = sub.add_parser(
+        "eval", help="held-out accuracy of a model: greedy, and with --n samples per problem pass@k, maj@k, best-of-k")
+    evaluate.add_argument(
+        "inputs", nargs="*", metavar="[MODEL] [CONFIG] [key=value ...]",
+        help="a model (builtin:tiny, builtin:smollm2, a folder, a .gguf, a hub id; default: the config's model.path), "
+             "a YAML config or shipped config name (default: quickstart) and dotted overrides, in any order")
+    evaluate.add_argument("--model", help="the model, as MODEL")
+    evaluate.add_argument("--config", help="the config, as CONFIG")
+    evaluate.add_argument("--tasks", metavar="T1,T2", help="evaluate these tasks (add, mul, rg:<type>, humaneval, ...), "
+                          "with the options the config gives a task of that name")
+    evaluate.add_argument("--n", type=int, help="samples per problem for pass@k, maj@k and best-of-k (default: greedy only)")
+    evaluate.add_argument("--k", metavar="1,5", help="the k of each metric, at most --n (default: 1 and --n)")
+    evaluate.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
+    evaluate.add_argument("--max-new-tokens", type=int, help="completion length limit (default: eval.max_new_tokens)")
+    evaluate.add_argument("--problems", type=int, help="held-out problems per task (default: eval.problems_per_task)")
+    evaluate.add_argument("--best-of", action="append", metavar="verifier|rm:PATH",
+                          help="also best-of-k picked by the task's grader (an oracle) or by a reward model; repeatable")
+    evaluate.add_argument("--json", metavar="OUT", help="write the full result as JSON to OUT (- for stdout, "
+                          "the table then going to stderr)")
+    evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
     evaluate.set_defaults(func=cmd_eval)
 
     add_sandbox_parser(sub)

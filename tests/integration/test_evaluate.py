@@ -79,7 +79,8 @@ def test_temper_eval_with_default_settings_prints_json_for_builtin_and_reasoning
     env = {**os.environ, "TEMPERING_CACHE": str(tempering_cache)}
     tasks = 'tasks=[{name: add, options: {digits: [2]}}, {name: "rg:basic_arithmetic"}]'
 
-    result = subprocess.run([sys.executable, "-m", "tempering.cli", "eval", tasks, "--model", str(tiny_model_dir)],
+    result = subprocess.run([sys.executable, "-m", "tempering.cli", "eval", tasks, "--model", str(tiny_model_dir),
+                             "--json", "-"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
 
     assert result.returncode == 0, result.stderr[-2000:]
@@ -104,7 +105,7 @@ def test_temper_eval_grades_with_the_configs_reward_options(tmp_path, tiny_model
         "eval": {"problems_per_task": 3, "max_new_tokens": 4}}))
 
     with pytest.raises(SystemExit) as exited:
-        main(["eval", str(config), "--model", str(tiny_model_dir)])
+        main(["eval", str(config), "--model", str(tiny_model_dir), "--json", "-"])
 
     assert exited.value.code == 0
     printed = json.loads(capsys.readouterr().out)

@@ -1,0 +1,90 @@
+"""Sampled evaluation's bookkeeping on hand-made samples, and how `temper eval` reads its arguments."""
+
+import pytest
+
+from tempering.cli import _eval_inputs, build_parser
+from tempering.config import ConfigError
+from tempering.sampled_eval import VOTE_KEYS, ProblemSamples, TaskSamples, metric_table, task_metrics
+
+
+def _samples(*problems: ProblemSamples, votes: bool = True) -> TaskSamples:
+    count = sum(len(p.scores) for p in problems)
+    return TaskSamples(list(problems), samples=count, grader_errors=0, truncated=0, votes=votes)
+
+
+def test_task_metrics_average_each_problems_estimate_and_count_the_problems():
+    samples = _samples(ProblemSamples([1, 0], ["4", "5"], {"rm": [0.1, 0.9]}),
+                       ProblemSamples([1, 1], ["9", "9"], {"rm": [0.5, 0.5]}))
+
+    found = task_metrics(samples, [1, 2], seed=0, verifier=True)
+
+    assert found["pass@1"]["value"] == pytest.approx(0.75)
+    assert found["pass@2"]["value"] == 1.0
+    assert found["maj@2"]["value"] == pytest.approx((0.5 + 1) / 2), "a tie between 4 and 5 is worth half"
+    assert found["best_of@2[rm]"]["value"] == pytest.approx(0.5), "the RM prefers the wrong sample of problem 1"
+    assert found["best_of@2[verifier]"]["value"] == 1.0
+    assert found["best_of@1[rm]"]["value"] == found["pass@1"]["value"], "best of one is any one"
+    assert all(entry["problems"] == 2 for entry in found.values())
+    for entry in found.values():
+        low, high = entry["ci"]
+        assert low <= entry["value"] <= high
+
+
+def test_a_problem_left_with_fewer_than_k_graded_samples_is_left_out_of_that_k_only():
+    samples = _samples(ProblemSamples([1, 0, 0], ["1", "2", "3"]), ProblemSamples([1], ["1"]))
+
+    found = task_metrics(samples, [1, 3], seed=0)
+
+    assert found["pass@1"]["problems"] == 2 and found["pass@1"]["value"] == pytest.approx((1 / 3 + 1) / 2)
+    assert found["pass@3"]["problems"] == 1 and found["pass@3"]["value"] == 1.0
+    assert "best_of@1[verifier]" not in found, "only when asked"
+
+
+def test_a_metric_without_answers_gets_no_maj_at_k():
+    found = task_metrics(_samples(ProblemSamples([1, 0], [None, None]), votes=False), [1], seed=0)
+    assert "maj@1" not in found and "pass@1" in found
+
+
+def test_vote_keys_read_the_answer_as_the_metric_reads_it():
+    assert VOTE_KEYS["exact_match"]("12+34=46\nanswer: 46.", {}) == "46"
+    assert VOTE_KEYS["exact_match"]("the sum is 46", {}) is None
+    assert VOTE_KEYS["match"]("the sum is 46", {"last_number": True}) == "46"
+    assert VOTE_KEYS["match"](r"so \boxed{0.50}", {}) == "1/2"
+
+
+def test_the_table_shows_each_metric_per_task_with_its_interval_and_the_notes():
+    result = {"metrics": {"add": {"greedy": {"value": 0.25, "ci": [0.1, 0.5], "problems": 8},
+                                  "pass@2": {"value": None, "ci": None, "problems": 0}}},
+              "samples": {"add": {"samples": 16, "grader_errors": 1, "truncated": 3, "mean_score": 0.2}},
+              "notes": ["add: a note"]}
+    lines = metric_table(result).splitlines()
+    assert lines[0].split() == ["metric", "add"]
+    assert lines[1].split() == ["greedy", "25.0", "[10.0,", "50.0]"]
+    assert lines[2].split() == ["pass@2", "n/a"]
+    assert [line.split() for line in lines[3:6]] == [["samples", "16"], ["grader_errors", "1"], ["truncated", "3"]]
+    assert lines[6] == "note: add: a note"
+
+
+def _inputs(*argv):
+    return _eval_inputs(build_parser().parse_args(["eval", *argv]))
+
+
+def test_eval_tells_model_config_and_overrides_apart(tmp_path):
+    assert _inputs("builtin:tiny") == ("builtin:tiny", None, [])
+    assert _inputs("steps=1", "quickstart", "builtin:smollm2") == ("builtin:smollm2", "quickstart", ["steps=1"])
+    assert _inputs("my.yaml", "seed=3", "--model", "some/dir") == ("some/dir", "my.yaml", ["seed=3"])
+    assert _inputs("--config", "a.yml", "--problems", "7", "--max-new-tokens", "9", "--temperature", "0.5") == (
+        None, "a.yml", ["eval.problems_per_task=7", "eval.max_new_tokens=9", "rollout.temperature=0.5"])
+    (tmp_path / "quickstart").mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert _inputs("quickstart")[0] == "quickstart", "a folder here is a model, not the shipped config"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["builtin:tiny", "--model", "other"], "more than one model given (builtin:tiny, other)"),
+    (["a.yaml", "b.yaml"], "more than one config given"),
+])
+def test_eval_refuses_two_models_or_two_configs(argv, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _inputs(*argv)

@@ -34,15 +34,23 @@ from tqdm import tqdm
 from tempering import eval_stats
 from tempering.evaluate import evaluate
 from tempering.rewards.base import BatchReward
-from tempering.rewards.basic import extract_answer, final_answer, normalize_text, parse_number
+from tempering.rewards.basic import (
+    extract_answer,
+    final_answer,
+    is_lenient,
+    lenient_answer,
+    normalize_text,
+    parse_number,
+)
 from tempering.rollout.base import SamplingParams
 from tempering.tasks import Task
 from tempering.types import Problem
 
-VoteKey = Callable[[str, Mapping[str, Any]], Optional[str]]
+VoteKey = Callable[[Problem, str, Mapping[str, Any]], Optional[str]]
 VOTE_KEYS: dict[str, VoteKey] = {}
-"""Metric reward name -> ``fn(completion, that reward's options)``: the answer a sample votes
-for, extracted as that reward extracts it (None: no answer, no vote)."""
+"""Metric reward name -> ``fn(problem, completion, that reward's options)``: the answer a sample
+votes for, extracted as that reward extracts it (None: no answer, no vote). A problem graded
+leniently votes with the answer lenient grading reads."""
 
 
 def register_vote_key(metric: str) -> Callable[[VoteKey], VoteKey]:
@@ -64,20 +72,26 @@ def canonical(answer: Optional[str]) -> Optional[str]:
     return str(number) if number is not None else normalize_text(answer)
 
 
+def _lenient(problem: Problem, completion: str) -> Optional[str]:
+    return canonical(lenient_answer(completion, numeric=parse_number(problem.answer) is not None))
+
+
 @register_vote_key("exact_match")
-def _answer_line(completion: str, options: Mapping[str, Any]) -> Optional[str]:
-    return canonical(extract_answer(completion))
+def _answer_line(problem: Problem, completion: str, options: Mapping[str, Any]) -> Optional[str]:
+    return _lenient(problem, completion) if is_lenient(problem) else canonical(extract_answer(completion))
 
 
 @register_vote_key("match")
-def _final_answer(completion: str, options: Mapping[str, Any]) -> Optional[str]:
+def _final_answer(problem: Problem, completion: str, options: Mapping[str, Any]) -> Optional[str]:
     return canonical(final_answer(completion, fallback_last_number=bool(options.get("last_number"))))
 
 
 @register_vote_key("reasoning_gym")
-def _answer_tag(completion: str, options: Mapping[str, Any]) -> Optional[str]:
+def _answer_tag(problem: Problem, completion: str, options: Mapping[str, Any]) -> Optional[str]:
     from reasoning_gym.utils import extract_answer as extract_tag
 
+    if is_lenient(problem):
+        return _lenient(problem, completion)
     found = extract_tag(completion)
     return canonical(found if found is not None else extract_answer(completion))
 
@@ -117,8 +131,9 @@ def _grade(problems: Sequence[Problem], rollouts: Sequence, metric: BatchReward,
            options: Mapping[str, Any]) -> list[tuple[Optional[float], Optional[str]]]:
     """``(score or None when the grader failed, answer voted for)`` of each rollout."""
     graded = []
-    for rollout, result in zip(rollouts, metric.score_batch(problems, rollouts)):
-        extracted = result.diagnostics.get("extracted", vote_key(rollout.text, options) if vote_key else None)
+    for problem, rollout, result in zip(problems, rollouts, metric.score_batch(problems, rollouts)):
+        extracted = result.diagnostics.get("extracted",
+                                           vote_key(problem, rollout.text, options) if vote_key else None)
         graded.append((None if result.error is not None else result.score,
                        None if extracted is None else str(extracted)))
     return graded

@@ -4,7 +4,14 @@ import pytest
 
 from tempering.cli import _eval_inputs, build_parser
 from tempering.config import ConfigError
-from tempering.sampled_eval import VOTE_KEYS, ProblemSamples, TaskSamples, metric_table, task_metrics
+from tempering.sampled_eval import (
+    VOTE_KEYS,
+    ProblemSamples,
+    TaskSamples,
+    metric_table,
+    task_metrics,
+)
+from tempering.types import Problem
 
 
 def _samples(*problems: ProblemSamples, votes: bool = True) -> TaskSamples:
@@ -46,10 +53,14 @@ def test_a_metric_without_answers_gets_no_maj_at_k():
 
 
 def test_vote_keys_read_the_answer_as_the_metric_reads_it():
-    assert VOTE_KEYS["exact_match"]("12+34=46\nanswer: 46.", {}) == "46"
-    assert VOTE_KEYS["exact_match"]("the sum is 46", {}) is None
-    assert VOTE_KEYS["match"]("the sum is 46", {"last_number": True}) == "46"
-    assert VOTE_KEYS["match"](r"so \boxed{0.50}", {}) == "1/2"
+    strict = Problem(task="t", id="0", prompt="", answer="46")
+    lenient = Problem(task="t", id="0", prompt="", answer="46", meta={"grading": "lenient"})
+    assert VOTE_KEYS["exact_match"](strict, "12+34=46\nanswer: 46.", {}) == "46"
+    assert VOTE_KEYS["exact_match"](strict, "the sum is 46", {}) is None
+    assert VOTE_KEYS["exact_match"](lenient, "the sum is 46.0", {}) == "46"
+    assert VOTE_KEYS["match"](strict, "the sum is 46", {"last_number": True}) == "46"
+    assert VOTE_KEYS["match"](strict, r"so \boxed{0.50}", {}) == "1/2"
+    assert VOTE_KEYS["reasoning_gym"](lenient, "so 12 + 34 = 46", {}) == "46"
 
 
 def test_the_table_shows_each_metric_per_task_with_its_interval_and_the_notes():

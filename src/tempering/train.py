@@ -137,7 +137,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
 
     eval_after = run.evaluate()
     final = run.run_dir / "checkpoint-final"
-    checkpoint.save_model(run.model, run.tokenizer, final)
+    checkpoint.save_model(run.model, run.tokenizer, final, merged_saves(config))
     counters = run.pipeline.counters
     summary = {
         "eval_before": eval_before, "eval_after": eval_after, "steps": config.steps,
@@ -155,6 +155,11 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         print(run.mixture.table())
         print(f"run folder: {run.run_dir}  ({summary['wall_s']:.0f} s)")
     return summary
+
+
+def merged_saves(config: TrainConfig) -> bool:
+    """Whether a policy with LoRA adapters is saved merged (else as its adapters alone)."""
+    return config.model.lora is None or config.model.lora.save == "merged"
 
 
 def eval_record(result: dict) -> dict[str, float]:
@@ -205,7 +210,8 @@ def save_checkpoint(run: Run, step: int, eval_before: dict, timings: dict) -> No
                  "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                          "numpy": np.random.get_state()},
                  "eval_before": eval_before, "timings": dict(timings)}
-        checkpoint.save(run.run_dir, step, run.model, run.tokenizer, state, run.config.checkpoint.keep)
+        checkpoint.save(run.run_dir, step, run.model, run.tokenizer, state, run.config.checkpoint.keep,
+                        merged_saves(run.config))
     finally:
         run.pipeline.resume()
 

@@ -22,9 +22,28 @@ import sys
 from typing import Any, Callable
 
 from tempering.config import ConfigError
-from tempering.types import Problem
+from tempering.types import Messages, Problem, Prompt
 
 ADVICE = "shorten it, raise rollout.max_prompt_tokens, or set rollout.long_prompts to truncate or skip"
+
+
+def chat_ids(tokenizer: Any, messages: Messages, generation_prompt: bool) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template, ending with the
+    assistant's turn marker when ``generation_prompt``."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, chat_template: bool) -> list[int]:
+    """The token ids a prompt is sampled after: text as it is, or chat messages rendered with
+    the chat template; without one, the messages' contents one per line (``temper sft``
+    renders its records this same way, so a fine-tuned model sees the prompts RL gives it)."""
+    if isinstance(prompt, str) and not chat_template:
+        return tokenizer(prompt)["input_ids"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if not chat_template:
+        return tokenizer("\n".join(m["content"] for m in messages) + "\n")["input_ids"]
+    return chat_ids(tokenizer, messages, generation_prompt=True)
 
 
 def prompt_limit(model_config: Any, max_prompt_tokens: int, max_new_tokens: int) -> int:

@@ -58,6 +58,11 @@ def with_lora(config: TrainConfig, model: Any) -> Any:
     return apply_lora(model, spec.rank, spec.alpha, spec.dropout, spec.target_modules)
 
 
+def saves_merged(config: TrainConfig) -> bool:
+    """Whether a policy with LoRA adapters is saved merged (else as its adapters alone)."""
+    return config.model.lora is None or config.model.lora.save == "merged"
+
+
 def build_tasks(config: TrainConfig) -> list[Task]:
     """The configured tasks; a bad name, option or reward is a ConfigError naming the entry."""
     tasks = []
@@ -148,15 +153,21 @@ def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> 
     return torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
 
+def check_logprob_chunk(model: Any, config: TrainConfig) -> None:
+    """Refuse ``learner.logprob_chunk`` for a model whose logits are more than its output layer."""
+    chunk = config.learner.logprob_chunk
+    if chunk:
+        try:
+            output_weight(model)
+        except ValueError as exc:
+            raise ConfigError(f"learner.logprob_chunk={chunk}: {exc}") from None
+
+
 def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
     lc = config.learner
     budget = learner_token_budget(model, config, needs_values(algorithm["advantage"]))
     settings = learner_settings(config, algorithm, budget)
-    if lc.logprob_chunk:
-        try:
-            output_weight(model)
-        except ValueError as exc:
-            raise ConfigError(f"learner.logprob_chunk={lc.logprob_chunk}: {exc}") from None
+    check_logprob_chunk(model, config)
     schedule = lambda step: lr_factor(step, lc.warmup_steps, config.steps, lc.schedule, lc.min_lr_ratio)  # noqa: E731
     return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings)
 

@@ -46,13 +46,12 @@ from typing import Optional
 
 import torch
 
-from tempering.config import ConfigError
 from tempering.models.compat import (cache_argument, fused_llama_supported, logits_to_keep_argument,
                                      preallocated_cache, select_cache_rows)
 from tempering.models.lora import unwrapped
 from tempering.rollout import fast_llama
 from tempering.rollout.base import SamplingParams
-from tempering.rollout.prompts import encode_prompt, fit_prompt, prompt_limit
+from tempering.rollout.prompts import encode_prompt, fit_prompt, prompt_limit, use_chat_template
 from tempering.types import Group, Problem, Prompt, Rollout
 
 _BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
@@ -176,11 +175,7 @@ class HFGenerator:
         # decoding steps without transformers' modules where that computes the same (fast_llama)
         self.fast = fast and fused_llama_supported(model)
         self._decoder = fast_llama.LlamaDecoder(model) if self.fast else None
-        has_template = bool(getattr(tokenizer, "chat_template", None))
-        self.chat_template = has_template if chat_template is None else chat_template
-        if self.chat_template and not has_template:
-            raise ConfigError("model.chat_template is true but this model's tokenizer has no chat "
-                              "template; set model.chat_template=false (or null) for it")
+        self.chat_template = use_chat_template(tokenizer, chat_template)
         self.eos_ids = self._eos_ids()
         forward = unwrapped(model).forward  # the arguments an adapted model passes on
         self._cache_arg = cache_argument(forward)

@@ -19,12 +19,22 @@ refuses it like ``error``. Evaluation truncates: a held-out prompt never stops a
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from tempering.config import ConfigError
 from tempering.types import Messages, Problem, Prompt
 
 ADVICE = "shorten it, raise rollout.max_prompt_tokens, or set rollout.long_prompts to truncate or skip"
+
+
+def use_chat_template(tokenizer: Any, setting: Optional[bool]) -> bool:
+    """Whether prompts are rendered with the tokenizer's chat template: ``model.chat_template``,
+    or when that is None whether the tokenizer has one; true without one is a ConfigError."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if setting and not has_template:
+        raise ConfigError("model.chat_template is true but this model's tokenizer has no chat "
+                          "template; set model.chat_template=false (or null) for it")
+    return has_template if setting is None else setting
 
 
 def chat_ids(tokenizer: Any, messages: Messages, generation_prompt: bool) -> list[int]:

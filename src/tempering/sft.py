@@ -135,15 +135,24 @@ class Data:
     """Records left out for being over ``sft.max_length``."""
 
 
-def load_data(config: TrainConfig, tokenizer: Any, context: int) -> Data:
-    """The encoded training and held-out records; a bad file or record is a ConfigError naming it."""
+def read_data(config: TrainConfig) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """The training and held-out records, each checked; a bad file or record is a ConfigError naming it."""
     sc = config.sft
     if not sc.data:
         raise ConfigError("sft.data: no training records given; run `temper sft DATA.jsonl`")
+    try:
+        return load_split(sc.data, sc.eval_path, sc.eval_fraction)
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def encode_data(config: TrainConfig, records: tuple[list, list], tokenizer: Any, context: int) -> Data:
+    """The records as token ids and answer masks (over-long ones refused or skipped)."""
+    sc = config.sft
     template = use_chat_template(tokenizer, config.model.chat_template)
     limit = sc.max_length or context
+    train_records, heldout_records = records
     try:
-        train_records, heldout_records = load_split(sc.data, sc.eval_path, sc.eval_fraction)
         train, skipped = encode_all(train_records, tokenizer, template, limit, sc.long_records)
         heldout, skipped_heldout = encode_all(heldout_records, tokenizer, template, limit, sc.long_records)
     except DatasetError as exc:
@@ -157,11 +166,12 @@ def sft(config: TrainConfig, progress: bool = True, resume: bool = False) -> dic
     sc = config.sft
     threads = ThreadGovernor(config.threads)
     torch.manual_seed(config.seed)
+    records = read_data(config)  # everything that can be refused before the model is loaded
     checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
     model = with_lora(config, model)
     check_logprob_chunk(model, config)
-    data = load_data(config, tokenizer, getattr(model.config, "max_position_embeddings", 0) or 0)
+    data = encode_data(config, records, tokenizer, getattr(model.config, "max_position_embeddings", 0) or 0)
     if config.learner.gradient_checkpointing:
         enable_checkpointing(model)
     lc = config.learner

@@ -130,11 +130,13 @@ def prompt_key(record: Any) -> str:
 
 def load_split(path: str, eval_path: Optional[str], eval_fraction: float
                ) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
-    """``(training records, held-out records)``: all of ``eval_path`` held out, or
-    ``eval_fraction`` of ``path`` by a stable hash of each record's prompt."""
+    """``(training records, held-out records)``, each checked: all of ``eval_path`` held out,
+    or ``eval_fraction`` of ``path`` by a stable hash of each record's prompt."""
     records = read_records(path)
+    check_records(records)
     if eval_path:
         train, held_out = records, read_records(eval_path)
+        check_records(held_out)
     else:
         cut = int(eval_fraction * 2**32)
         out = [zlib.crc32(prompt_key(record).encode()) < cut for _, record in records]
@@ -145,6 +147,13 @@ def load_split(path: str, eval_path: Optional[str], eval_fraction: float
     if not held_out:
         raise DatasetError(f"{eval_path or path}: no held-out records; raise sft.eval_fraction or give sft.eval_path")
     return train, held_out
+
+
+def check_records(records: list[tuple[str, Any]]) -> None:
+    """Refuse the first malformed record (a missing field, an empty answer) without a tokenizer,
+    so a bad file stops the run before the model is loaded."""
+    for where, record in records:
+        _messages(where, record)
 
 
 def encode_all(records: list[tuple[str, Any]], tokenizer: Any, chat_template: bool, max_length: int,

@@ -28,6 +28,7 @@ from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, lr_factor
 from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import load_policy
+from tempering.models.lora import apply_lora
 from tempering.packing import tokens_for_memory
 from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
 from tempering.registry import resolve
@@ -46,6 +47,20 @@ def load_model(config: TrainConfig, path: str, progress: bool) -> tuple[Any, Any
     device = resolve_device(config.model.device)
     warn_slow_bf16(device, config.rollout.bf16, config.learner.bf16)
     return load_policy(path, config.model.dtype, config.pretrain, progress, device=device)
+
+
+def with_lora(config: TrainConfig, model: Any) -> Any:
+    """The policy with fresh LoRA adapters when ``model.lora`` is set (their initial A is drawn
+    from torch's seeded generator), else the policy as it is."""
+    spec = config.model.lora
+    if spec is None:
+        return model
+    return apply_lora(model, spec.rank, spec.alpha, spec.dropout, spec.target_modules)
+
+
+def saves_merged(config: TrainConfig) -> bool:
+    """Whether a policy with LoRA adapters is saved merged (else as its adapters alone)."""
+    return config.model.lora is None or config.model.lora.save == "merged"
 
 
 def build_tasks(config: TrainConfig) -> list[Task]:
@@ -141,9 +156,10 @@ def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) ->
 
 
 def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over the model's parameters, as one fused kernel where torch has it for their device
-    (CPU and CUDA: the same update, several times faster than the per-tensor loop on a small model)."""
-    parameters = list(model.parameters())
+    """AdamW over the model's trainable parameters (with LoRA, the adapters), as one fused kernel
+    where torch has it for their device (CPU and CUDA: the same update, several times faster
+    than the per-tensor loop on a small model)."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
     fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in parameters)
     return torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
@@ -201,7 +217,7 @@ def remote_rollout_worker(data: dict, threads: int) -> RolloutWorker:
     torch.set_num_threads(threads)
     config = TrainConfig.model_validate(data)
     model, tokenizer, _ = load_policy(config.model.path, config.model.dtype, config.pretrain, progress=False)
-    return rollout_worker(config, model.eval(), tokenizer)
+    return rollout_worker(config, with_lora(config, model).eval(), tokenizer)
 
 
 def remote_reward_worker(data: dict) -> RewardWorker:
@@ -296,6 +312,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     mixture = build_mixture(config, tasks)
     checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
+    model = with_lora(config, model)
     eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
     rc = config.rollout
     screen_datasets(tasks, eval_generator.encode_prompt,

@@ -3,7 +3,8 @@
 A checkpoint is a directory ``<run>/checkpoints/step-NNNNNNNN/`` holding
 
 - ``model/``: the policy as ``save_pretrained`` writes it, with the tokenizer, so
-  ``AutoModelForCausalLM.from_pretrained`` loads it directly;
+  ``AutoModelForCausalLM.from_pretrained`` loads it directly (a policy with LoRA adapters:
+  merged, or its adapters alone, as ``model.lora.save`` says);
 - ``trainer.pt``: everything else, one ``torch.save`` of plain containers and tensors —
   optimizer and LR schedule, the learner's version and KL coefficient, critic and reference
   weights when they exist, scheduler statistics and task cursors, reward normalizer and
@@ -199,20 +200,28 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_model(model: Any, tokenizer: Any, path: Path) -> None:
-    """``save_pretrained`` for any policy this project loads (GGUF-loaded ones included)."""
+def save_model(model: Any, tokenizer: Any, path: Path, merged: bool = True) -> None:
+    """``save_pretrained`` for any policy this project loads (GGUF-loaded ones included); a
+    policy with LoRA adapters as the merged model, or its adapters alone when not ``merged``."""
+    from tempering.models.lora import is_adapted, save_adapted
+
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "quantization_config", None) is not None:
         # a GGUF file was de-quantized on load: the weights are plain tensors now
         del config.quantization_config
     with writing(path):
+        if is_adapted(model):
+            save_adapted(model, tokenizer, path, merged)
+            return
         model.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
 
 
-def save(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write the checkpoint for ``step`` atomically; keep the newest ``keep``; return its path.
+def save(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int = 2,
+         merged: bool = True) -> Path:
+    """Write the checkpoint for ``step`` atomically; keep the newest ``keep``; return its path
+    (``merged``: how a policy with adapters is saved, see :func:`save_model`).
 
     A failed write (a full disk) is a :class:`StorageError`; it leaves no partial checkpoint."""
     root = checkpoints_dir(run_dir)
@@ -223,7 +232,7 @@ def save(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, 
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        save_model(model, tokenizer, tmp / "model")
+        save_model(model, tokenizer, tmp / "model", merged)
         faults.point("checkpoint")
         torch.save(state, tmp / "trainer.pt")
         manifest = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
@@ -356,9 +365,15 @@ def load_state(path: Path) -> dict[str, Any]:
 
 
 def load_model_weights(model: Any, path: Path) -> None:
-    """Load a checkpoint's policy weights into ``model`` in place, exactly."""
+    """Load a checkpoint's policy weights into ``model`` in place, exactly. A policy with LoRA
+    adapters has nothing to load here: its base never changes, and its adapters come back
+    exactly from ``trainer.pt`` (a merged model could not be split into base and adapters)."""
     from safetensors.torch import load_file
 
+    from tempering.models.lora import is_adapted
+
+    if is_adapted(model):
+        return
     files = sorted((path / "model").glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path / 'model'}: no safetensors weights")

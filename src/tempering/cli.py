@@ -62,14 +62,31 @@ def _train(args: argparse.Namespace) -> None:
     if args.resume is None:
         train(_load(args), progress=not args.quiet)
         return
+    train(_resumed_config(args, args.config_and_overrides), progress=not args.quiet, resume=True)
+
+
+def _resumed_config(args: argparse.Namespace, extra: list[str]):
+    """The saved config of the run ``--resume`` names; ``extra`` arguments beside it are refused."""
     run_dir = Path(args.resume)
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise ConfigError(f"--resume {run_dir}: not a run folder (no config.yaml in it)")
-    if args.config_and_overrides or args.run_dir:
+    if extra or args.run_dir:
         raise ConfigError("--resume continues a run with its own saved config; drop the config file and overrides")
-    config = load_config(saved, [f"run_dir={json.dumps(str(run_dir))}"])
-    train(config, progress=not args.quiet, resume=True)
+    return load_config(saved, [f"run_dir={json.dumps(str(run_dir))}"])
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from tempering.sft import sft
+
+    if args.resume is not None:
+        sft(_resumed_config(args, args.items), progress=not args.quiet, resume=True)
+        return 0
+    if not args.items or "=" in args.items[0]:
+        raise ConfigError("temper sft needs the training records first: temper sft DATA.jsonl [CONFIG] [key=value ...]")
+    args.config_and_overrides = [*args.items[1:], f"sft.data={json.dumps(args.items[0])}"]
+    sft(_load(args), progress=not args.quiet)
+    return 0
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -228,6 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR",
                        help="continue a run from its newest complete checkpoint (with its saved config)")
     train.set_defaults(func=cmd_train)
+
+    sft = sub.add_parser("sft", help="supervised fine-tuning on answer tokens (chat or prompt/completion records)")
+    sft.add_argument("items", nargs="*", metavar="DATA.jsonl [CONFIG] [key=value ...]",
+                     help="training records (.jsonl or .parquet), then a YAML config and dotted overrides (sft.epochs=2)")
+    sft.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    sft.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
+    sft.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
+    sft.set_defaults(func=cmd_sft)
 
     pretrain = sub.add_parser("pretrain", help="pre-train the built-in tiny model into the cache")
     _add_config_args(pretrain)

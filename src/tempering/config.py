@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -57,6 +57,16 @@ class PretrainConfig(Strict):
     seed: int = Field(0, description="seed for initialisation and the corpus")
 
 
+class LoraConfig(Strict):
+    """LoRA adapters (through peft) on the policy: only the adapters train, the base stays frozen."""
+
+    rank: int = Field(8, ge=1, description="rank r of each adapter: it adds B A x, A being r x in and B out x r")
+    alpha: float = Field(16.0, gt=0, description="adapter scale: the added term is alpha / rank * B A x")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input while learning (not while sampling); 0 = none")
+    target_modules: Union[str, list[str]] = Field("all-linear", description="modules given adapters: names such as [q_proj, v_proj], or all-linear (every linear layer but the output layer)")
+    save: Literal["merged", "adapter"] = Field("merged", description="what checkpoints hold as the model: merged = the adapters folded into the base, a plain model any loader takes; adapter = only the adapters (peft's adapter_model.safetensors), to load over the base model")
+
+
 class ModelConfig(Strict):
     path: str = Field(
         "builtin:tiny",
@@ -67,6 +77,7 @@ class ModelConfig(Strict):
     chat_template: Optional[bool] = Field(
         None, description="render chat-message prompts with the tokenizer's template; null = when it has one"
     )
+    lora: Optional[LoraConfig] = Field(None, description="train LoRA adapters instead of every weight (needs the lora extra); null = full fine-tuning")
 
 
 class RolloutConfig(Strict):
@@ -210,6 +221,28 @@ class CheckpointConfig(Strict):
     rollback_after: int = Field(3, ge=1, description="after this many consecutive steps with a non-finite loss or gradient, restore the weights of the last checkpoint")
 
 
+class SftConfig(Strict):
+    """``temper sft``: supervised fine-tuning on answer tokens (see ``tempering.sft``). The
+    model, seed, threads, run folder and checkpoints are the run's own sections; bf16,
+    logprob_chunk and gradient_checkpointing are the learner section's."""
+
+    data: Optional[str] = Field(None, description="training records, .jsonl or .parquet: {messages: [...]} (chat) or {prompt, completion}; set by `temper sft DATA`")
+    eval_path: Optional[str] = Field(None, description="held-out records in the same form; null = eval_fraction of data")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of data held out (by a stable hash of each record's prompt) when eval_path is null")
+    epochs: int = Field(1, ge=1, description="passes over the training records")
+    lr: float = Field(2e-5, gt=0, description="peak learning rate (LoRA usually wants about 10x more than full fine-tuning)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    grad_clip: float = Field(1.0, ge=0, description="max global gradient norm; 0 = no clipping")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up optimizer steps; 0 = none")
+    schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="decay after warm-up, to min_lr_ratio at the last step")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a fraction of the peak, for linear/cosine")
+    batch_tokens: int = Field(4096, ge=1, description="tokens (prompts and answers) per optimizer step: records are added to a step until the next would pass this; a longer record is a step alone")
+    micro_batch_tokens: int = Field(0, ge=0, description="tokens per forward/backward pass (rows x width as the model sees them), gradients accumulated over the step; 0 = the whole step at once")
+    packing: bool = Field(True, description="lay records end to end in rows as wide as the longest, each attending only to itself (position ids restart per record), instead of one padded row each")
+    max_length: int = Field(0, ge=0, description="longest record, in tokens; 0 = the model's context (max_position_embeddings)")
+    long_records: Literal["error", "skip"] = Field("error", description="a record over max_length: error stops naming it; skip leaves it out (counted)")
+
+
 class TrainConfig(Strict):
     seed: int = Field(0, description="seed for sampling, data order and initialisation")
     steps: int = Field(100, ge=0, description="RL steps; 0 = evaluate only")
@@ -226,6 +259,7 @@ class TrainConfig(Strict):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)
 
 
 def builtin_config(name: str) -> Path:

@@ -67,6 +67,7 @@ from tempering.algorithms.logprobs import can_share_prompts, forward_logprobs
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
 from tempering.models.attention import upcast_attention
 from tempering.models.compat import enable_checkpointing
+from tempering.models.lora import adapter_state, adapters_off, is_adapted, load_adapter_state
 from tempering.plan import MicroBatch, PlanChoices, UpdatePlan, computed_batch, plan_update
 from tempering.types import Batch, Rollout
 
@@ -177,8 +178,8 @@ class Learner:
             optimizer.add_param_group({"params": self.critic.parameters()})
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         self.reference: Optional[Any] = None
-        if settings.kl_coef > 0:
-            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if settings.kl_coef > 0:  # with LoRA, the base under the adapters is the initial policy
+            self.reference = model if is_adapted(model) else copy.deepcopy(model).eval().requires_grad_(False)
         self.kl = KLCoefficient(settings.kl_coef, settings.kl_target, settings.kl_horizon)
         self._reward_kl: Optional[float] = None
         self.version = 0
@@ -186,16 +187,19 @@ class Learner:
             raise ValueError(f"off_policy={settings.off_policy!r}; known: {', '.join(OFF_POLICY)}")
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything but the policy's own weights (saved with ``save_pretrained``)."""
+        """Everything but the policy's own weights (saved with ``save_pretrained``); with LoRA,
+        the adapters' weights too, which a merged checkpoint could not give back exactly."""
         state: dict[str, Any] = {
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "version": self.version, "kl_coef": self.kl.value,
         }
+        if is_adapted(self.model):
+            state["adapter"] = adapter_state(self.model)
         if self.critic is not None:
             state["critic_head"] = self.critic.head.state_dict()
             if not self.critic.shared:
                 state["critic_trunk"] = self.critic.trunk.state_dict()
-        if self.reference is not None:
+        if self.reference is not None and self.reference is not self.model:
             state["reference"] = self.reference.state_dict()
         return state
 
@@ -204,11 +208,13 @@ class Learner:
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
         self.kl.value = state["kl_coef"]
+        if "adapter" in state:
+            load_adapter_state(self.model, state["adapter"])
         if self.critic is not None:
             self.critic.head.load_state_dict(state["critic_head"])
             if not self.critic.shared:
                 self.critic.trunk.load_state_dict(state["critic_trunk"])
-        if self.reference is not None:
+        if "reference" in state:
             self.reference.load_state_dict(state["reference"])
 
     @property
@@ -235,6 +241,11 @@ class Learner:
         return forward_logprobs(model, micro.input_ids_BT, micro.attention_mask_BT, self.settings.temperature,
                                 keep_BT=micro.loss_mask_BT, layout=part.layout, chunk=part.chunk,
                                 prompt_lengths_B=micro.prompt_lengths_B, **options)
+
+    def _reference_logprobs(self, micro: Batch, part: MicroBatch) -> torch.Tensor:
+        """The KL reference's log-probs: the frozen copy, or this model with its adapters off."""
+        with adapters_off(self.reference):
+            return self._logprobs(self.reference, micro, part).logprobs_BT
 
     def _per_row(self, batch: Batch, plan: UpdatePlan, fn: Callable[[Batch, MicroBatch], torch.Tensor]
                  ) -> torch.Tensor:
@@ -268,8 +279,7 @@ class Learner:
         s = self.settings
         if self.reference is None or not s.kl_in_reward:
             return None
-        ref_BT = self._per_row(batch, self.plan(batch, every_row=True),
-                               lambda micro, part: self._logprobs(self.reference, micro, part).logprobs_BT)
+        ref_BT = self._per_row(batch, self.plan(batch, every_row=True), self._reference_logprobs)
         kl_BT = kl_estimate(batch.old_logprobs_BT, ref_BT, s.kl_estimator) * batch.loss_mask_BT
         self._reward_kl = masked_mean(kl_BT, batch.loss_mask_BT)
         return self.kl.value * kl_BT
@@ -302,7 +312,7 @@ class Learner:
             loss_BT = loss_BT - s.entropy_coef * entropy_BT
         if self.reference is not None and not s.kl_in_reward:
             with torch.no_grad(), self._autocast():
-                ref_BT = self._logprobs(self.reference, micro, part).logprobs_BT
+                ref_BT = self._reference_logprobs(micro, part)
             kl_BT = kl_estimate(logprobs_BT, ref_BT, s.kl_estimator)
             loss_BT = loss_BT + self.kl.value * kl_BT
             metrics["kl"] = masked_mean(kl_BT.detach(), mask_BT)

@@ -27,7 +27,7 @@ from tempering import checkpoint
 from tempering.algorithms import AdvantageInputs
 from tempering.algorithms.advantages import AdvantageFn
 from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_penalty
-from tempering.build import Run, build_run
+from tempering.build import Run, build_run, saves_merged
 from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_resolved
 from tempering.faults import TrainingDiverged
 from tempering.learner import Learner, collate
@@ -137,7 +137,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
 
     eval_after = run.evaluate()
     final = run.run_dir / checkpoint.FINAL_MODEL
-    checkpoint.save_model(run.model, run.tokenizer, final)
+    checkpoint.save_model(run.model, run.tokenizer, final, saves_merged(config))
     counters = run.pipeline.counters
     summary = {
         "eval_before": eval_before, "eval_after": eval_after, "steps": config.steps,
@@ -206,7 +206,8 @@ def save_checkpoint(run: Run, step: int, eval_before: dict, timings: dict) -> No
                  "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                          "numpy": np.random.get_state()},
                  "eval_before": eval_before, "timings": dict(timings)}
-        checkpoint.save(run.run_dir, step, run.model, run.tokenizer, state, run.config.checkpoint.keep)
+        checkpoint.save(run.run_dir, step, run.model, run.tokenizer, state, run.config.checkpoint.keep,
+                        saves_merged(run.config))
     finally:
         run.pipeline.resume()
 

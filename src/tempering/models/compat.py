@@ -189,7 +189,10 @@ def switch_sdpa_attention(model: Any, name: str) -> None:
 
 def fused_llama_supported(model: Any) -> bool:
     """Whether ``tempering.rollout.fast_llama`` computes exactly what ``model`` computes: a
-    Llama with default rotary embeddings, no biases, a SiLU MLP and no sliding window."""
+    Llama with default rotary embeddings, no biases, a SiLU MLP and no sliding window, and no
+    LoRA adapters (its projections are then more than their weights; ``tempering.models.lora``)."""
+    if hasattr(model, "peft_config"):
+        return False
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) != "llama":
         return False

@@ -46,12 +46,12 @@ from typing import Optional
 
 import torch
 
-from tempering.config import ConfigError
 from tempering.models.compat import (cache_argument, fused_llama_supported, logits_to_keep_argument,
                                      preallocated_cache, select_cache_rows)
+from tempering.models.lora import unwrapped
 from tempering.rollout import fast_llama
 from tempering.rollout.base import SamplingParams
-from tempering.rollout.prompts import fit_prompt, prompt_limit
+from tempering.rollout.prompts import encode_prompt, fit_prompt, prompt_limit, use_chat_template
 from tempering.types import Group, Problem, Prompt, Rollout
 
 _BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
@@ -175,14 +175,11 @@ class HFGenerator:
         # decoding steps without transformers' modules where that computes the same (fast_llama)
         self.fast = fast and fused_llama_supported(model)
         self._decoder = fast_llama.LlamaDecoder(model) if self.fast else None
-        has_template = bool(getattr(tokenizer, "chat_template", None))
-        self.chat_template = has_template if chat_template is None else chat_template
-        if self.chat_template and not has_template:
-            raise ConfigError("model.chat_template is true but this model's tokenizer has no chat "
-                              "template; set model.chat_template=false (or null) for it")
+        self.chat_template = use_chat_template(tokenizer, chat_template)
         self.eos_ids = self._eos_ids()
-        self._cache_arg = cache_argument(model.forward)
-        self._keep_arg = logits_to_keep_argument(model.forward)
+        forward = unwrapped(model).forward  # the arguments an adapted model passes on
+        self._cache_arg = cache_argument(forward)
+        self._keep_arg = logits_to_keep_argument(forward)
 
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -196,13 +193,7 @@ class HFGenerator:
             self.model.load_state_dict(weights, strict=False)
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str) and not self.chat_template:
-            return self.tokenizer(prompt)["input_ids"]
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        if not self.chat_template:
-            return self.tokenizer("\n".join(m["content"] for m in messages) + "\n")["input_ids"]
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return encode_prompt(self.tokenizer, prompt, self.chat_template)
 
     def generate(
         self,

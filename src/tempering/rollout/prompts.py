@@ -19,12 +19,41 @@ refuses it like ``error``. Evaluation truncates: a held-out prompt never stops a
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from tempering.config import ConfigError
-from tempering.types import Problem
+from tempering.types import Messages, Problem, Prompt
 
 ADVICE = "shorten it, raise rollout.max_prompt_tokens, or set rollout.long_prompts to truncate or skip"
+
+
+def use_chat_template(tokenizer: Any, setting: Optional[bool]) -> bool:
+    """Whether prompts are rendered with the tokenizer's chat template: ``model.chat_template``,
+    or when that is None whether the tokenizer has one; true without one is a ConfigError."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if setting and not has_template:
+        raise ConfigError("model.chat_template is true but this model's tokenizer has no chat "
+                          "template; set model.chat_template=false (or null) for it")
+    return has_template if setting is None else setting
+
+
+def chat_ids(tokenizer: Any, messages: Messages, generation_prompt: bool) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template, ending with the
+    assistant's turn marker when ``generation_prompt``."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, chat_template: bool) -> list[int]:
+    """The token ids a prompt is sampled after: text as it is, or chat messages rendered with
+    the chat template; without one, the messages' contents one per line (``temper sft``
+    renders its records this same way, so a fine-tuned model sees the prompts RL gives it)."""
+    if isinstance(prompt, str) and not chat_template:
+        return tokenizer(prompt)["input_ids"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if not chat_template:
+        return tokenizer("\n".join(m["content"] for m in messages) + "\n")["input_ids"]
+    return chat_ids(tokenizer, messages, generation_prompt=True)
 
 
 def prompt_limit(model_config: Any, max_prompt_tokens: int, max_new_tokens: int) -> int:

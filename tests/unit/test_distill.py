@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from tempering.algorithms import ADVANTAGES, AdvantageInputs
+from tempering.algorithms import ADVANTAGES, AdvantageInputs, token_logprobs
 from tempering.algorithms.advantages import distill, needs_teacher
 from tempering.build import build_learner, build_tasks, load_teacher, resolve_algorithm, rollout_worker
 from tempering.config import ConfigError, load_config
@@ -107,3 +107,23 @@ def test_a_student_identical_to_its_teacher_gets_no_distillation_signal(tiny_pol
     assert batch.loss_mask_BT.sum() > 12, "the samples have trained tokens"
     assert batch.advantages_BT.abs().max() < 1e-4
     assert abs(learner.step(batch)["teacher_kl"]) < 1e-5
+
+
+def test_a_teacher_whose_logits_are_not_plain_gets_its_log_probs_from_its_own_logits(tiny_policy):
+    """The policy computes log-probs in chunks from hidden states; a teacher whose config scales
+    its logits cannot, and is run on its whole logits instead of failing mid-run."""
+    model, tokenizer = tiny_policy
+    config = load_config(None, ["algorithm.advantage=distill", "algorithm.teacher.path=builtin:tiny", "threads=1",
+                                "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8"])
+    teacher = copy.deepcopy(model)
+    teacher.config.logit_scale = 2.0  # Llama ignores it, so its log-probs stay the plain ones
+    learner = build_learner(copy.deepcopy(model), config, resolve_algorithm(config), teacher=teacher)
+    task = build_tasks(config)[0]
+    groups = rollout_worker(config, model, tokenizer).sample([task.train_problem(i) for i in range(2)])
+    batch = make_batch(groups, ADVANTAGES["grpo"], tokenizer.pad_token_id)
+
+    teacher_BT = learner.teacher_logprobs(batch)
+
+    assert learner.settings.logprob_chunk > 0
+    expected_BT = token_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT)[0] * batch.loss_mask_BT
+    torch.testing.assert_close(teacher_BT, expected_BT, atol=1e-5, rtol=0)

@@ -108,11 +108,15 @@ def load_teacher(config: TrainConfig, tokenizer, progress: bool) -> Any:
         raise ConfigError(f"algorithm.teacher.path={tc.path}: {exc}") from None
     ours, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     if ours != theirs:
-        differing = sorted(set(ours.items()) ^ set(theirs.items()))[0][0]
+        token = sorted(set(ours.items()) ^ set(theirs.items()))[0][0]
         raise ConfigError(f"algorithm.teacher.path={tc.path}: its tokenizer is not the policy's ({len(theirs)} "
-                          f"tokens against {len(ours)}; {differing!r} is {theirs.get(differing)} against "
-                          f"{ours.get(differing)}); distillation needs a teacher with the policy's tokenizer")
+                          f"tokens against {len(ours)}; {token!r} is {_token_id(theirs, token)} for the teacher, "
+                          f"{_token_id(ours, token)} for the policy); distillation needs the policy's tokenizer")
     return teacher
+
+
+def _token_id(vocab: dict[str, int], token: str) -> str:
+    return f"id {vocab[token]}" if token in vocab else "missing"
 
 
 def sampling_params(config: TrainConfig) -> SamplingParams:

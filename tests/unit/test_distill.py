@@ -79,7 +79,7 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_key(tiny_policy,
         load_teacher(config, tokenizer, progress=False)
     message = str(caught.value)
     assert f"algorithm.teacher.path={tmp_path}: its tokenizer is not the policy's" in message
-    assert "'<think>'" in message
+    assert "'<think>' is id 100 for the teacher, missing for the policy" in message
 
 
 def test_a_missing_teacher_is_a_config_error_naming_the_key(tiny_policy, tmp_path):

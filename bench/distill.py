@@ -11,7 +11,7 @@ steps, and takes the overrides, as for ``temper train``. Output::
 
     {"steps": N, "every": K,
      "teacher": {"model": PATH, "accuracy": float, "per_task": {...}},
-     "runs": {NAME: {"curve": [{"step", "accuracy", "train_s"}, ...], "teacher_kl": [...],
+     "runs": {NAME: {"curve": [{"step", "accuracy", "per_task", "train_s"}, ...], "teacher_kl": [...],
                      "wall_s": float}}}
 
 ``train_s`` is the wall time of the training steps so far (sampling, rewards, learning, the
@@ -42,15 +42,20 @@ RUNS = {
 
 
 def curve(records: list[dict], summary: dict) -> list[dict]:
-    """Accuracy before training, at each periodic evaluation and after, with the training time
-    spent to reach it."""
-    points = [{"step": 0, "accuracy": summary["eval_before"]["accuracy"], "train_s": 0.0}]
+    """Accuracy (mean and per task) before training, at each periodic evaluation and after,
+    with the training time spent to reach it."""
+    def point(step: int, evaluation: dict, train_s: float) -> dict:
+        return {"step": step, "accuracy": evaluation["accuracy"], "per_task": evaluation["per_task"],
+                "train_s": train_s}
+
+    points = [point(0, summary["eval_before"], 0.0)]
     train_s = 0.0
     for record in records:
         train_s += record["step_s"]
         if "eval/accuracy" in record:
-            points.append({"step": record["step"], "accuracy": record["eval/accuracy"], "train_s": train_s})
-    points.append({"step": summary["steps"], "accuracy": summary["eval_after"]["accuracy"], "train_s": train_s})
+            per_task = {name: record[f"eval/{name}"] for name in summary["eval_before"]["per_task"]}
+            points.append(point(record["step"], {"accuracy": record["eval/accuracy"], "per_task": per_task}, train_s))
+    points.append(point(summary["steps"], summary["eval_after"], train_s))
     return points
 
 

@@ -20,5 +20,6 @@ def test_distill_bench_reports_both_curves_and_the_teacher(bench_module, tiny_mo
     for name, run in result["runs"].items():
         assert [point["step"] for point in run["curve"]] == [0, 2, 3]
         assert all(0.0 <= point["accuracy"] <= 1.0 for point in run["curve"])
+        assert all(set(point["per_task"]) == {"add", "sub", "mul"} for point in run["curve"])
         assert run["curve"][0]["train_s"] == 0.0 < run["curve"][1]["train_s"] < run["curve"][2]["train_s"]
         assert len(run["teacher_kl"]) == (3 if name == "distill" else 0)

@@ -108,7 +108,7 @@ def load_teacher(config: TrainConfig, tokenizer, progress: bool) -> Any:
         raise ConfigError(f"algorithm.teacher.path={tc.path}: {exc}") from None
     ours, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     if ours != theirs:
-        token = sorted(set(ours.items()) ^ set(theirs.items()))[0][0]
+        token = min(set(ours.items()) ^ set(theirs.items()))[0]
         raise ConfigError(f"algorithm.teacher.path={tc.path}: its tokenizer is not the policy's ({len(theirs)} "
                           f"tokens against {len(ours)}; {token!r} is {_token_id(theirs, token)} for the teacher, "
                           f"{_token_id(ours, token)} for the policy); distillation needs the policy's tokenizer")

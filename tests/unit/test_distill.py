@@ -8,7 +8,13 @@ import torch
 
 from tempering.algorithms import ADVANTAGES, AdvantageInputs, token_logprobs
 from tempering.algorithms.advantages import distill, needs_teacher
-from tempering.build import build_learner, build_tasks, load_teacher, resolve_algorithm, rollout_worker
+from tempering.build import (
+    build_learner,
+    build_tasks,
+    load_teacher,
+    resolve_algorithm,
+    rollout_worker,
+)
 from tempering.config import ConfigError, load_config
 from tempering.models.tiny import build_model
 from tempering.train import make_batch

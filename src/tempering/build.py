@@ -12,6 +12,7 @@ key. :func:`build_run` puts a whole run together; ``tempering.train`` loops over
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,13 +22,13 @@ import torch
 
 from tempering import checkpoint
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
-from tempering.algorithms.advantages import needs_values
+from tempering.algorithms.advantages import needs_teacher, needs_values
 from tempering.algorithms.logprobs import output_weight
 from tempering.config import ConfigError, TrainConfig
 from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, lr_factor
 from tempering.models.device import resolve_device, warn_slow_bf16
-from tempering.models.loading import load_policy
+from tempering.models.loading import ModelLoadError, load_policy
 from tempering.models.lora import apply_lora
 from tempering.packing import tokens_for_memory
 from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
@@ -100,7 +101,37 @@ def resolve_algorithm(config: TrainConfig) -> dict:
                           f"rollout.max_new_tokens={config.rollout.max_new_tokens}")
     if ac.kl_target > 0 and ac.kl_coef == 0:
         raise ConfigError("algorithm.kl_target: an adaptive KL coefficient needs a starting algorithm.kl_coef > 0")
+    if needs_teacher(found["advantage"]) and ac.teacher.path is None:
+        raise ConfigError(f"algorithm.advantage={ac.advantage} distils from a teacher: set algorithm.teacher.path")
+    if ac.teacher.path is not None and not needs_teacher(found["advantage"]):
+        raise ConfigError(f"algorithm.teacher.path is set but algorithm.advantage={ac.advantage} uses no teacher; "
+                          "set algorithm.advantage=distill, or algorithm.teacher.path=null")
     return found
+
+
+def load_teacher(config: TrainConfig, tokenizer, progress: bool) -> Any:
+    """The configured teacher on the policy's device, or None without one; a ConfigError when it
+    cannot be loaded or its tokenizer is not the policy's (distillation compares the two models'
+    log-probs of the same token ids, which mean the same text only under one tokenizer)."""
+    tc = config.algorithm.teacher
+    if tc.path is None:
+        return None
+    try:
+        teacher, teacher_tokenizer, _ = load_policy(tc.path, tc.dtype, tc.pretrain, progress,
+                                                    device=resolve_device(config.model.device))
+    except ModelLoadError as exc:
+        raise ConfigError(f"algorithm.teacher.path={tc.path}: {exc}") from None
+    ours, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if ours != theirs:
+        token = min(set(ours.items()) ^ set(theirs.items()))[0]
+        raise ConfigError(f"algorithm.teacher.path={tc.path}: its tokenizer is not the policy's ({len(theirs)} "
+                          f"tokens against {len(ours)}; {token!r} is {_token_id(theirs, token)} for the teacher, "
+                          f"{_token_id(ours, token)} for the policy); distillation needs the policy's tokenizer")
+    return teacher
+
+
+def _token_id(vocab: dict[str, int], token: str) -> str:
+    return f"id {vocab[token]}" if token in vocab else "missing"
 
 
 def sampling_params(config: TrainConfig) -> SamplingParams:
@@ -109,12 +140,15 @@ def sampling_params(config: TrainConfig) -> SamplingParams:
                           stop=tuple(rc.stop), max_prompt_tokens=rc.max_prompt_tokens, long_prompts=rc.long_prompts)
 
 
-def learner_token_budget(model, config: TrainConfig, critic: bool) -> int:
-    """``learner.token_budget``, or the one ``learner.memory_budget_gb`` allows (0 when neither is set)."""
+def learner_token_budget(model, config: TrainConfig, critic: bool, teacher: Any = None) -> int:
+    """``learner.token_budget``, or the one ``learner.memory_budget_gb`` allows (0 when neither is set);
+    a teacher counts as as many frozen copies of the policy as its size needs."""
     lc, ac = config.learner, config.algorithm
     if lc.token_budget or not lc.memory_budget_gb:
         return lc.token_budget
     frozen = int(ac.kl_coef > 0) + int(critic and ac.critic == "model")
+    if teacher is not None:
+        frozen += math.ceil(parameter_count(teacher) / parameter_count(model))
     try:
         tokens = tokens_for_memory(lc.memory_budget_gb, model, lc.gradient_checkpointing,
                                    logprob_chunk(model, config), frozen)
@@ -164,12 +198,16 @@ def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> 
     return torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
 
-def build_learner(model, config: TrainConfig, algorithm: dict) -> Learner:
+def parameter_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_learner(model, config: TrainConfig, algorithm: dict, teacher: Any = None) -> Learner:
     lc = config.learner
-    budget = learner_token_budget(model, config, needs_values(algorithm["advantage"]))
+    budget = learner_token_budget(model, config, needs_values(algorithm["advantage"]), teacher)
     settings = replace(learner_settings(config, algorithm, budget), logprob_chunk=logprob_chunk(model, config))
     schedule = lambda step: lr_factor(step, lc.warmup_steps, config.steps, lc.schedule, lc.min_lr_ratio)  # noqa: E731
-    return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings)
+    return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings, teacher)
 
 
 def normalize_settings(config: Any) -> NormalizeSettings:
@@ -317,8 +355,9 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     rc = config.rollout
     screen_datasets(tasks, eval_generator.encode_prompt,
                     prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)
+    teacher = load_teacher(config, tokenizer, progress)
     run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
-    learner = build_learner(model, config, algorithm)
+    learner = build_learner(model, config, algorithm, teacher)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
                                   config.rewards.options)

@@ -94,6 +94,15 @@ class RolloutConfig(Strict):
     bf16: bool = Field(False, description="bfloat16 autocast while sampling, faster where the CPU has native bf16 (AVX512-BF16, AMX) and on GPUs; the recorded log-probs are then the bf16 pass's (set learner.bf16 too, so that the learner's are close to them)")
 
 
+class TeacherConfig(Strict):
+    """The teacher of ``advantage: distill``: a frozen model whose log-probs judge the student's samples."""
+
+    path: Optional[str] = Field(None, description="the teacher model: builtin:tiny (pre-trained as teacher.pretrain says), builtin:smollm2, a model directory, a hub id or a .gguf file; it must share the policy's tokenizer; null = no teacher")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="the teacher's weight dtype")
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="with path builtin:tiny: the teacher's pre-training (cached like the policy's)")
+    task_weight: float = Field(0.0, ge=0, description="weight of the task reward's GRPO advantage added to the per-token teacher signal; 0 = distillation alone")
+
+
 class AlgorithmConfig(Strict):
     """What is optimised: advantages, loss, aggregation, KL, critic and DAPO's data techniques.
 
@@ -101,7 +110,7 @@ class AlgorithmConfig(Strict):
     filtering. Names are looked up in the registries of ``tempering.algorithms``.
     """
 
-    advantage: str = Field("grpo", description="advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae (a critic is built), or module:function")
+    advantage: str = Field("grpo", description="advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae (a critic is built), distill (on-policy distillation from algorithm.teacher), or module:function")
     loss: str = Field("ppo_clip", description="policy loss: ppo_clip, dual_clip, gspo, cispo, reinforce, or module:function")
     aggregation: str = Field("token_mean", description="how token losses become one number: token_mean, seq_mean_token_mean, seq_mean_token_sum, token_sum_norm, or module:function")
     norm_length: int = Field(0, ge=0, description="token_sum_norm's divisor per sequence, in tokens; 0 = rollout.max_new_tokens")
@@ -124,6 +133,7 @@ class AlgorithmConfig(Strict):
     overlong_filter: bool = Field(False, description="DAPO: exclude completions cut off at rollout.max_new_tokens from the loss")
     overlong_buffer: int = Field(0, ge=0, description="DAPO soft overlong punishment: the reward falls over the last this many tokens before the limit; 0 = off")
     overlong_penalty: float = Field(1.0, ge=0, description="soft overlong punishment at the limit (subtracted from the reward)")
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="the teacher of advantage: distill")
 
 
 class LearnerConfig(Strict):

@@ -3,8 +3,10 @@
 The learner owns the trainable state (policy, optional critic, optimizer, LR schedule, KL
 coefficient, policy version) and nothing else: batches arrive with advantages already
 computed. Before they are computed, it supplies what estimators may need from models: the
-critic's values (:meth:`Learner.values`) and a KL penalty folded into the reward
-(:meth:`Learner.reward_penalty`).
+critic's values (:meth:`Learner.values`), a KL penalty folded into the reward
+(:meth:`Learner.reward_penalty`) and a frozen teacher's log-probs for distillation
+(:meth:`Learner.teacher_logprobs`; the teacher is loaded from its config on every start, so
+checkpoints do not hold it).
 
 Each update's loss is the policy loss, minus the entropy bonus, plus the KL term (when in
 the loss) and the clipped value loss (with a critic), aggregated over the mini-batch.
@@ -63,7 +65,7 @@ from tempering import faults
 from tempering.algorithms import kl_estimate
 from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import KLCoefficient
-from tempering.algorithms.logprobs import can_share_prompts, forward_logprobs
+from tempering.algorithms.logprobs import can_share_prompts, forward_logprobs, plain_head
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
 from tempering.models.attention import upcast_attention
 from tempering.models.compat import enable_checkpointing
@@ -163,7 +165,7 @@ class LearnerSettings:
 
 class Learner:
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer,
-                 schedule: Callable[[int], float], settings: LearnerSettings):
+                 schedule: Callable[[int], float], settings: LearnerSettings, teacher: Optional[Any] = None):
         self.model = model
         self.optimizer = optimizer
         self.settings = settings
@@ -172,6 +174,15 @@ class Learner:
         if settings.gradient_checkpointing:
             enable_checkpointing(model)
         self._shares_prompts = settings.share_prompts and can_share_prompts(model)  # fixed from here on
+        self.teacher = teacher
+        self._teacher_kl: Optional[float] = None
+        if teacher is not None:
+            teacher.eval().requires_grad_(False)
+            if settings.bf16:
+                upcast_attention(teacher)
+            # another architecture may lack what the policy's passes use
+            self._teacher_passes = (settings.share_prompts and can_share_prompts(teacher),
+                                    settings.logprob_chunk if plain_head(teacher) else 0)
         self.critic: Optional[Critic] = None
         if settings.critic is not None:
             self.critic = Critic(model, shared=settings.critic == "head")
@@ -225,16 +236,17 @@ class Learner:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.settings.bf16 else nullcontext()
 
-    def plan(self, batch: Batch, every_row: bool = False) -> UpdatePlan:
+    def plan(self, batch: Batch, every_row: bool = False, teacher: bool = False) -> UpdatePlan:
         """The plan of an update on ``batch`` (``tempering.plan``), with what it may skip or
         merge decided by :meth:`_rows_stand_alone`; ``every_row`` computes each row as it is,
-        for values every row needs."""
+        for values every row needs; ``teacher`` lays the passes out as the teacher can run them."""
         s = self.settings
         alone = not every_row and self._rows_stand_alone()
+        shares, chunk = self._teacher_passes if teacher else (self._shares_prompts, s.logprob_chunk)
         return plan_update(batch, PlanChoices(
             skip_zero_advantage=s.skip_zero_advantage and alone, merge_duplicates=s.merge_duplicates and alone,
-            share_prompts=self._shares_prompts, packing=s.packing,
-            token_budget=s.token_budget, micro_batch_size=s.micro_batch_size, chunk=s.logprob_chunk))
+            share_prompts=shares, packing=s.packing,
+            token_budget=s.token_budget, micro_batch_size=s.micro_batch_size, chunk=chunk))
 
     def _logprobs(self, model: Any, micro: Batch, part: MicroBatch, **options: bool):
         """``forward_logprobs`` of ``model`` on the micro-batch's trained tokens, laid out as planned."""
@@ -283,6 +295,17 @@ class Learner:
         kl_BT = kl_estimate(batch.old_logprobs_BT, ref_BT, s.kl_estimator) * batch.loss_mask_BT
         self._reward_kl = masked_mean(kl_BT, batch.loss_mask_BT)
         return self.kl.value * kl_BT
+
+    def teacher_logprobs(self, batch: Batch) -> Optional[torch.Tensor]:
+        """The teacher's log-probs of the batch's trained tokens (at the sampling temperature,
+        like the sampler's), or None without a teacher; a pass like the reference's. Measures the
+        per-token reverse KL(sampler || teacher), reported by the next :meth:`step` as ``teacher_kl``."""
+        if self.teacher is None:
+            return None
+        teacher_BT = self._per_row(batch, self.plan(batch, every_row=True, teacher=True),
+                                   lambda micro, part: self._logprobs(self.teacher, micro, part).logprobs_BT)
+        self._teacher_kl = masked_mean(kl_estimate(batch.old_logprobs_BT, teacher_BT, "k1"), batch.loss_mask_BT)
+        return teacher_BT
 
     def _micro_step(self, micro: Batch, part: MicroBatch, tokens: int, sequences: int,
                     prox_from_forward: bool) -> dict[str, float]:
@@ -416,5 +439,7 @@ class Learner:
                     totals["kl"] = kl
             if "kl" in totals:
                 self.kl.update(totals["kl"])
+        if self._teacher_kl is not None:
+            totals["teacher_kl"], self._teacher_kl = self._teacher_kl, None
         totals["lr"] = lr
         return totals

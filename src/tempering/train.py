@@ -54,19 +54,21 @@ def shape_overlong(groups: list[Group], ac: AlgorithmConfig, max_new_tokens: int
 
 
 def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner: Learner | None = None,
-               gamma: float = 1.0, lam: float = 1.0) -> Batch:
+               gamma: float = 1.0, lam: float = 1.0, task_weight: float = 0.0) -> Batch:
     """The learner's batch with advantages; the learner (when given) supplies the critic's
-    values and a KL penalty folded into the reward, where configured."""
+    values, a KL penalty folded into the reward and a teacher's log-probs, where configured."""
     rollouts = [r for g in groups for r in g.rollouts]
     batch = collate(rollouts, pad_id)
     group_B = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts])
     rewards_B = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
     values_BT = learner.values(batch) if learner is not None else None
     penalty_BT = learner.reward_penalty(batch) if learner is not None else None
+    teacher_BT = learner.teacher_logprobs(batch) if learner is not None else None
     domains = {d: i for i, d in enumerate(dict.fromkeys(r.problem.domain or r.problem.task for r in rollouts))}
     domain_B = torch.tensor([domains[r.problem.domain or r.problem.task] for r in rollouts])
-    batch.advantages_BT = estimator(AdvantageInputs(rewards_B, group_B, batch.loss_mask_BT, values_BT, penalty_BT,
-                                                    gamma=gamma, lam=lam, domain_B=domain_B))
+    batch.advantages_BT = estimator(AdvantageInputs(
+        rewards_B, group_B, batch.loss_mask_BT, values_BT, penalty_BT, gamma=gamma, lam=lam, domain_B=domain_B,
+        logprobs_BT=batch.old_logprobs_BT, teacher_logprobs_BT=teacher_BT, task_weight=task_weight))
     if values_BT is not None:
         batch.values_BT, batch.returns_BT = values_BT, (batch.advantages_BT + values_BT) * batch.loss_mask_BT
     return batch
@@ -181,7 +183,8 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
     record.update(shape_overlong(groups, ac, config.rollout.max_new_tokens))
     t1 = time.perf_counter()
     groups, record["capped_groups"] = cap_domain_tokens(groups, config.scheduler.max_domain_token_share)
-    batch = make_batch(groups, run.algorithm["advantage"], run.tokenizer.pad_token_id, learner, ac.gamma, ac.lam)
+    batch = make_batch(groups, run.algorithm["advantage"], run.tokenizer.pad_token_id, learner, ac.gamma, ac.lam,
+                       ac.teacher.task_weight)
     if config.scheduler.balance_tokens:
         batch.weights_B = domain_token_weights_B(groups)
     record.update(learner.step(batch))

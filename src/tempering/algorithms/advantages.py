@@ -11,8 +11,10 @@ coefficient). Outcome estimators subtract its sum from each rollout's reward
 
 An estimator that needs a critic says so with ``needs_values = True`` on the function
 (``register_advantage(name, needs_values=True)``); the loop then builds a value model and
-fills ``values_BT``. Estimators take their hyper-parameters from the inputs, so every entry
-has the same signature.
+fills ``values_BT``. One that needs a teacher model says ``needs_teacher=True``; the loop then
+loads ``algorithm.teacher`` and fills ``teacher_logprobs_BT`` beside the sampler's
+``logprobs_BT``. Estimators take their hyper-parameters from the inputs, so every entry has
+the same signature.
 """
 
 from __future__ import annotations
@@ -45,19 +47,32 @@ class AdvantageInputs:
     """Added to standard deviations before dividing, so flat groups give 0, not NaN."""
     domain_B: Optional[torch.Tensor] = None
     """Index of each rollout's domain (task), for estimators that normalise within a domain."""
+    logprobs_BT: Optional[torch.Tensor] = None
+    """The sampler's log-probs of the sampled tokens (the student's, in distillation)."""
+    teacher_logprobs_BT: Optional[torch.Tensor] = None
+    """A teacher model's log-probs of the same tokens, for estimators that need a teacher."""
+    task_weight: float = 0.0
+    """Distillation: weight of the task reward's GRPO advantage added to the teacher's signal."""
 
 
 AdvantageFn = Callable[[AdvantageInputs], torch.Tensor]
 ADVANTAGES: dict[str, AdvantageFn] = {}
 
 
-def register_advantage(name: str, needs_values: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
-    return lambda fn: add(ADVANTAGES, "advantage estimator", name, fn, needs_values=needs_values)
+def register_advantage(name: str, needs_values: bool = False,
+                       needs_teacher: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+    return lambda fn: add(ADVANTAGES, "advantage estimator", name, fn, needs_values=needs_values,
+                          needs_teacher=needs_teacher)
 
 
 def needs_values(estimator: AdvantageFn) -> bool:
     """Whether the estimator reads ``values_BT`` (so a critic must be built)."""
     return bool(getattr(estimator, "needs_values", False))
+
+
+def needs_teacher(estimator: AdvantageFn) -> bool:
+    """Whether the estimator reads ``teacher_logprobs_BT`` (so a teacher model must be loaded)."""
+    return bool(getattr(estimator, "needs_teacher", False))
 
 
 def group_statistics(rewards_B: torch.Tensor, group_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,3 +246,30 @@ def grpo_domain(inputs: AdvantageInputs) -> torch.Tensor:
     domain_B = inputs.domain_B if inputs.domain_B is not None else torch.zeros_like(inputs.group_B)
     _, spread_B = group_statistics(centred_B, domain_B)
     return (centred_B / (spread_B + inputs.eps))[:, None] * inputs.mask_BT
+
+
+@register_advantage("distill", needs_teacher=True)
+def distill(inputs: AdvantageInputs) -> torch.Tensor:
+    """On-policy distillation: each sampled token's advantage is ``log p_teacher - log p_student``
+    (minus the k1 estimate of the reverse KL(student || teacher) at that token), plus
+    ``task_weight`` times GRPO's advantage of the task reward.
+
+    The student's log-prob is the sampler's, so the samples are the student's own (on-policy)
+    and no extra forward pass is needed. Each token is judged by the teacher on its own, with
+    no baseline and no sum over later tokens (a discount of 0): the teacher's log-prob already
+    says how good the token is where it stands. A student equal to its teacher gets 0.
+
+    >>> inputs = AdvantageInputs(torch.zeros(2), torch.zeros(2, dtype=torch.long),
+    ...                          torch.tensor([[1., 1.], [1., 0.]]),
+    ...                          logprobs_BT=torch.tensor([[-0.1, -2.0], [-1.0, -5.0]]),
+    ...                          teacher_logprobs_BT=torch.tensor([[-0.1, -0.5], [-3.0, 0.0]]))
+    >>> distill(inputs)
+    tensor([[ 0.0000,  1.5000],
+            [-2.0000,  0.0000]])
+    """
+    if inputs.logprobs_BT is None or inputs.teacher_logprobs_BT is None:
+        raise ValueError("distill needs logprobs_BT and teacher_logprobs_BT")
+    advantages_BT = (inputs.teacher_logprobs_BT - inputs.logprobs_BT) * inputs.mask_BT
+    if inputs.task_weight:
+        advantages_BT = advantages_BT + inputs.task_weight * grpo(inputs)
+    return advantages_BT

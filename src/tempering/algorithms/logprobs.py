@@ -176,7 +176,8 @@ def output_weight(model: Any) -> torch.Tensor:
     return head.weight
 
 
-def _plain_head(model: Any) -> bool:
+def plain_head(model: Any) -> bool:
+    """Whether :func:`output_weight` serves ``model`` (its log-probs may be computed in chunks)."""
     try:
         output_weight(model)
     except ValueError:
@@ -210,7 +211,7 @@ class SharedPrompts:
 def can_share_prompts(model: Any) -> bool:
     """Whether :func:`forward_logprobs` can share prompts for ``model``: no gradient
     checkpointing, a plain output layer, and a cache of plain full-attention layers."""
-    return not checkpointing(model) and _plain_head(model) and full_attention_cache(model.config) is not None
+    return not checkpointing(model) and plain_head(model) and full_attention_cache(model.config) is not None
 
 
 def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tempering.build import build_tasks
 from tempering.config import load_config
+from tempering.tasks.arithmetic import OPERATIONS, ArithmeticTask
 
 
 def temper(*args: str) -> None:
@@ -47,20 +48,26 @@ def evaluate(model: str, config: str, problems: int, n: int, out: Path) -> dict:
             **{name: metrics[name] for name in keep if name in metrics}}
 
 
-def sft_records(config_name: str, count: int, path: Path) -> None:
-    """Worked training problems of the config's first task, answered as ``a op b = c.``."""
+def first_task(config_name: str):
+    """The config's first task, which the stages train and measure; SFT records are written
+    for the built-in arithmetic tasks only (their problems carry their operands)."""
     task = build_tasks(load_config(config_name))[0]
+    if not isinstance(task, ArithmeticTask) or task.style != "chat":
+        raise SystemExit(f"{config_name}: the first task must be a chat-style add, sub or mul task")
+    return task
+
+
+def sft_records(task: ArithmeticTask, count: int, path: Path) -> None:
+    """Worked training problems, answered as ``a op b = c.``."""
     with path.open("w") as f:
         for i in range(count):
             problem = task.train_problem(i)
-            a, b = problem.meta["a"], problem.meta["b"]
-            op = problem.id[len(str(a))]
-            f.write(json.dumps({"messages": [*problem.prompt, {"role": "assistant",
-                                                               "content": f"{a} {op} {b} = {problem.answer}."}]}) + "\n")
+            a, b, op = problem.meta["a"], problem.meta["b"], OPERATIONS[task.operation].symbol
+            answer = {"role": "assistant", "content": f"{a} {op} {b} = {problem.answer}."}
+            f.write(json.dumps({"messages": [*problem.prompt, answer]}) + "\n")
 
 
-def constant_answer_accuracy(config_name: str, problems: int) -> float:
-    task = build_tasks(load_config(config_name))[0]
+def constant_answer_accuracy(task: ArithmeticTask, problems: int) -> float:
     answers = collections.Counter(p.answer for p in task.eval_problems(problems))
     return answers.most_common(1)[0][1] / sum(answers.values())
 
@@ -78,6 +85,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_path = load_config(args.config).model.path
+    task = first_task(args.config)
     stages, seconds = {}, {}
 
     t0 = time.perf_counter()
@@ -88,7 +96,7 @@ def main() -> None:
         sft_run = Path(args.sft_run or out / "sft")
         if not args.sft_run and not (sft_run / "summary.json").exists():
             t0 = time.perf_counter()
-            sft_records(args.config, args.sft_records, out / "sft.jsonl")
+            sft_records(task, args.sft_records, out / "sft.jsonl")
             temper("sft", str(out / "sft.jsonl"), args.config, "--run-dir", str(sft_run), "--quiet")
             seconds["sft"] = time.perf_counter() - t0
         stages["sft"] = evaluate(str(sft_run), args.config, args.problems, args.n, out / "eval_sft.json")
@@ -101,7 +109,7 @@ def main() -> None:
     stages["rl"] = evaluate(str(rl_run), args.config, args.problems, args.n, out / "eval_rl.json")
 
     report = {"config": args.config, "n": args.n, "problems": args.problems,
-              "best_constant_answer": constant_answer_accuracy(args.config, args.problems),
+              "best_constant_answer": constant_answer_accuracy(task, args.problems),
               "stages": stages, "seconds": {k: round(v) for k, v in seconds.items()}}
     print(json.dumps(report, indent=2))
     print(table(report), file=sys.stderr)

@@ -48,10 +48,11 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
 
     ``per_task[name]`` is the mean ``metric`` score of the task's greedy completions over the
     held-out problems that were graded (None when none was); ``problems`` counts the problems
-    (a task may hold fewer than ``problems_per_task``) and ``grader_errors`` those whose grader
-    failed, ``truncated`` the completions cut off at ``max_new_tokens``. ``accuracy`` is the unweighted mean over the tasks with a number. The metrics are
-    built from ``options`` and closed here, unless the caller passes them built (``metrics``,
-    from :func:`build_metrics`) and closes them itself.
+    (a task may hold fewer than ``problems_per_task``), ``grader_errors`` those whose grader
+    failed and ``truncated`` the completions cut off at ``max_new_tokens``. ``accuracy`` is the
+    unweighted mean over the tasks with a number. The metrics are built from ``options`` and
+    closed here, unless the caller passes them built (``metrics``, from :func:`build_metrics`)
+    and closes them itself.
     """
     owned = build_metrics(tasks, options) if metrics is None else None
     try:

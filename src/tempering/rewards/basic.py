@@ -197,12 +197,18 @@ def match(problem: Problem, completion: str, *, tolerance: float = 0.0, relative
     >>> match(p, "answer: 0.51", tolerance=0.05), match(p, "so 0.5", last_number=True)
     (1.0, 1.0)
     """
-    answer = final_answer(completion, fallback_last_number=last_number)
+    return same_answer(final_answer(completion, fallback_last_number=last_number), problem.answer,
+                       tolerance, relative)
+
+
+def same_answer(answer: Optional[str], reference: str, tolerance: float = 0.0, relative: bool = True) -> float:
+    """1 when ``answer`` equals ``reference`` after :func:`normalize_text`, or as a number (within
+    ``tolerance``, relative to the reference when ``relative``); 0 for no answer."""
     if answer is None:
         return 0.0
-    if normalize_text(answer) == normalize_text(problem.answer):
+    if normalize_text(answer) == normalize_text(reference):
         return 1.0
-    got, want = parse_number(answer), parse_number(problem.answer)
+    got, want = parse_number(answer), parse_number(reference)
     if got is None or want is None:
         return 0.0
     bound = tolerance * (abs(float(want)) if relative else 1.0)
@@ -211,13 +217,7 @@ def match(problem: Problem, completion: str, *, tolerance: float = 0.0, relative
 
 def lenient_match(reference: str, completion: str) -> float:
     """1 when :func:`lenient_answer` equals ``reference`` as text or exactly as a number."""
-    want = parse_number(reference)
-    answer = lenient_answer(completion, numeric=want is not None)
-    if answer is None:
-        return 0.0
-    if normalize_text(answer) == normalize_text(reference):
-        return 1.0
-    return float(want is not None and parse_number(answer) == want)
+    return same_answer(lenient_answer(completion, numeric=parse_number(reference) is not None), reference)
 
 
 def _tags_well_formed(completion: str, tags: Sequence[str]) -> bool:

@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tempering.tasks.base import StreamState, register_task
+from tempering.tasks.base import StreamState, check_grading, register_task, render
 from tempering.types import Problem
 
 EVAL_EVERY = 8
@@ -194,8 +194,7 @@ class ArithmeticTask(StreamState):
                 self.rewards = {"code": 1.0}
             if self.metric == "exact_match":
                 self.metric = "code"
-        if self.grading not in ("strict", "lenient"):
-            raise ValueError(f"grading must be 'strict' or 'lenient', got {self.grading!r}")
+        check_grading(self.grading)
         if self.template and self.style != "chat":
             raise ValueError("template rewrites chat prompts; set style: chat")
         self.domain = self.domain or self.name
@@ -204,11 +203,7 @@ class ArithmeticTask(StreamState):
             self._render(1, 2)  # a bad placeholder fails here, naming itself, not in the first step
 
     def _render(self, a: int, b: int) -> str:
-        try:
-            return self.template.format(a=a, b=b, op=self._op.symbol, expression=f"{a}{self._op.symbol}{b}")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"template {self.template!r}: {exc!r}; placeholders are {{a}}, {{b}}, {{op}} "
-                             "and {expression}") from None
+        return render(self.template, a=a, b=b, op=self._op.symbol, expression=f"{a}{self._op.symbol}{b}")
 
     def _is_eval(self, a: int, b: int) -> bool:
         return zlib.crc32(f"{self.operation}:{a}:{b}".encode()) % EVAL_EVERY == 0

@@ -68,6 +68,26 @@ class StreamState:
         self.next_index = int(state["next_index"])
 
 
+GRADINGS = ("strict", "lenient")
+"""How a task's answers are read (see ``tempering.rewards.basic``): only in the format the
+prompt asks for, or as a reader would take them."""
+
+
+def check_grading(grading: str) -> None:
+    if grading not in GRADINGS:
+        raise ValueError(f"grading must be 'strict' or 'lenient', got {grading!r}")
+
+
+def render(template: str, **values: Any) -> str:
+    """``template`` with its ``{placeholders}`` filled; a ValueError naming the ones there are."""
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        *others, last = [f"{{{name}}}" for name in values]
+        names = f"placeholders are {', '.join(others)} and {last}" if others else f"one placeholder is {last}"
+        raise ValueError(f"template {template!r}: {exc!r}; the {names}") from None
+
+
 TaskFactory = Callable[..., Task]
 TASKS: dict[str, TaskFactory] = {}
 

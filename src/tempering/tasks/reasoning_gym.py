@@ -54,7 +54,7 @@ from typing import Any
 
 from tempering.rewards.base import register_reward
 from tempering.rewards.basic import extract_answer, is_lenient, lenient_answer, parse_number
-from tempering.tasks.base import StreamState
+from tempering.tasks.base import StreamState, check_grading, render
 from tempering.types import Problem
 
 PREFIX = "rg:"
@@ -179,12 +179,8 @@ class ReasoningGymTask(StreamState):
             raise ValueError(f"unknown reasoning-gym type {self.rg_type!r}; see tempering.tasks.reasoning_gym.rg_types()")
         if style not in ("raw", "chat"):
             raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
-        if grading not in ("strict", "lenient"):
-            raise ValueError(f"grading must be 'strict' or 'lenient', got {grading!r}")
-        try:
-            template.format(question="")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"template {template!r}: {exc!r}; the one placeholder is {{question}}") from None
+        check_grading(grading)
+        render(template, question="")  # a bad placeholder fails here, naming itself, not in the first step
         self.grading, self.template = grading, template
         if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError(f"prefetch must be a count of items >= 0 (0 = off) or null (automatic), got {prefetch!r}")
@@ -275,13 +271,14 @@ class ReasoningGymTask(StreamState):
 
     def _problem(self, entry: dict[str, Any], id: str) -> Problem:
         question = entry["question"]
+        meta = {"rg_type": self.rg_type, "entry": entry, "grading": self.grading}
         if self.style == "raw":
             prompt: Any = f"{question}\n"
-        else:
-            prompt = [{"role": "user", "content": self.template.format(question=question)}]
+        else:  # the chat prompt asks for <answer> tags, so the format reward checks those
+            prompt = [{"role": "user", "content": render(self.template, question=question)}]
+            meta["answer_format"] = "tag"
         return Problem(task=self.name, id=id, prompt=prompt, answer=reference_answer(self.rg_type, entry),
-                       domain=self.domain, meta={"rg_type": self.rg_type, "entry": entry,
-                                                 "grading": self.grading, "answer_format": "tag"})
+                       domain=self.domain, meta=meta)
 
     def train_problem(self, index: int) -> Problem:
         if self.prefetch:

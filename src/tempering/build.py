@@ -12,7 +12,6 @@ key. :func:`build_run` puts a whole run together; ``tempering.train`` loops over
 from __future__ import annotations
 
 import copy
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from tempering.learner import Learner, LearnerSettings, lr_factor
 from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import ModelLoadError, load_policy
 from tempering.models.lora import apply_lora
-from tempering.packing import tokens_for_memory
+from tempering.packing import parameter_count, tokens_for_memory
 from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
 from tempering.registry import resolve
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
@@ -142,13 +141,13 @@ def sampling_params(config: TrainConfig) -> SamplingParams:
 
 def learner_token_budget(model, config: TrainConfig, critic: bool, teacher: Any = None) -> int:
     """``learner.token_budget``, or the one ``learner.memory_budget_gb`` allows (0 when neither is set);
-    a teacher counts as as many frozen copies of the policy as its size needs."""
+    the frozen models beside the policy count: a reference copy (none with LoRA, whose
+    reference is the policy with its adapters off), a critic model, a teacher."""
     lc, ac = config.learner, config.algorithm
     if lc.token_budget or not lc.memory_budget_gb:
         return lc.token_budget
-    frozen = int(ac.kl_coef > 0) + int(critic and ac.critic == "model")
-    if teacher is not None:
-        frozen += math.ceil(parameter_count(teacher) / parameter_count(model))
+    copies = int(ac.kl_coef > 0 and config.model.lora is None) + int(critic and ac.critic == "model")
+    frozen = copies * parameter_count(model) + (parameter_count(teacher) if teacher is not None else 0)
     try:
         tokens = tokens_for_memory(lc.memory_budget_gb, model, lc.gradient_checkpointing,
                                    logprob_chunk(model, config), frozen)
@@ -196,10 +195,6 @@ def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> 
     parameters = [p for p in model.parameters() if p.requires_grad]
     fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in parameters)
     return torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
-
-
-def parameter_count(model) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def build_learner(model, config: TrainConfig, algorithm: dict, teacher: Any = None) -> Learner:

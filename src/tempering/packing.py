@@ -17,7 +17,7 @@ batch of long completions is cut finer than a batch of short ones. The step does
 on the cut (aggregation is normalised by whole-batch counts, see ``tempering.learner``).
 
 **Memory budget.** :func:`tokens_for_memory` turns a budget in GB into a token budget from
-the model's shape: fixed costs (weights, gradients, AdamW state, frozen copies, one chunk of
+the model's shape: fixed costs (weights, gradients and AdamW state of the trained ones, frozen models, one chunk of
 logits) and activation bytes per token, with or without gradient checkpointing. It is an
 estimate from tensor sizes, not a measurement; ``bench/memory.py`` measures.
 
@@ -200,20 +200,26 @@ def activation_bytes_per_token(config: Any, gradient_checkpointing: bool) -> int
     return FP32 * (kept + 2 * hidden)
 
 
+def parameter_count(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 def tokens_for_memory(budget_gb: float, model: Any, gradient_checkpointing: bool, logprob_chunk: int,
-                      frozen_copies: int = 0) -> int:
+                      frozen_parameters: int = 0) -> int:
     """The largest micro-batch, in tokens, whose learner step should fit in ``budget_gb``.
 
-    Fixed: the runtime itself (:data:`RUNTIME_BYTES`), weights, gradients and AdamW's two
-    moments (16 bytes per fp32 parameter), 4 bytes per parameter for each frozen copy
-    (reference model), and one chunk of logits (logits,
+    Fixed: the runtime itself (:data:`RUNTIME_BYTES`), the weights (4 bytes per fp32
+    parameter), gradients and AdamW's two moments for the trainable ones (12 more bytes each;
+    with LoRA, the adapters only), 4 bytes per parameter of frozen models beside the policy
+    (a reference model, a teacher), and one chunk of logits (logits,
     probabilities and their gradient: 3 x chunk x vocab floats; the whole micro-batch's when
     ``logprob_chunk`` is 0, counted per token then). Raises ValueError when the fixed costs
     alone exceed the budget.
     """
     config = model.config
-    parameters = sum(p.numel() for p in model.parameters())
-    fixed = RUNTIME_BYTES + parameters * (4 * FP32 + frozen_copies * FP32)
+    parameters = parameter_count(model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    fixed = RUNTIME_BYTES + FP32 * (parameters + 3 * trainable + frozen_parameters)
     per_token = activation_bytes_per_token(config, gradient_checkpointing)
     if logprob_chunk > 0:
         fixed += 3 * FP32 * logprob_chunk * config.vocab_size

@@ -13,7 +13,7 @@ from tempering.config import ConfigError, load_config
 from tempering.models.attention import NAME, upcast_attention
 from tempering.models.tiny import build_model
 from tempering.packing import (activation_bytes_per_token, first_fit_decreasing, pack, plan_micro_batches,
-                               tokens_for_memory)
+                               parameter_count, tokens_for_memory)
 from tempering.build import build_learner, resolve_algorithm
 from tempering.plan import Layout
 
@@ -203,11 +203,23 @@ def test_the_memory_budget_gives_more_tokens_for_more_memory_and_with_checkpoint
     small, large = tokens_for_memory(1.0, model, False, 1024), tokens_for_memory(2.0, model, False, 1024)
     assert 0 < small < large
     assert tokens_for_memory(1.0, model, True, 1024) > 2 * small, "checkpointing keeps far less per token"
-    assert tokens_for_memory(1.0, model, False, 1024, frozen_copies=1) < small, "a reference model costs memory"
+    reference = parameter_count(model)
+    assert tokens_for_memory(1.0, model, False, 1024, frozen_parameters=reference) < small, "a reference model costs memory"
     # per token without checkpointing: 4 layers x (9 x 64 + 4 x 64 + 4 x 160) + 2 x 64 floats (MLP width 160)
     assert activation_bytes_per_token(model.config, False) == 4 * (4 * (9 * 64 + 4 * 64 + 4 * 160) + 2 * 64)
     with pytest.raises(ValueError, match="weights, gradients and optimizer state"):
         tokens_for_memory(1e-6, model, False, 1024)
+
+
+def test_frozen_weights_need_no_gradients_or_optimizer_state():
+    """With LoRA only the adapters train: the frozen base weights cost 4 bytes each, not 16."""
+    model = build_model(vocab_size=VOCAB, hidden_size=256, layers=4, heads=4, max_positions=64, seed=0,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    budget = 0.6  # GB: the runtime (0.5 GB), the weights with their optimizer state, and some tokens
+    trained = tokens_for_memory(budget, model, False, 0)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_("embed" in name)
+    assert tokens_for_memory(budget, model, False, 0) > trained
 
 
 def _built(overrides, model=None):

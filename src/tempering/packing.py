@@ -17,8 +17,8 @@ batch of long completions is cut finer than a batch of short ones. The step does
 on the cut (aggregation is normalised by whole-batch counts, see ``tempering.learner``).
 
 **Memory budget.** :func:`tokens_for_memory` turns a budget in GB into a token budget from
-the model's shape: fixed costs (weights, gradients and AdamW state of the trained ones, frozen models, one chunk of
-logits) and activation bytes per token, with or without gradient checkpointing. It is an
+the model's shape: fixed costs (weights, gradients and AdamW state of the trained ones,
+frozen models, one chunk of logits) and activation bytes per token, with or without gradient checkpointing. It is an
 estimate from tensor sizes, not a measurement; ``bench/memory.py`` measures.
 
 Not done: splitting one sequence across rows or micro-batches (a sequence longer than the

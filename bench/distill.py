@@ -30,6 +30,7 @@ from pathlib import Path
 from tempering.build import build_tasks
 from tempering.config import TrainConfig, builtin_config, load_config
 from tempering.evaluate import evaluate
+from tempering.models.device import resolve_device
 from tempering.models.loading import load_policy, resolve_model_path
 from tempering.rollout.hf import HFGenerator
 from tempering.train import train
@@ -73,9 +74,10 @@ def run(name: str, steps: int, every: int, overrides: list[str]) -> dict:
 
 
 def teacher_accuracy(config: TrainConfig) -> dict:
-    """The teacher's own greedy held-out accuracy, on the runs' tasks and problems."""
+    """The teacher's own greedy held-out accuracy, on the runs' tasks and problems and the
+    runs' device."""
     tc, ec = config.algorithm.teacher, config.eval
-    model, tokenizer, path = load_policy(tc.path, tc.dtype, tc.pretrain)
+    model, tokenizer, path = load_policy(tc.path, tc.dtype, tc.pretrain, device=resolve_device(config.model.device))
     generator = HFGenerator(model, tokenizer, config.model.chat_template, ec.batch_size)
     result = evaluate(generator, build_tasks(config), ec.problems_per_task, ec.max_new_tokens, config.rewards.options)
     return {"model": path, "accuracy": result["accuracy"], "per_task": result["per_task"]}

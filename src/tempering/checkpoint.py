@@ -53,6 +53,7 @@ import torch
 
 from tempering import faults
 from tempering.config import ConfigError
+from tempering.models.lora import is_adapted, saved_form
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 
@@ -203,17 +204,12 @@ def _fsync_dir(path: Path) -> None:
 def save_model(model: Any, tokenizer: Any, path: Path, merged: bool = True) -> None:
     """``save_pretrained`` for any policy this project loads (GGUF-loaded ones included); a
     policy with LoRA adapters as the merged model, or its adapters alone when not ``merged``."""
-    from tempering.models.lora import is_adapted, save_adapted
-
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "quantization_config", None) is not None:
         # a GGUF file was de-quantized on load: the weights are plain tensors now
         del config.quantization_config
     with writing(path):
-        if is_adapted(model):
-            save_adapted(model, tokenizer, path, merged)
-            return
-        model.save_pretrained(path)
+        saved_form(model, merged).save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
 
@@ -369,8 +365,6 @@ def load_model_weights(model: Any, path: Path) -> None:
     adapters has nothing to load here: its base never changes, and its adapters come back
     exactly from ``trainer.pt`` (a merged model could not be split into base and adapters)."""
     from safetensors.torch import load_file
-
-    from tempering.models.lora import is_adapted
 
     if is_adapted(model):
         return

@@ -30,7 +30,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tempering.config import ConfigError
+from jinja2 import TemplateError
+
 from tempering.rollout.prompts import chat_ids
 from tempering.tasks.dataset import DatasetError, read_records
 
@@ -74,13 +75,22 @@ def _messages(where: str, record: Any) -> list[dict[str, str]]:
 
 
 def _with_template(where: str, messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[int], list[int]]:
-    ids = chat_ids(tokenizer, messages, generation_prompt=False)
+    def render(count: int, generation_prompt: bool) -> list[int]:
+        """The first ``count`` messages rendered; a conversation the template refuses (roles
+        out of its order, a system turn it does not take, none at all) is the record's error."""
+        try:
+            return chat_ids(tokenizer, messages[:count], generation_prompt)
+        except (TemplateError, ValueError) as exc:
+            raise DatasetError(f"{where}: the chat template cannot render messages[:{count}] ({exc}); "
+                               "fix the record or set model.chat_template=false") from None
+
+    ids = render(len(messages), generation_prompt=False)
     mask = [0] * len(ids)
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = chat_ids(tokenizer, messages[:i], generation_prompt=True)
-        through = chat_ids(tokenizer, messages[: i + 1], generation_prompt=False)
+        before = render(i, generation_prompt=True)
+        through = render(i + 1, generation_prompt=False)
         if through[: len(before)] != before or ids[: len(through)] != through:
             raise DatasetError(f"{where}: the chat template renders earlier turns differently once messages[{i}] "
                                "follows, so its answer tokens cannot be told apart; set model.chat_template=false")
@@ -120,12 +130,11 @@ def encode_record(where: str, record: Any, tokenizer: Any, chat_template: bool) 
     return Example(ids, mask, where)
 
 
-def prompt_key(record: Any) -> str:
-    """What the held-out split hashes: the record without its answers."""
-    if isinstance(record, dict) and isinstance(record.get("messages"), list):
-        return json.dumps([m for m in record["messages"] if isinstance(m, dict) and m.get("role") != "assistant"],
-                          sort_keys=True)
-    return json.dumps(record.get("prompt") if isinstance(record, dict) else record)
+def prompt_key(record: dict) -> str:
+    """What the held-out split hashes: a checked record without its answers."""
+    if "messages" in record:
+        return json.dumps([m for m in record["messages"] if m["role"] != "assistant"], sort_keys=True)
+    return json.dumps(record["prompt"])
 
 
 def load_split(path: str, eval_path: Optional[str], eval_fraction: float
@@ -172,7 +181,7 @@ def encode_all(records: list[tuple[str, Any]], tokenizer: Any, chat_template: bo
             continue
         examples.append(example)
     if not examples:
-        raise ConfigError(f"every record is over sft.max_length={max_length} tokens")
+        raise DatasetError(f"every record is over sft.max_length={max_length} tokens")
     return examples, skipped
 
 

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 
 from tempering.cli import main
@@ -79,7 +78,7 @@ def test_the_sft_checkpoint_is_evaluated(sft_run, capsys):
     _, run_dir = sft_run
     with pytest.raises(SystemExit) as exit_:
         main(["eval", "threads=1", "tasks=[{name: add}]", "eval.problems_per_task=4", "eval.max_new_tokens=24",
-              "--quiet", "--model", str(run_dir / "checkpoint-final")])
+              "--quiet", "--json", "-", "--model", str(run_dir / "checkpoint-final")])
     assert exit_.value.code == 0
     assert json.loads(capsys.readouterr().out)["problems"] == {"add": 4}
 

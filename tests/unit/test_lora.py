@@ -16,13 +16,13 @@ from tempering.checkpoint import save_model
 from tempering.config import ConfigError
 from tempering.learner import Learner, collate
 from tempering.models.lora import adapters_off, apply_lora, merged_copy
-from tempering.models.tiny import build_model
+from tempering.models.tiny import build_model, build_tokenizer
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.types import Problem, Rollout
 from real_settings import run_settings
 
-VOCAB = 16
+VOCAB = len(build_tokenizer())
 PROBLEM = Problem(task="t", id="0", prompt="", answer="0")
 
 
@@ -132,21 +132,9 @@ def test_learner_state_restores_the_adapters_exactly():
             assert torch.equal(parameter, saved[name]), name
 
 
-class _Digits:
-    """The smallest tokenizer the sampler needs: ids are the tokens."""
-
-    eos_token_id, pad_token_id, chat_template = 2, 0, None
-
-    def __call__(self, text):
-        return {"input_ids": [1] + [3 + int(c) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
-
-
 def test_the_sampler_runs_the_adapted_modules_and_records_their_logprobs():
     model = _adapted()
-    generator = HFGenerator(model, _Digits(), chat_template=False)
+    generator = HFGenerator(model, build_tokenizer(), chat_template=False)
     assert not generator.fast, "the fused decoder reads plain weights; adapters take transformers' path"
 
     groups = generator.generate([Problem(task="t", id="0", prompt="123", answer="")], 3,

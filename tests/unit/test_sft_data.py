@@ -40,6 +40,19 @@ def test_chat_records_train_on_assistant_turns_only_with_the_template(tokenizer)
     assert _answer_text(tokenizer, example) == "yo\nok\n", "each answer with its end-of-turn, nothing else"
 
 
+@pytest.mark.parametrize("messages, message", [
+    ([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+      {"role": "assistant", "content": "yo"}], r"f:1: the chat template cannot render messages\[:3\] \(no system turns\)"),
+    ([{"role": "assistant", "content": "yo"}], r"f:1: the chat template cannot render messages\[:0\]"),
+])
+def test_a_conversation_the_template_refuses_is_named_with_its_line(messages, message):
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}{% if m.role == 'system' %}"
+                               "{{ raise_exception('no system turns') }}{% endif %}{% endfor %}" + TEMPLATE)
+    with pytest.raises(DatasetError, match=message):
+        encode_record("f:1", {"messages": messages}, tokenizer, True)
+
+
 def test_chat_records_without_a_template_are_lines_with_each_answer_ended(tokenizer):
     record = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2"},
                            {"role": "assistant", "content": "4"}]}

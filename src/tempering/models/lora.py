@@ -10,7 +10,7 @@ A and B matrices train; the base weights are frozen. What that changes elsewhere
   decoder, which reads plain projection weights (``tempering.models.compat``): it then
   computes exactly what the learner differentiates, whatever modules are adapted;
 - checkpoints hold the merged model (a plain model ``from_pretrained`` loads) or only the
-  adapters (:func:`save_adapted`); either way the adapter weights themselves travel in
+  adapters (:func:`saved_form`); either way the adapter weights themselves travel in
   ``trainer.pt`` (:func:`adapter_state`), so a resumed run continues from them exactly and
   never has to undo a merge.
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any, ContextManager, Optional, Sequence
 
 import torch
@@ -91,10 +90,10 @@ def merged_copy(model: Any) -> Any:
     return copy.deepcopy(model).merge_and_unload()
 
 
-def save_adapted(model: Any, tokenizer: Any, path: Path, merged: bool) -> None:
-    """``save_pretrained`` of the merged model, or of the adapters alone (peft's
-    ``adapter_config.json`` and ``adapter_model.safetensors``), with the tokenizer."""
-    target = merged_copy(model) if merged else model
-    target.save_pretrained(path)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(path)
+def saved_form(model: Any, merged: bool) -> Any:
+    """What ``save_pretrained`` is called on to save ``model``: an adapted model's merged copy,
+    or the adapted model itself when not ``merged`` (peft then writes the adapters alone:
+    ``adapter_config.json`` and ``adapter_model.safetensors``); a plain model as it is."""
+    if not is_adapted(model):
+        return model
+    return merged_copy(model) if merged else model

@@ -22,7 +22,7 @@ import torch
 from tempering import checkpoint
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
 from tempering.algorithms.advantages import needs_teacher, needs_values
-from tempering.algorithms.logprobs import output_weight
+from tempering.algorithms.logprobs import plain_head
 from tempering.config import ConfigError, TrainConfig
 from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, lr_factor
@@ -159,11 +159,7 @@ def learner_token_budget(model, config: TrainConfig, critic: bool, teacher: Any 
 def logprob_chunk(model, config: TrainConfig) -> int:
     """``learner.logprob_chunk``, or 0 (the model's own logits) for a model whose logits are more
     than its output layer's product (Gemma 2 soft-caps them), which chunks would not compute."""
-    try:
-        output_weight(model)
-    except ValueError:
-        return 0
-    return config.learner.logprob_chunk
+    return config.learner.logprob_chunk if plain_head(model) else 0
 
 
 def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) -> LearnerSettings:

@@ -38,6 +38,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import sys
@@ -49,6 +50,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Optional
 
+import numpy as np
 import torch
 
 from tempering import faults
@@ -380,3 +382,15 @@ def load_model_weights(model: Any, path: Path) -> None:
     if really_missing or unexpected:
         raise RuntimeError(f"{path}: checkpoint does not match the model "
                            f"(missing {really_missing[:5]}, unexpected {unexpected[:5]})")
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch, Python and NumPy generators' states, for a checkpoint's ``rng`` entry."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back what :func:`rng_state` saved, so a resumed run draws what the killed one would have."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -205,8 +203,7 @@ def sft(config: TrainConfig, progress: bool = True, resume: bool = False) -> dic
             if every and ((step + 1) % every == 0 or step + 1 == len(steps)):
                 state = {"step": step + 1, "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
                          "adapter": adapter_state(model), "loss_before": loss_before,
-                         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                                 "numpy": np.random.get_state()}}
+                         "rng": checkpoint.rng_state()}
                 checkpoint.save(run_dir, step + 1, model, tokenizer, state, config.checkpoint.keep, saves_merged(config))
             bar.set_postfix(loss=f"{record['loss']:.3f}")
             bar.update()
@@ -242,7 +239,5 @@ def restore(path: Path, model: Any, optimizer: torch.optim.Optimizer, schedule: 
         load_adapter_state(model, state["adapter"])
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"]["torch"])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
+    checkpoint.restore_rng(state["rng"])
     return state["step"], state["loss_before"]

@@ -15,11 +15,9 @@ each step. DAPO's dynamic sampling and overlong shaping are in ``tempering.algor
 from __future__ import annotations
 
 import json
-import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -206,8 +204,7 @@ def save_checkpoint(run: Run, step: int, eval_before: dict, timings: dict) -> No
     try:
         state = {"step": step, "learner": run.learner.state_dict(), "mixture": run.mixture.state_dict(),
                  "pipeline": run.pipeline.state_dict(), "monitors": run.monitors.state_dict(),
-                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                         "numpy": np.random.get_state()},
+                 "rng": checkpoint.rng_state(),
                  "eval_before": eval_before, "timings": dict(timings)}
         checkpoint.save(run.run_dir, step, run.model, run.tokenizer, state, run.config.checkpoint.keep,
                         saves_merged(run.config))
@@ -226,9 +223,7 @@ def restore(path: Path, run: Run) -> dict:
         raise ConfigError(f"cannot resume from {path}: {exc}") from None
     run.pipeline.load_state_dict(state["pipeline"])
     run.monitors.load_state_dict(state["monitors"])
-    torch.set_rng_state(state["rng"]["torch"])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
+    checkpoint.restore_rng(state["rng"])
     return state
 
 

@@ -32,14 +32,14 @@ def _split_config_args(items: list[str]) -> tuple[Optional[str], list[str]]:
     return None, items
 
 
-def _load(args: argparse.Namespace):
-    path, overrides = _split_config_args(args.config_and_overrides)
+def _load(items: list[str], run_dir: Optional[str] = None):
+    path, overrides = _split_config_args(items)
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"expected key=value overrides after the config file, got {bad[0]!r}")
-    if getattr(args, "run_dir", None):
+    if run_dir:
         # quoted, so that a folder named like 2024-06-01 or 'null' stays the string it is
-        overrides.append(f"run_dir={json.dumps(args.run_dir)}")
+        overrides.append(f"run_dir={json.dumps(run_dir)}")
     return load_config(path, overrides)
 
 
@@ -60,7 +60,7 @@ def _train(args: argparse.Namespace) -> None:
     from tempering.train import train
 
     if args.resume is None:
-        train(_load(args), progress=not args.quiet)
+        train(_load(args.config_and_overrides, args.run_dir), progress=not args.quiet)
         return
     train(_resumed_config(args, args.config_and_overrides), progress=not args.quiet, resume=True)
 
@@ -84,15 +84,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
         return 0
     if not args.items or "=" in args.items[0]:
         raise ConfigError("temper sft needs the training records first: temper sft DATA.jsonl [CONFIG] [key=value ...]")
-    args.config_and_overrides = [*args.items[1:], f"sft.data={json.dumps(args.items[0])}"]
-    sft(_load(args), progress=not args.quiet)
+    sft(_load([*args.items[1:], f"sft.data={json.dumps(args.items[0])}"], args.run_dir), progress=not args.quiet)
     return 0
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
     from tempering.pretrain import ensure_pretrained
 
-    config = _load(args)
+    config = _load(args.config_and_overrides)
     path = ensure_pretrained(config.pretrain, progress=not args.quiet, force=args.force, threads=config.threads)
     stats = json.loads((path / "pretrain.json").read_text())["stats"]
     print(json.dumps({"model_dir": str(path), **stats}, indent=2))
@@ -102,11 +101,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def _is_config(item: str) -> bool:
     """A YAML file, or the name of a config shipped with tempering (``quickstart``) when no
     file or folder of that name exists here."""
-    from tempering.config import builtin_config
+    from tempering.config import shipped_config
 
-    if item.endswith((".yaml", ".yml")):
-        return True
-    return "/" not in item and not Path(item).exists() and builtin_config(item).exists()
+    return item.endswith((".yaml", ".yml")) or shipped_config(item) is not None
 
 
 def _eval_inputs(args: argparse.Namespace) -> tuple[Optional[str], Optional[str], list[str]]:
@@ -136,7 +133,7 @@ def _select_tasks(config, names: Optional[str]):
         return config
     from tempering.config import TaskSpec
 
-    chosen = [name.strip() for name in names.split(",") if name.strip()]
+    chosen = list(dict.fromkeys(name.strip() for name in names.split(",") if name.strip()))
     if not chosen:
         raise ConfigError("--tasks: name at least one task, e.g. --tasks add,mul")
     specs = {spec.name: spec for spec in config.tasks}
@@ -165,19 +162,24 @@ def _sampled_settings(args: argparse.Namespace, config):
     return SampledSettings(args.n, tuple(ks), params, config.seed)
 
 
-def _selectors(best_of: list[str]) -> tuple[bool, dict]:
-    """``(verifier wanted, {"rm": reward model})`` from the ``--best-of`` values."""
-    verifier, selectors = False, {}
-    for value in best_of:
-        if value == "verifier":
-            verifier = True
-        elif value.startswith("rm:") and len(value) > 3:
-            from tempering.rewards.model import ModelReward
-
-            selectors["rm"] = ModelReward(path=value[3:], transform="raw")
-        else:
+def _best_of(values: list[str]) -> tuple[bool, Optional[str]]:
+    """``(verifier wanted, reward model path or None)`` from the ``--best-of`` values."""
+    for value in values:
+        if value != "verifier" and not (value.startswith("rm:") and len(value) > 3):
             raise ConfigError(f"--best-of {value!r}: expected verifier or rm:PATH (a reward model)")
-    return verifier, selectors
+    models = list(dict.fromkeys(value[3:] for value in values if value != "verifier"))
+    if len(models) > 1:
+        raise ConfigError(f"--best-of: more than one reward model given ({', '.join(models)}); name one")
+    return "verifier" in values, (models or [None])[0]
+
+
+def _selectors(rm_path: Optional[str]) -> dict:
+    """``{"rm": reward model}`` that ranks samples for best-of-k; empty without one."""
+    if rm_path is None:
+        return {}
+    from tempering.rewards.model import ModelReward
+
+    return {"rm": ModelReward(path=rm_path, transform="raw")}
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -187,14 +189,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.sampled_eval import sampled_evaluate
 
     model_path, config_path, overrides = _eval_inputs(args)
-    if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
-        raise ConfigError(f"--json {args.json}: its folder does not exist")
+    _check_json_path(args.json)
     config = _select_tasks(load_config(config_path, overrides), args.tasks)
     tasks = build_tasks(config)
     settings = _sampled_settings(args, config)
+    verifier, rm_path = _best_of(args.best_of or [])
     metrics = build_metrics(tasks, config.rewards.options)  # a bad option stops here, before any model work
     try:
-        verifier, selectors = _selectors(args.best_of or [])
+        selectors = _selectors(rm_path)
         model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
         print(f"temper eval: model {resolved}", file=sys.stderr)
         generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
@@ -204,6 +206,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         close_metrics(metrics)
     _report({"model": resolved, "settings": _settings_record(config, settings), **result}, args.json)
     return 0
+
+
+def _check_json_path(json_path: Optional[str]) -> None:
+    """Refuse a ``--json`` file that could not be written, before the evaluation it would hold."""
+    if json_path in (None, "-"):
+        return
+    if not Path(json_path).resolve().parent.is_dir():
+        raise ConfigError(f"--json {json_path}: its folder does not exist")
+    if Path(json_path).is_dir():
+        raise ConfigError(f"--json {json_path}: is a folder; name a file in it")
 
 
 def _settings_record(config, settings) -> dict:
@@ -220,11 +232,14 @@ def _report(result: dict, json_path: Optional[str]) -> None:
     from tempering.sampled_eval import metric_table
 
     text = json.dumps(result, indent=2)
-    if json_path and json_path != "-":
-        Path(json_path).write_text(text + "\n")
     print(metric_table(result), file=sys.stderr if json_path == "-" else sys.stdout)
     if json_path == "-":
         print(text)
+    elif json_path:
+        try:
+            Path(json_path).write_text(text + "\n")
+        except OSError as exc:  # the table above still shows the numbers
+            raise ConfigError(f"--json {json_path}: cannot write it ({exc.strerror or exc})") from None
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:

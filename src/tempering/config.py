@@ -277,10 +277,17 @@ def builtin_config(name: str) -> Path:
     return Path(str(resources.files("tempering") / "configs" / f"{name}.yaml"))
 
 
+def shipped_config(name: str) -> Optional[Path]:
+    """The shipped config a bare name (``quickstart``) stands for, when no file or folder of
+    that name exists here; else None."""
+    if "/" in name or Path(name).suffix or Path(name).exists():
+        return None
+    path = builtin_config(name)
+    return path if path.exists() else None
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.exists() and not path.suffix and builtin_config(str(path)).exists():
-        path = builtin_config(str(path))
+    path = shipped_config(str(path)) or Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:

@@ -132,8 +132,10 @@ def _grade(problems: Sequence[Problem], rollouts: Sequence, metric: BatchReward,
     """``(score or None when the grader failed, answer voted for)`` of each rollout."""
     graded = []
     for problem, rollout, result in zip(problems, rollouts, metric.score_batch(problems, rollouts)):
-        extracted = result.diagnostics.get("extracted",
-                                           vote_key(problem, rollout.text, options) if vote_key else None)
+        if "extracted" in result.diagnostics:  # the reward's own reading; the vote key only without one
+            extracted = result.diagnostics["extracted"]
+        else:
+            extracted = vote_key(problem, rollout.text, options) if vote_key else None
         graded.append((None if result.error is not None else result.score,
                        None if extracted is None else str(extracted)))
     return graded
@@ -198,12 +200,9 @@ def _estimators(samples: TaskSamples, seed: int, verifier: bool) -> dict[str, Es
 def task_metrics(samples: TaskSamples, ks: Sequence[int], seed: int, verifier: bool = False) -> dict[str, dict]:
     """Every sampled metric of one task, named ``pass@k``, ``maj@k`` and ``best_of@k[<selector>]``
     for each selector the samples were ranked by (and ``verifier``, the metric, when asked)."""
-    out: dict[str, dict] = {}
-    for pattern, estimate in _estimators(samples, seed, verifier).items():
-        for k in ks:
-            usable = [p for p in samples.problems if len(p.scores) >= k]
-            out[pattern.format(k=k)] = _summary([estimate(p, k) for p in usable], seed)
-    return out
+    usable = {k: [p for p in samples.problems if len(p.scores) >= k] for k in ks}
+    return {pattern.format(k=k): _summary([estimate(p, k) for p in usable[k]], seed)
+            for pattern, estimate in _estimators(samples, seed, verifier).items() for k in ks}
 
 
 def greedy_metric(result: dict, name: str) -> dict:
@@ -229,7 +228,7 @@ def sampled_evaluate(generator, tasks: Sequence[Task], problems_per_task: int, m
     if settings is None:
         return result
     draws = torch.Generator().manual_seed(settings.seed)
-    total = sum(len(t.eval_problems(problems_per_task)) for t in tasks) * settings.n
+    total = sum(result["problems"].values()) * settings.n  # evaluate() counted each task's problems
     with tqdm(total=total, desc="samples", unit="sample", disable=not progress, dynamic_ncols=True) as bar:
         for task in tasks:
             samples = sample_task(generator, task, metrics[task.metric], options.get(task.metric) or {},

@@ -27,6 +27,15 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
+class EnvSpec(Strict):
+    """A multi-turn environment around a task's problems (``tempering.envs``)."""
+
+    name: str = Field(description="environment: tools, reflection, or module:Class")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword options for the environment")
+    max_turns: int = Field(4, ge=1, description="model turns per episode at most")
+    max_tokens: int = Field(0, ge=0, description="completion tokens per episode at most, the model's and the environment's together; 0 = max_turns x rollout.max_new_tokens")
+
+
 class TaskSpec(Strict):
     name: str = Field(description="task registry name (add, sub, mul, ...) or module:function")
     weight: float = Field(1.0, ge=0, description="sampling weight in the mixture; 0 = evaluate only")
@@ -34,6 +43,7 @@ class TaskSpec(Strict):
     rewards: Optional[dict[str, float]] = Field(
         None, description="reward name -> weight; null keeps the task's own reward spec"
     )
+    env: Optional[EnvSpec] = Field(None, description="run the task's problems as multi-turn episodes in this environment; null = one completion each")
 
 
 def _arithmetic_tasks() -> list[TaskSpec]:

@@ -63,6 +63,23 @@ class Problem:
 
 
 @dataclass
+class Turn:
+    """One model turn of a multi-turn episode and what the environment answered.
+
+    ``start``/``end`` index the model's tokens in ``Rollout.completion_ids``; the
+    environment's tokens (``observation_ids``) follow at ``end``, with loss weight 0."""
+
+    text: str
+    start: int
+    end: int
+    finish_reason: str
+    observation: Any = None
+    observation_ids: list[int] = field(default_factory=list)
+    rewards: dict[str, float] = field(default_factory=dict)
+    info: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class Rollout:
     """One sampled completion, exactly as the sampler produced it.
 
@@ -70,6 +87,10 @@ class Rollout:
     temperature-scaled distribution (top-p truncation excluded), so the learner can form
     importance ratios against it. ``loss_mask`` marks the completion tokens that are trained
     on (1) or ignored (0). ``policy_version`` is the learner step whose weights sampled it.
+
+    In a multi-turn episode the completion is every token after the first prompt, the model's
+    turns and the environment's answers in order; the environment's tokens have log-prob 0
+    and loss weight 0, and ``text`` is the last model turn (what the task's rewards grade).
     """
 
     problem: Problem
@@ -82,6 +103,8 @@ class Rollout:
     loss_mask: list[int] = field(default_factory=list)
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)
+    turns: list["Turn"] = field(default_factory=list)
+    """A multi-turn episode's turns in order (``tempering.envs``); empty for one completion."""
 
     def __post_init__(self) -> None:
         if not self.loss_mask:

@@ -55,6 +55,7 @@ class PretrainConfig(Strict):
 
     tasks: list[TaskSpec] = Field(default_factory=_arithmetic_tasks, description="corpus tasks, mixed evenly")
     wrong_share: float = Field(0.6, ge=0, le=1, description="share of corpus solutions written with the task's classic mistake")
+    tool_share: float = Field(0.0, ge=0, le=1, description="share of corpus problems solved by a calculator call instead (<calc>47*6</calc><result>282</result>, the tools environment's syntax); 0 = none")
     hidden_size: int = Field(256, ge=16, description="model width")
     layers: int = Field(4, ge=1, description="transformer layers")
     heads: int = Field(4, ge=1, description="attention heads")

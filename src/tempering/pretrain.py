@@ -41,7 +41,14 @@ def cache_root() -> Path:
 
 
 def cache_key(config: PretrainConfig) -> str:
-    payload = json.dumps({"v": CORPUS_VERSION, **config.model_dump(mode="json")}, sort_keys=True)
+    """A hash of what makes the model: the config, less what cannot change the corpus (a
+    corpus task's ``env``) and ``tool_share`` at 0, so that models cached before these
+    fields existed keep their keys."""
+    exclude: dict = {"tasks": {"__all__": {"env"}}}
+    if config.tool_share == 0:
+        exclude["tool_share"] = True
+    fields = config.model_dump(mode="json", exclude=exclude)
+    payload = json.dumps({"v": CORPUS_VERSION, **fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -58,7 +65,7 @@ def corpus(config: PretrainConfig) -> Iterator[str]:
     index = 0
     while True:
         task = tasks[index % len(tasks)]
-        yield task.corpus_document(index // len(tasks), config.wrong_share)
+        yield task.corpus_document(index // len(tasks), config.wrong_share, config.tool_share)
         index += 1
 
 

@@ -33,6 +33,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tempering.envs.tools import calc_transcript
 from tempering.tasks.base import StreamState, check_grading, register_task, render
 from tempering.types import Problem
 
@@ -254,13 +255,18 @@ class ArithmeticTask(StreamState):
         lines, answer = self._op.solve(problem.meta["a"], problem.meta["b"], buggy)
         return "\n".join(lines + [f"answer: {answer}"])
 
-    def corpus_document(self, index: int, wrong_share: float) -> str:
+    def corpus_document(self, index: int, wrong_share: float, tool_share: float = 0.0) -> str:
         """A pre-training document: a training problem and a worked solution that is buggy
-        with probability ``wrong_share`` (visible only where a carry or borrow is needed)."""
+        with probability ``wrong_share`` (visible only where a carry or borrow is needed),
+        or, with probability ``tool_share``, a calculator call whose result is the answer
+        (so a model knows the ``tools`` environment's calculator before RL asks it to use it)."""
         problem = self.train_problem(index)
         rng = random.Random(f"corpus:{self.seed}:{self.name}:{index}")
         prompt = problem.prompt if isinstance(problem.prompt, str) else f"{problem.id}\n"
-        return prompt + self.solution(problem, rng.random() < wrong_share)
+        buggy = rng.random() < wrong_share
+        if self.style != "program" and rng.random() < tool_share:
+            return f"{prompt}{calc_transcript(problem.id, problem.answer)}\nanswer: {problem.answer}"
+        return prompt + self.solution(problem, buggy)
 
 
 for _operation in OPERATIONS:

@@ -9,7 +9,7 @@ import pytest
 from tempering.build import build_tasks
 from tempering.config import ConfigError, TrainConfig
 from tempering.envs import Step, check_env, make_env
-from tempering.envs.base import episode_totals
+from tempering.envs.base import episode_totals, transcript
 from tempering.envs.runner import ChatTurns
 from tempering.models.tiny import build_tokenizer
 from tempering.rewards import Rewarder
@@ -112,3 +112,13 @@ def test_chat_turns_refuse_a_template_that_rewrites_earlier_turns():
                                "{% endfor %}")
     with pytest.raises(ConfigError, match="renders a conversation differently"):
         ChatTurns(tokenizer)
+
+
+def test_transcript_interleaves_model_turns_and_observations():
+    problem = Problem(task="add", id="0", prompt="", answer="")
+    episode = Rollout(problem, [1], [2], [0.0], "answer: 3", "stop", 0, turns=[
+        Turn("<calc>1+2</calc>", 0, 1, "stop", observation="<result>3</result>"),
+        Turn("\nwrong", 1, 2, "stop", observation=[{"role": "user", "content": "try again"}]),
+        Turn("answer: 3", 2, 3, "stop")])
+    assert transcript(episode) == "<calc>1+2</calc><result>3</result>\nwrong\n[user] try again\nanswer: 3"
+    assert transcript(Rollout(problem, [1], [2], [0.0], "plain", "stop", 0)) == "plain"

@@ -90,6 +90,7 @@ def test_errors_are_observations_counted_per_step():
 def test_python_tool_runs_in_the_sandbox():
     env = ToolEnv(tools=["calculator", "python"], timeout_s=1.0, max_result_chars=50)
     assert env.stop == ("</calc>", "</python>")
+    assert ToolEnv(tools="python").stop == ("</python>",)
     assert env.step("<python>print(2**10)</python>").observation == "<result>1024</result>"
     failed = env.step("<python>\nx = 1\nprint(x / 0)\n</python>")
     assert failed.observation == "<result>error: ZeroDivisionError: division by zero</result>"
@@ -137,8 +138,8 @@ def test_auto_syntax_follows_the_tokenizer():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"tools": ["calculator", "search"]}, "unknown or empty \\['search'\\]"),
-    ({"tools": []}, "unknown or empty \\[\\]"),
+    ({"tools": ["calculator", "search", "web"]}, "tools: unknown search, web; known: calculator, python"),
+    ({"tools": []}, "tools: none given"),
     ({"syntax": "xml"}, "syntax must be one of tags, template, auto"),
     ({"syntax": "template"}, "needs a tokenizer whose chat template handles tools"),
     ({"max_result_chars": 0}, "max_result_chars must be at least 1"),

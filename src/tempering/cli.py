@@ -183,9 +183,8 @@ def _selectors(rm_path: Optional[str]) -> dict:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from tempering.build import build_tasks, load_model
+    from tempering.build import build_generator, build_tasks, load_model
     from tempering.evaluate import build_metrics, close_metrics
-    from tempering.rollout.hf import HFGenerator
     from tempering.sampled_eval import sampled_evaluate
 
     model_path, config_path, overrides = _eval_inputs(args)
@@ -200,7 +199,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         selectors = _selectors(rm_path)
         model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
         print(f"temper eval: model {resolved}", file=sys.stderr)
-        generator = HFGenerator(model, tokenizer, config.model.chat_template, config.eval.batch_size)
+        generator = build_generator(config, model, tokenizer, config.eval.batch_size)
         result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
                                   metrics, config.rewards.options, settings, selectors, verifier, not args.quiet,
                                   rounds=rounds)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tempering.config import ConfigError
+from tempering.envs.base import transcript
 from tempering.rewards.base import BatchReward, build_reward
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.tasks import Task
@@ -78,7 +79,7 @@ def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: 
         problems[task.name], grader_errors[task.name] = len(results), len(results) - len(graded)
         truncated[task.name] = sum(g.rollouts[0].finish_reason == "length" for g in groups)
         if groups:
-            examples[task.name] = {"prompt": str(groups[0].problem.prompt), "completion": groups[0].rollouts[0].text}
+            examples[task.name] = {"prompt": str(groups[0].problem.prompt), "completion": transcript(groups[0].rollouts[0])}
     known = [value for value in per_task.values() if value is not None]
     return {"accuracy": sum(known) / len(known) if known else None, "per_task": per_task, "problems": problems,
             "grader_errors": grader_errors, "truncated": truncated, "examples": examples, "score_by_turns": by_turns}

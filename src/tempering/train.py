@@ -37,12 +37,14 @@ from tempering.types import Batch, Group
 def shape_overlong(groups: list[Group], ac: AlgorithmConfig, max_new_tokens: int) -> dict[str, float]:
     """DAPO's overlong shaping, as configured: the soft penalty on rewards, then the filter.
 
-    Runs after dynamic sampling, which therefore judges groups on their task rewards.
+    Runs after dynamic sampling, which therefore judges groups on their task rewards. A
+    multi-turn episode is judged by its longest model turn (``max_new_tokens`` bounds a turn).
     """
     rollouts = [r for g in groups for r in g.rollouts]
     penalty = 0.0
     for rollout in rollouts:
-        shift = overlong_penalty(len(rollout.completion_ids), max_new_tokens, ac.overlong_buffer, ac.overlong_penalty)
+        length = max((t.end - t.start for t in rollout.turns), default=len(rollout.completion_ids))
+        shift = overlong_penalty(length, max_new_tokens, ac.overlong_buffer, ac.overlong_penalty)
         rollout.reward += shift
         penalty -= shift
     truncated = sum(r.finish_reason == "length" for r in rollouts)

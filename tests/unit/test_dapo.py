@@ -5,7 +5,7 @@ import pytest
 from tempering.algorithms.dapo import collect_groups, has_signal, mask_truncated, overlong_penalty
 from tempering.config import AlgorithmConfig
 from tempering.train import shape_overlong
-from tempering.types import Group, Problem, Rollout, Round
+from tempering.types import Group, Problem, Rollout, Round, Turn
 
 PROBLEM = Problem(task="t", id="0", prompt="", answer="")
 
@@ -117,3 +117,13 @@ def test_shape_overlong_is_a_no_op_by_default():
     record = shape_overlong([Group(PROBLEM, rollouts)], AlgorithmConfig(), max_new_tokens=10)
     assert rollouts[0].reward == 1.0 and rollouts[0].loss_mask == [1] * 10
     assert record == {"truncated_fraction": 1.0, "overlong_penalty": 0.0}
+
+
+def test_shape_overlong_judges_an_episode_by_its_longest_model_turn():
+    """Two turns of 6 and 7 model tokens around 5 environment tokens: 18 tokens in all, but no
+    turn came near the 10-token limit of a turn but the second (7 -> -0.25)."""
+    episode = _rollout(1.0, length=18)
+    episode.turns = [Turn("a", 0, 6, "stop", "obs", [9] * 5), Turn("b", 11, 18, "stop")]
+    episode.loss_mask = [1] * 6 + [0] * 5 + [1] * 7
+    shape_overlong([Group(PROBLEM, [episode])], AlgorithmConfig(overlong_buffer=4), max_new_tokens=10)
+    assert episode.reward == pytest.approx(0.75)

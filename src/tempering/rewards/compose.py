@@ -12,6 +12,9 @@ counted in ``reward/dropped``; a group left empty is removed from the step. A re
 raises is contained the same way: its batch is scored again one rollout at a time, and
 only the rollouts whose scoring raises are dropped (counted in ``reward/errors`` too).
 
+A multi-turn episode (``tempering.envs``) adds the rewards its environment gave, summed over
+its turns, each kept as the component ``env/<name>``.
+
 The task's ``metric`` reward is always scored (weight 0 when the spec leaves it out), so
 accuracy is measured whatever the training rewards are.
 """
@@ -23,6 +26,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
 
+from tempering.envs.base import episode_totals
 from tempering.rewards.base import BatchReward, RewardResult, build_reward
 from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer
 from tempering.tasks import Task
@@ -131,6 +135,7 @@ class Rewarder:
                     for key, value in result.diagnostics.items():
                         if isinstance(value, (int, float)):  # labels stay out of the metrics
                             sums[f"diag/{name}/{key}"] += value
+                self._add_episode(rollout, sums)
                 sums["reward"] += rollout.reward
                 sums["accuracy"] += rollout.reward_components[metric]
                 for key, value in rollout.reward_components.items():
@@ -145,6 +150,19 @@ class Rewarder:
         record["reward/errors"] = errors
         self._normalize(kept_by_domain, record, count)
         return record
+
+    @staticmethod
+    def _add_episode(rollout: Rollout, sums: Counter) -> None:
+        """A multi-turn episode's environment rewards join its reward (as ``env/<name>``
+        components); its turns and info counters go to the step's means (``env/<name>``)."""
+        if not rollout.turns:
+            return
+        rewards, info = episode_totals(rollout.turns)
+        rollout.reward += sum(rewards.values())
+        rollout.reward_components.update({f"env/{key}": value for key, value in rewards.items()})
+        sums["env/turns"] += len(rollout.turns)
+        for key, value in info.items():
+            sums[f"env/{key}"] += value
 
     def _normalize(self, by_domain: dict[str, list[Rollout]], record: dict[str, float], count: int) -> None:
         active = False

@@ -50,3 +50,19 @@ class Generator(Protocol):
         """Take new policy weights (a state dict, possibly partial). An empty dict means the
         generator already shares the learner's tensors and only the version moves."""
         ...
+
+
+@runtime_checkable
+class TokenSampler(Protocol):
+    """A generator that continues token histories directly, what a multi-turn episode needs
+    (``tempering.envs.runner``): every turn continues the exact ids of the turns before it."""
+
+    tokenizer: object
+    chat_template: bool
+    context_length: int
+    """Positions the model attends over; 0 = unknown (no bound is applied)."""
+
+    def sample(self, prompts: list[list[int]], params: SamplingParams,
+               generator: Optional[torch.Generator] = None) -> list[tuple[list[int], list[float], str]]:
+        """``(completion ids, log-probs, finish reason "stop" | "length")`` after each prompt."""
+        ...

@@ -210,7 +210,7 @@ class HFGenerator:
         rollouts: list[Rollout] = []
         for start in range(0, len(flat), self.batch_size):
             chunk = flat[start : start + self.batch_size]
-            outputs = self._sample([ids for _, ids in chunk], params, generator)
+            outputs = self.sample([ids for _, ids in chunk], params, generator)
             for (i, prompt_ids), (completion, logprobs, reason) in zip(chunk, outputs):
                 rollouts.append(Rollout(
                     problem=problems[i], prompt_ids=prompt_ids, completion_ids=completion,
@@ -230,9 +230,18 @@ class HFGenerator:
                          use_cache=True, **{self._cache_arg: cache}, **keep)
         return out.logits[:, -1, :].float(), out[self._cache_arg]
 
+    @property
+    def context_length(self) -> int:
+        """Positions the model attends over (0 = it states none)."""
+        return getattr(self.model.config, "max_position_embeddings", None) or 0
+
     @torch.no_grad()
-    def _sample(self, prompts: list[list[int]], params: SamplingParams, generator):
-        """``(completion ids, log-probs, finish reason)`` for each prompt (repeats welcome)."""
+    def sample(self, prompts: list[list[int]], params: SamplingParams, generator: Optional[torch.Generator] = None
+               ) -> list[tuple[list[int], list[float], str]]:
+        """``(completion ids, log-probs, finish reason)`` after each prompt, given as token ids
+        (repeats welcome: a repeated prompt is prefilled once); the finish reason is "stop"
+        (end-of-sequence or a stop string) or "length". Multi-turn episodes
+        (``tempering.envs.runner``) continue their token histories through this."""
         device = self.model.device
         index_of = {ids: i for i, ids in enumerate(dict.fromkeys(map(tuple, prompts)))}
         distinct = list(index_of)

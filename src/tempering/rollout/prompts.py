@@ -37,14 +37,16 @@ def use_chat_template(tokenizer: Any, setting: Optional[bool]) -> bool:
     return has_template if setting is None else setting
 
 
-def chat_ids(tokenizer: Any, messages: Messages, generation_prompt: bool) -> list[int]:
+def chat_ids(tokenizer: Any, messages: Messages, generation_prompt: bool, tools: Optional[list] = None) -> list[int]:
     """Token ids of ``messages`` rendered with the tokenizer's chat template, ending with the
-    assistant's turn marker when ``generation_prompt``."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+    assistant's turn marker when ``generation_prompt``; ``tools`` (JSON-schema definitions)
+    go to templates that describe tools to the model."""
+    extra = {"tools": tools} if tools else {}
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True, **extra)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt, chat_template: bool) -> list[int]:
+def encode_prompt(tokenizer: Any, prompt: Prompt, chat_template: bool, tools: Optional[list] = None) -> list[int]:
     """The token ids a prompt is sampled after: text as it is, or chat messages rendered with
     the chat template; without one, the messages' contents one per line (``temper sft``
     renders its records this same way, so a fine-tuned model sees the prompts RL gives it)."""
@@ -53,7 +55,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, chat_template: bool) -> list[i
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if not chat_template:
         return tokenizer("\n".join(m["content"] for m in messages) + "\n")["input_ids"]
-    return chat_ids(tokenizer, messages, generation_prompt=True)
+    return chat_ids(tokenizer, messages, generation_prompt=True, tools=tools)
 
 
 def prompt_limit(model_config: Any, max_prompt_tokens: int, max_new_tokens: int) -> int:

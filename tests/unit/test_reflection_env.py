@@ -99,7 +99,9 @@ def test_bad_options_are_refused_by_name():
     with pytest.raises(ValueError, match="turn_penalty"):
         ReflectionEnv(turn_penalty=-1)
     with pytest.raises(ValueError, match="exact_match"):
-        ReflectionEnv(grader="exact_match").reset(_problem(SQUARE))
+        ReflectionEnv(grader="exact_match")
+    with pytest.raises(ValueError, match="nosuch"):
+        ReflectionEnv(grader_options={"nosuch": 1})
 
 
 @pytest.fixture(scope="module")

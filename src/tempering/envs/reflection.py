@@ -66,6 +66,7 @@ class ReflectionEnv:
             raise ValueError(f"reflection: turn_penalty must be 0 or more, got {turn_penalty!r}")
         self.grader_name, self.turn_penalty = grader, float(turn_penalty)
         self.grader_options = dict(grader_options or {})
+        shared_grader(grader or "code", self.grader_options)  # a bad name or option fails here, not mid-episode
         self._problem: Optional[Problem] = None
         self._grader: Optional[CodeReward] = None
 

@@ -191,6 +191,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _check_json_path(args.json)
     config = _select_tasks(load_config(config_path, overrides), args.tasks)
     tasks = build_tasks(config)
+    rounds = _rounds(config, tasks)
     settings = _sampled_settings(args, config)
     verifier, rm_path = _best_of(args.best_of or [])
     metrics = build_metrics(tasks, config.rewards.options)  # a bad option stops here, before any model work
@@ -200,10 +201,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"temper eval: model {resolved}", file=sys.stderr)
         generator = build_generator(config, model, tokenizer, config.eval.batch_size)
         result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
-                                  metrics, config.rewards.options, settings, selectors, verifier, not args.quiet)
+                                  metrics, config.rewards.options, settings, selectors, verifier, not args.quiet,
+                                  rounds=rounds)
     finally:
         close_metrics(metrics)
-    _report({"model": resolved, "settings": _settings_record(config, settings), **result}, args.json)
+    _report({"model": resolved, "settings": _settings_record(config, settings, rounds), **result}, args.json)
     return 0
 
 
@@ -217,9 +219,17 @@ def _check_json_path(json_path: Optional[str]) -> None:
         raise ConfigError(f"--json {json_path}: is a folder; name a file in it")
 
 
-def _settings_record(config, settings) -> dict:
+def _rounds(config, tasks) -> dict[str, int]:
+    """Task name -> its environment's ``max_turns``, for the tasks run in one (build_tasks keeps
+    the config's order)."""
+    return {task.name: spec.env.max_turns for spec, task in zip(config.tasks, tasks) if spec.env is not None}
+
+
+def _settings_record(config, settings, rounds: dict[str, int]) -> dict:
     record = {"problems_per_task": config.eval.problems_per_task, "max_new_tokens": config.eval.max_new_tokens,
               "seed": config.seed, "ci": "95%: Wilson for greedy, percentile bootstrap over problems otherwise"}
+    if rounds:
+        record["max_turns"] = rounds
     if settings is not None:
         record.update(n=settings.n, k=list(settings.ks), temperature=settings.params.temperature,
                       top_p=settings.params.top_p)

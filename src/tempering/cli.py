@@ -251,6 +251,16 @@ def _report(result: dict, json_path: Optional[str]) -> None:
             raise ConfigError(f"--json {json_path}: cannot write it ({exc.strerror or exc})") from None
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from tempering.report import build_report
+
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "report.html"
+    if not out.resolve().parent.is_dir():
+        raise ConfigError(f"--out {out}: its folder does not exist")
+    print(f"report: {build_report(args.runs, out)}")
+    return 0
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "config_and_overrides", nargs="*", metavar="[CONFIG] [key=value ...]",
@@ -304,6 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "the table then going to stderr)")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
     evaluate.set_defaults(func=cmd_eval)
+
+    report = sub.add_parser("report", help="one self-contained HTML page of plots, rollouts and config of one or more runs")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders; several are overlaid, one colour each")
+    report.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html of the first run)")
+    report.set_defaults(func=cmd_report)
 
     add_sandbox_parser(sub)
     add_rm_parser(sub)

@@ -191,6 +191,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _check_json_path(args.json)
     config = _select_tasks(load_config(config_path, overrides), args.tasks)
     tasks = build_tasks(config)
+    rounds = _rounds(config, tasks)
     settings = _sampled_settings(args, config)
     verifier, rm_path = _best_of(args.best_of or [])
     metrics = build_metrics(tasks, config.rewards.options)  # a bad option stops here, before any model work
@@ -200,10 +201,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"temper eval: model {resolved}", file=sys.stderr)
         generator = build_generator(config, model, tokenizer, config.eval.batch_size)
         result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
-                                  metrics, config.rewards.options, settings, selectors, verifier, not args.quiet)
+                                  metrics, config.rewards.options, settings, selectors, verifier, not args.quiet,
+                                  rounds=rounds)
     finally:
         close_metrics(metrics)
-    _report({"model": resolved, "settings": _settings_record(config, settings), **result}, args.json)
+    _report({"model": resolved, "settings": _settings_record(config, settings, rounds), **result}, args.json)
     return 0
 
 
@@ -217,9 +219,17 @@ def _check_json_path(json_path: Optional[str]) -> None:
         raise ConfigError(f"--json {json_path}: is a folder; name a file in it")
 
 
-def _settings_record(config, settings) -> dict:
+def _rounds(config, tasks) -> dict[str, int]:
+    """Task name -> its environment's ``max_turns``, for the tasks run in one (build_tasks keeps
+    the config's order)."""
+    return {task.name: spec.env.max_turns for spec, task in zip(config.tasks, tasks) if spec.env is not None}
+
+
+def _settings_record(config, settings, rounds: dict[str, int]) -> dict:
     record = {"problems_per_task": config.eval.problems_per_task, "max_new_tokens": config.eval.max_new_tokens,
               "seed": config.seed, "ci": "95%: Wilson for greedy, percentile bootstrap over problems otherwise"}
+    if rounds:
+        record["max_turns"] = rounds
     if settings is not None:
         record.update(n=settings.n, k=list(settings.ks), temperature=settings.params.temperature,
                       top_p=settings.params.top_p)
@@ -239,6 +249,16 @@ def _report(result: dict, json_path: Optional[str]) -> None:
             Path(json_path).write_text(text + "\n")
         except OSError as exc:  # the table above still shows the numbers
             raise ConfigError(f"--json {json_path}: cannot write it ({exc.strerror or exc})") from None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tempering.report import build_report
+
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "report.html"
+    if not out.resolve().parent.is_dir():
+        raise ConfigError(f"--out {out}: its folder does not exist")
+    print(f"report: {build_report(args.runs, out)}")
+    return 0
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -294,6 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "the table then going to stderr)")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
     evaluate.set_defaults(func=cmd_eval)
+
+    report = sub.add_parser("report", help="one self-contained HTML page of plots, rollouts and config of one or more runs")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders; several are overlaid, one colour each")
+    report.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html of the first run)")
+    report.set_defaults(func=cmd_report)
 
     add_sandbox_parser(sub)
     add_rm_parser(sub)

@@ -242,6 +242,12 @@ class CheckpointConfig(Strict):
     rollback_after: int = Field(3, ge=1, description="after this many consecutive steps with a non-finite loss or gradient, restore the weights of the last checkpoint")
 
 
+class LoggingConfig(Strict):
+    """What a run writes for people besides ``metrics.jsonl``."""
+
+    samples: float = Field(0.1, ge=0, le=1, description="share of each step's trained rollouts written to samples.jsonl (prompt, completion or episode transcript, reward parts), chosen by seed and step; 0 = none")
+
+
 class SftConfig(Strict):
     """``temper sft``: supervised fine-tuning on answer tokens (see ``tempering.sft``). The
     model, seed, threads, run folder and checkpoints are the run's own sections; bf16,
@@ -280,6 +286,7 @@ class TrainConfig(Strict):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sft: SftConfig = Field(default_factory=SftConfig)
 
 

@@ -45,13 +45,15 @@ def close_metrics(metrics: Mapping[str, BatchReward]) -> None:
 def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
              max_new_tokens: int, options: dict[str, dict[str, Any]] | None = None,
              metrics: Mapping[str, BatchReward] | None = None) -> dict:
-    """``{"accuracy", "per_task", "problems", "grader_errors", "truncated", "examples"}``.
+    """``{"accuracy", "per_task", "problems", "grader_errors", "truncated", "examples", "score_by_turns"}``.
 
     ``per_task[name]`` is the mean ``metric`` score of the task's greedy completions over the
     held-out problems that were graded (None when none was); ``problems`` counts the problems
     (a task may hold fewer than ``problems_per_task``), ``grader_errors`` those whose grader
     failed and ``truncated`` the completions cut off at ``max_new_tokens``. ``accuracy`` is the
-    unweighted mean over the tasks with a number. The metrics are built from ``options`` and
+    unweighted mean over the tasks with a number. ``score_by_turns[name]`` sums the graded
+    problems' scores by the model turns each episode used (all under 1 without an environment),
+    from which accuracy by round is read. The metrics are built from ``options`` and
     closed here, unless the caller passes them built (``metrics``, from :func:`build_metrics`)
     and closes them itself.
     """
@@ -67,16 +69,27 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
 def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int, max_new_tokens: int,
               metrics: Mapping[str, BatchReward]) -> dict:
     params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
-    per_task, problems, grader_errors, truncated, examples = {}, {}, {}, {}, {}
+    per_task, problems, grader_errors, truncated, examples, by_turns = {}, {}, {}, {}, {}, {}
     for task in tasks:
         groups = generator.generate(task.eval_problems(problems_per_task), group_size=1, params=params)
         results = metrics[task.metric].score_batch([g.problem for g in groups], [g.rollouts[0] for g in groups])
         graded = [r.score for r in results if r.error is None]
         per_task[task.name] = sum(graded) / len(graded) if graded else None
+        by_turns[task.name] = _score_by_turns(groups, results)
         problems[task.name], grader_errors[task.name] = len(results), len(results) - len(graded)
         truncated[task.name] = sum(g.rollouts[0].finish_reason == "length" for g in groups)
         if groups:
             examples[task.name] = {"prompt": str(groups[0].problem.prompt), "completion": transcript(groups[0].rollouts[0])}
     known = [value for value in per_task.values() if value is not None]
     return {"accuracy": sum(known) / len(known) if known else None, "per_task": per_task, "problems": problems,
-            "grader_errors": grader_errors, "truncated": truncated, "examples": examples}
+            "grader_errors": grader_errors, "truncated": truncated, "examples": examples, "score_by_turns": by_turns}
+
+
+def _score_by_turns(groups: Sequence, results: Sequence) -> dict[int, float]:
+    """The graded problems' summed scores, by the model turns each greedy episode used."""
+    found: dict[int, float] = {}
+    for group, result in zip(groups, results):
+        if result.error is None:
+            turns = group.rollouts[0].model_turns
+            found[turns] = found.get(turns, 0.0) + result.score
+    return found

@@ -16,6 +16,12 @@ so it is the number ``temper train``'s before/after table shows.
 - ``best_of@k[rm]``: the sample a reward model (``rm:PATH``, a sequence-classification model
   as ``temper rm train`` saves) scores highest among k, graded by the metric: the real
   inference-time method.
+- ``pass@k[round<=r]`` and ``greedy[round<=r]``, for a task run in an environment of at most
+  R model turns, each r in 1..R: a sample counts only when it is correct and its episode used
+  at most r turns (for reflection, solved by the r-th attempt; for a tool environment, within
+  a budget of r - 1 tool results). Same estimators and intervals; at r = R they equal
+  ``pass@k`` and ``greedy``. With partial credit, a later-round solution adds nothing to an
+  earlier round (its earlier attempts were not graded).
 
 A sample whose grader failed is left out of its problem (its n shrinks) and counted in
 ``grader_errors``; a problem left with fewer than k graded samples is left out of that k's
@@ -114,6 +120,8 @@ class ProblemSamples:
     answers: list[Optional[str]] = field(default_factory=list)
     ranks: dict[str, list[float]] = field(default_factory=dict)
     """Selector name (``rm``) -> its score of each sample."""
+    turns: list[int] = field(default_factory=list)
+    """Model turns each sample's episode used (1 for one completion)."""
 
 
 @dataclass
@@ -157,8 +165,9 @@ def sample_task(generator, task: Task, metric: BatchReward, options: Mapping[str
         flat = [r.problem for r in rollouts]
         graded = _grade(flat, rollouts, metric, vote_key, options)
         ranks = {name: [r.score for r in s.score_batch(flat, rollouts)] for name, s in selectors.items()}
+        turns = [r.model_turns for r in rollouts]
         for g in range(len(groups)):
-            out.problems.append(_problem_samples(graded, ranks, range(g * settings.n, (g + 1) * settings.n)))
+            out.problems.append(_problem_samples(graded, ranks, turns, range(g * settings.n, (g + 1) * settings.n)))
         out.samples += len(rollouts)
         out.grader_errors += sum(score is None for score, _ in graded)
         out.truncated += sum(r.finish_reason == "length" for r in rollouts)
@@ -167,10 +176,11 @@ def sample_task(generator, task: Task, metric: BatchReward, options: Mapping[str
     return out
 
 
-def _problem_samples(graded: list, ranks: Mapping[str, list[float]], rows: range) -> ProblemSamples:
+def _problem_samples(graded: list, ranks: Mapping[str, list[float]], turns: list[int], rows: range) -> ProblemSamples:
     kept = [i for i in rows if graded[i][0] is not None]
     return ProblemSamples([graded[i][0] for i in kept], [graded[i][1] for i in kept],
-                          {name: [values[i] for i in kept] for name, values in ranks.items()})
+                          {name: [values[i] for i in kept] for name, values in ranks.items()},
+                          [turns[i] for i in kept])
 
 
 def _summary(values: list[float], seed: int) -> dict:
@@ -184,10 +194,16 @@ def _summary(values: list[float], seed: int) -> dict:
 Estimate = Callable[[ProblemSamples, int], float]
 
 
-def _estimators(samples: TaskSamples, seed: int, verifier: bool) -> dict[str, Estimate]:
+def _solved(p: ProblemSamples, rounds: int) -> int:
+    """Samples correct within ``rounds`` model turns (0: however many they used)."""
+    return sum(s >= 1 and (not rounds or t <= rounds) for s, t in zip(p.scores, p.turns or [1] * len(p.scores)))
+
+
+def _estimators(samples: TaskSamples, seed: int, verifier: bool, rounds: int) -> dict[str, Estimate]:
     """Metric name pattern (``{k}`` for k) -> one problem's estimate at k."""
-    found: dict[str, Estimate] = {
-        "pass@{k}": lambda p, k: eval_stats.pass_at_k(len(p.scores), sum(s >= 1 for s in p.scores), k)}
+    found: dict[str, Estimate] = {"pass@{k}": lambda p, k: eval_stats.pass_at_k(len(p.scores), _solved(p, 0), k)}
+    for r in range(1, rounds + 1):
+        found[f"pass@{{k}}[round<={r}]"] = lambda p, k, r=r: eval_stats.pass_at_k(len(p.scores), _solved(p, r), k)
     if samples.votes:
         found["maj@{k}"] = lambda p, k: eval_stats.maj_at_k(p.answers, p.scores, k, seed)
     if verifier:
@@ -197,18 +213,34 @@ def _estimators(samples: TaskSamples, seed: int, verifier: bool) -> dict[str, Es
     return found
 
 
-def task_metrics(samples: TaskSamples, ks: Sequence[int], seed: int, verifier: bool = False) -> dict[str, dict]:
+def task_metrics(samples: TaskSamples, ks: Sequence[int], seed: int, verifier: bool = False,
+                 rounds: int = 0) -> dict[str, dict]:
     """Every sampled metric of one task, named ``pass@k``, ``maj@k`` and ``best_of@k[<selector>]``
-    for each selector the samples were ranked by (and ``verifier``, the metric, when asked)."""
+    for each selector the samples were ranked by (and ``verifier``, the metric, when asked), and
+    ``pass@k[round<=r]`` for r up to ``rounds`` (a task's environment's ``max_turns``; 0 = none)."""
     usable = {k: [p for p in samples.problems if len(p.scores) >= k] for k in ks}
     return {pattern.format(k=k): _summary([estimate(p, k) for p in usable[k]], seed)
-            for pattern, estimate in _estimators(samples, seed, verifier).items() for k in ks}
+            for pattern, estimate in _estimators(samples, seed, verifier, rounds).items() for k in ks}
 
 
 def greedy_metric(result: dict, name: str) -> dict:
     """The greedy accuracy of task ``name`` with Wilson's interval over its graded problems."""
+    return _greedy_entry(result["per_task"][name], result["problems"][name] - result["grader_errors"][name])
+
+
+def greedy_by_round(result: dict, name: str, rounds: int) -> dict[str, dict]:
+    """``greedy[round<=r]`` of task ``name`` for r in 1..``rounds``: the greedy score counted
+    only for the episodes that used at most r model turns, with Wilson's interval."""
     graded = result["problems"][name] - result["grader_errors"][name]
-    value = result["per_task"][name]
+    by_turns = result["score_by_turns"][name]
+    found = {}
+    for r in range(1, rounds + 1):
+        score = sum(value for turns, value in by_turns.items() if turns <= r)
+        found[f"greedy[round<={r}]"] = _greedy_entry(score / graded if graded else None, graded)
+    return found
+
+
+def _greedy_entry(value: Optional[float], graded: int) -> dict:
     if value is None:
         return {"value": None, "ci": None, "problems": 0}
     return {"value": value, "ci": list(eval_stats.wilson_interval(value * graded, graded)), "problems": graded}
@@ -217,13 +249,16 @@ def greedy_metric(result: dict, name: str) -> dict:
 def sampled_evaluate(generator, tasks: Sequence[Task], problems_per_task: int, max_new_tokens: int,
                      metrics: Mapping[str, BatchReward], options: Mapping[str, dict],
                      settings: Optional[SampledSettings], selectors: Mapping[str, BatchReward],
-                     verifier: bool, progress: bool) -> dict:
+                     verifier: bool, progress: bool, rounds: Optional[Mapping[str, int]] = None) -> dict:
     """:func:`~tempering.evaluate.evaluate`'s greedy result, plus ``metrics`` (task -> metric
     name -> ``{"value", "ci", "problems"}``), ``samples`` (task -> counts) and ``notes``;
     without ``settings`` only greedy accuracy is measured. ``selectors`` rank samples for
-    best-of-k (``{"rm": reward model}``); ``verifier`` adds best-of-k by the metric itself."""
+    best-of-k (``{"rm": reward model}``); ``verifier`` adds best-of-k by the metric itself.
+    ``rounds`` (task -> its environment's ``max_turns``) adds the by-round metrics."""
+    rounds = rounds or {}
     result = evaluate(generator, tasks, problems_per_task, max_new_tokens, metrics=metrics)
-    result["metrics"] = {t.name: {"greedy": greedy_metric(result, t.name)} for t in tasks}
+    result["metrics"] = {t.name: {"greedy": greedy_metric(result, t.name),
+                                  **greedy_by_round(result, t.name, rounds.get(t.name, 0))} for t in tasks}
     result["samples"], result["notes"] = {}, []
     if settings is None:
         return result
@@ -233,7 +268,8 @@ def sampled_evaluate(generator, tasks: Sequence[Task], problems_per_task: int, m
         for task in tasks:
             samples = sample_task(generator, task, metrics[task.metric], options.get(task.metric) or {},
                                   problems_per_task, settings, selectors, bar, draws)
-            result["metrics"][task.name].update(task_metrics(samples, settings.ks, settings.seed, verifier))
+            result["metrics"][task.name].update(
+                task_metrics(samples, settings.ks, settings.seed, verifier, rounds.get(task.name, 0)))
             result["samples"][task.name] = _counts(samples)
             if not samples.votes:
                 result["notes"].append(f"{task.name}: no maj@k, its metric {task.metric!r} extracts no answer "

@@ -30,6 +30,7 @@ from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_res
 from tempering.faults import TrainingDiverged
 from tempering.learner import Learner, collate
 from tempering.reporting import MetricsWriter, before_after_table, truncate_metrics
+from tempering.samples import SampleWriter
 from tempering.scheduler import cap_domain_tokens, domain_token_weights_B
 from tempering.types import Batch, Group
 
@@ -97,10 +98,12 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     else:
         save_resolved(config, run.run_dir / "config.yaml")
     truncate_metrics(run.run_dir / "metrics.jsonl", first_step)
+    truncate_metrics(run.run_dir / "samples.jsonl", first_step)
     if eval_before is None:
         eval_before = run.evaluate()
 
     metrics = MetricsWriter(run.run_dir / "metrics.jsonl")
+    samples = SampleWriter(run.run_dir / "samples.jsonl", config.logging.samples, config.seed)
     bar = tqdm(total=config.steps, initial=first_step, desc="train", disable=not progress, dynamic_ncols=True)
     nonfinite_streak = 0
     checkpoint_s = None
@@ -124,6 +127,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
             if checkpoint_s is not None:
                 record["checkpoint_s"], checkpoint_s = checkpoint_s, None  # the previous step's save
             metrics.write(record)  # before the checkpoint: a resumed run never lacks a step's record
+            samples.write(step + 1, groups)
             every = config.checkpoint.every
             if every and ((step + 1) % every == 0 or step + 1 == config.steps):
                 t0 = time.perf_counter()
@@ -135,6 +139,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     finally:
         bar.close()
         metrics.close()
+        samples.close()
         run.close()
 
     eval_after = run.evaluate()

@@ -106,6 +106,11 @@ class Rollout:
     turns: list["Turn"] = field(default_factory=list)
     """A multi-turn episode's turns in order (``tempering.envs``); empty for one completion."""
 
+    @property
+    def model_turns(self) -> int:
+        """Model turns the episode used (what a by-round metric counts); 1 for one completion."""
+        return len(self.turns) or 1
+
     def __post_init__(self) -> None:
         if not self.loss_mask:
             self.loss_mask = [1] * len(self.completion_ids)

@@ -48,7 +48,7 @@ def test_the_resolved_config_round_trips(tmp_path):
 @pytest.mark.parametrize("overrides, expected", [
     (["nosuch.key=1"], ["nosuch: unknown key", "allowed here:", "rollout", "steps"]),
     (["rollout.nosuch=1"], ["rollout.nosuch: unknown key", "allowed here:", "group_size", "temperature"]),
-    (["tasks.0.nosuch=1"], ["tasks.0.nosuch: unknown key", "allowed here: name, options, rewards, weight"]),
+    (["tasks.0.nosuch=1"], ["tasks.0.nosuch: unknown key", "allowed here: env, name, options, rewards, weight"]),
     (["rollout.group_size=abc"], ["rollout.group_size='abc'", "valid integer", "completions sampled per problem"]),
     (["rollout.group_size=1"], ["rollout.group_size=1", "greater than or equal to 2"]),
     (["steps=1.5"], ["steps=1.5", "valid integer"]),

@@ -41,6 +41,7 @@ def test_without_dynamic_sampling_one_round_is_kept_whole_and_flat_groups_are_co
     assert (record["dropped_groups"], record["dropped_fraction"], record["sampling_rounds"]) == (0, 0.0, 1)
     assert record["reward"] == pytest.approx(0.5)
     assert record["completion_tokens"] == 6 * 2
+    assert record["completion_length"] == 2
 
 
 def test_dynamic_sampling_drops_flat_groups_and_samples_until_the_batch_is_full():

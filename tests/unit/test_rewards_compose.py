@@ -174,3 +174,22 @@ def test_a_math_answer_the_checker_cannot_settle_is_dropped_and_right_answers_af
     assert [r.reward for r in groups[0].rollouts] == [1.0, 0.0]
     assert (record["reward/dropped"], record["accuracy"]) == (1, 0.5)
     rewarder.close()
+
+
+class StatusReward:
+    """Labels each rollout with a sandbox-like status: the text itself."""
+
+    def score_batch(self, problems, rollouts):
+        return [RewardResult(float(r.text == "passed"), {}, {"status": r.text, "extracted": "85"}) for r in rollouts]
+
+
+if "status_label" not in REWARDS:
+    register_reward("status_label")(StatusReward)
+
+
+def test_status_labels_are_logged_as_shares_and_other_labels_stay_out():
+    rewarder = Rewarder([FakeTask("a", {"status_label": 1.0}, metric="status_label")])
+    record = rewarder.score([_group("a", "0", ["passed", "failed", "timeout", "passed"])])
+    assert record["diag/status_label/status/passed"] == 0.5
+    assert record["diag/status_label/status/failed"] == record["diag/status_label/status/timeout"] == 0.25
+    assert not any("extracted" in key for key in record)

@@ -4,14 +4,19 @@ import pytest
 
 from tempering.cli import _eval_inputs, build_parser
 from tempering.config import ConfigError
+from tempering.rewards.base import RewardResult
+from tempering.rollout.base import SamplingParams
 from tempering.sampled_eval import (
     VOTE_KEYS,
     ProblemSamples,
+    SampledSettings,
     TaskSamples,
     metric_table,
+    sampled_evaluate,
     task_metrics,
 )
-from tempering.types import Problem
+from tempering.tasks import build_task
+from tempering.types import Group, Problem, Rollout, Turn
 
 
 def _samples(*problems: ProblemSamples, votes: bool = True) -> TaskSamples:
@@ -50,6 +55,58 @@ def test_a_problem_left_with_fewer_than_k_graded_samples_is_left_out_of_that_k_o
 def test_a_metric_without_answers_gets_no_maj_at_k():
     found = task_metrics(_samples(ProblemSamples([1, 0], [None, None]), votes=False), [1], seed=0)
     assert "maj@1" not in found and "pass@1" in found
+
+
+# Each problem's two samples as (correct, model turns); the greedy episode is the first.
+EPISODES = [[(True, 1), (True, 2)], [(True, 3), (False, 3)], [(False, 3), (True, 2)], [(False, 1), (False, 3)]]
+
+
+class ScriptedEpisodes:
+    """A generator that plays the episodes of ``EPISODES``, problem by problem, in place of a model."""
+
+    batch_size = 8
+
+    def __init__(self, problems: list[Problem]):
+        self.plan = {p.key: EPISODES[i] for i, p in enumerate(problems)}
+
+    def generate(self, problems, group_size, params, generator=None):
+        return [Group(p, [_episode(p, *self.plan[p.key][j]) for j in range(group_size)]) for p in problems]
+
+
+def _episode(problem: Problem, correct: bool, turns: int) -> Rollout:
+    text = problem.answer if correct else "wrong"
+    done = [Turn("wrong", 0, 0, "stop") for _ in range(turns - 1)] + [Turn(text, 0, 0, "stop")]
+    return Rollout(problem, [], [], [], text, "stop", 0, turns=done if turns > 1 else [])
+
+
+class Matches:
+    def score_batch(self, problems, rollouts):
+        return [RewardResult(float(r.text == p.answer)) for p, r in zip(problems, rollouts)]
+
+
+def test_pass_at_k_and_greedy_by_round_count_only_samples_solved_within_r_turns():
+    task = build_task("add", seed=0)
+    settings = SampledSettings(2, (1, 2), SamplingParams(), seed=0)
+
+    found = sampled_evaluate(ScriptedEpisodes(task.eval_problems(4)), [task], 4, 8, {task.metric: Matches()}, {},
+                             settings, {}, verifier=False, progress=False, rounds={task.name: 3})["metrics"]["add"]
+
+    values = {name: entry["value"] for name, entry in found.items()}
+    assert values["greedy"] == 0.5 and values["pass@1"] == 0.5 and values["pass@2"] == 0.75
+    assert [values[f"greedy[round<={r}]"] for r in (1, 2, 3)] == [0.25, 0.25, 0.5]
+    assert [values[f"pass@1[round<={r}]"] for r in (1, 2, 3)] == [0.125, 0.375, 0.5]
+    assert [values[f"pass@2[round<={r}]"] for r in (1, 2, 3)] == [0.25, 0.5, 0.75]
+    assert "pass@1[round<=4]" not in values
+    for name, entry in found.items():
+        low, high = entry["ci"]
+        assert low <= entry["value"] <= high and entry["problems"] == 4, name
+    assert found["greedy[round<=3]"] == found["greedy"], "the last round is the plain metric, interval included"
+
+
+def test_a_task_outside_an_environment_has_no_by_round_metrics():
+    samples = TaskSamples([ProblemSamples([1, 0], [None, None])], 2, 0, 0, votes=False)
+    assert not any("round" in name for name in task_metrics(samples, [1], seed=0))
+    assert task_metrics(samples, [1], seed=0, rounds=1)["pass@1[round<=1]"]["value"] == 0.5, "one completion is one turn"
 
 
 def test_vote_keys_read_the_answer_as_the_metric_reads_it():

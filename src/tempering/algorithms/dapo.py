@@ -45,7 +45,8 @@ def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
 
     The record holds the scores' means over every sampled rollout (dropped ones included,
     so ``accuracy`` is the sampler's); the rounds' summed costs ``generate_s``, ``reward_s``,
-    ``weight_sync_s`` and their largest ``staleness``; ``completion_tokens``;
+    ``weight_sync_s`` and their largest ``staleness``; ``completion_tokens`` and their mean
+    per rollout, ``completion_length``;
     ``dropped_groups``, ``dropped_fraction`` (of sampled groups), ``zero_signal_fraction``
     (of sampled groups, measured also without ``dynamic``) and ``sampling_rounds``.
     """
@@ -76,7 +77,8 @@ def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
     if not kept:  # only when dynamic: every group of every round was flat; keep the last round
         kept, dropped = groups, flat - len(groups)
     record = {key: value / sampled_rollouts for key, value in weighted.items()}
-    record.update(totals, dropped_groups=dropped, dropped_fraction=dropped / sampled_groups,
+    record.update(totals, completion_length=totals["completion_tokens"] / max(sampled_rollouts, 1),
+                  dropped_groups=dropped, dropped_fraction=dropped / sampled_groups,
                   zero_signal_fraction=flat / sampled_groups, sampling_rounds=rounds)
     return kept[:wanted], record
 

@@ -103,6 +103,12 @@ class CodeReward:
                     self._sandbox = Executor(workers or None, isolation)
             return self._sandbox
 
+    def code_of(self, problem: Problem, completion: str) -> Optional[str]:
+        """The program a completion answers with, None when it holds no code block."""
+        if not problem.meta.get("code_fenced", True):
+            return completion
+        return extract_code(completion, problem.meta.get("language", self.language))
+
     def spec(self, problem: Problem, code: str) -> TestSpec:
         language = problem.meta.get("language", self.language)
         return TestSpec(language, problem.meta.get("code_prefix", "") + code, problem_tests(problem),
@@ -112,8 +118,7 @@ class CodeReward:
         results: list[Optional[RewardResult]] = [None] * len(problems)
         runnable = {}
         for i, (problem, rollout) in enumerate(zip(problems, rollouts)):
-            code = (extract_code(rollout.text, problem.meta.get("language", self.language))
-                    if problem.meta.get("code_fenced", True) else rollout.text)
+            code = self.code_of(problem, rollout.text)
             if code is None:
                 results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"no_code": 1})
             else:

@@ -133,8 +133,10 @@ class Rewarder:
                     rollout.reward_components[name] = result.score
                     rollout.reward_components.update({f"{name}/{k}": v for k, v in result.components.items()})
                     for key, value in result.diagnostics.items():
-                        if isinstance(value, (int, float)):  # labels stay out of the metrics
+                        if isinstance(value, (int, float)):  # labels stay out of the metrics ...
                             sums[f"diag/{name}/{key}"] += value
+                        elif key == "status":  # ... but a sandbox's statuses, a few, are counted
+                            sums[f"diag/{name}/status/{value}"] += 1
                 self._add_episode(rollout, sums)
                 sums["reward"] += rollout.reward
                 sums["accuracy"] += rollout.reward_components[metric]

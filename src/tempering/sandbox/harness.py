@@ -143,7 +143,8 @@ def _run_stdio(execute, spec: TestSpec) -> TestResult:
         if status == "ok":
             same = normalize_output(outcome["stdout"]) == normalize_output(case.stdout)
             status = "passed" if same else "wrong_answer"
-        results.append(CaseResult(status, outcome["wall_s"], outcome["stderr"][-500:]))
+        detail = f"printed {outcome['stdout'][:200]!r}" if status == "wrong_answer" else outcome["stderr"][-500:]
+        results.append(CaseResult(status, outcome["wall_s"], detail))
     return TestResult.from_cases(results)
 
 
@@ -229,4 +230,4 @@ def _judge_report(case, message: dict, wall_s: float) -> CaseResult:
         return CaseResult("wrong_answer", wall_s, "the returned value could not be decoded")
     if values_match(case, actual):
         return CaseResult("passed", wall_s)
-    return CaseResult("wrong_answer", wall_s, f"returned {str(actual)[:200]}")
+    return CaseResult("wrong_answer", wall_s, f"returned {repr(actual)[:200]}")

@@ -19,18 +19,16 @@ Not done here: HumanEval+ (EvalPlus) tests, other languages (MultiPL-E).
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import zlib
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
-from tempering.rewards.base import RewardResult, register_reward
+from tempering.rewards.base import register_reward
 from tempering.rewards.code import CodeReward
 from tempering.sandbox.humaneval import humaneval_spec
 from tempering.sandbox.spec import TestSpec
 from tempering.tasks.base import StreamState
-from tempering.types import Problem, Rollout
+from tempering.types import Problem
 
 
 def load_problems() -> list[dict[str, Any]]:
@@ -97,8 +95,6 @@ class HumanEvalReward(CodeReward):
             record = {**record, "prompt": _imports(record["prompt"])}
         return humaneval_spec(record, code, self.timeout_s, self.memory_mb)
 
-    def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]:
-        # a continuation has no fence: fence it, so the code reward's extraction takes it whole
-        fenced = [dataclasses.replace(r, text=f"```python\n{r.text}\n```") if p.meta["continues_prompt"] else r
-                  for p, r in zip(problems, rollouts)]
-        return super().score_batch(problems, fenced)
+    def code_of(self, problem: Problem, completion: str) -> Optional[str]:
+        # a continuation is the function body itself, with no fence around it
+        return completion if problem.meta["continues_prompt"] else super().code_of(problem, completion)

@@ -1,0 +1,194 @@
+"""``temper report``: one self-contained HTML file about one or more runs.
+
+The page reads only what a run folder holds (``metrics.jsonl``, ``samples.jsonl``,
+``config.yaml``, ``summary.json``) and needs no network: its script and style are inlined
+from ``report.js`` and ``report.css`` beside this file, and plots are SVG drawn by that
+script. A plot appears only for metrics some run has; several runs share each plot, one
+colour per run. Python decides what goes where (which keys form which plot, which rollouts
+the browser shows); the script only draws.
+
+Not done: live updating, zooming, and any statistic the run did not log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+from tempering.config import ConfigError
+
+PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Reward", "mean reward of the step's rollouts, overall and per domain", (r"reward", r"domain/.+/reward")),
+    ("Accuracy", "the task metric: training samples per domain, and held-out (eval/)",
+     (r"accuracy", r"domain/.+/success", r"eval/accuracy", r"eval/(?!grader_errors$|truncated$).+")),
+    ("Reward parts", "each reward and component, mean over rollouts", (r"reward/(?!dropped$|errors$).+",)),
+    ("Mixture weights", "each task's share of the next draws", (r"domain/.+/weight",)),
+    ("Curriculum level", "tasks with levels", (r"domain/.+/level",)),
+    ("Completion length", "mean completion tokens per rollout", (r"completion_length",)),
+    ("Truncation", "share cut off at the length limit, and the overlong penalty", (r"truncated_fraction",
+                                                                                  r"overlong_penalty")),
+    ("KL", "to the reference policy, per token", (r"kl",)),
+    ("Entropy", "of the policy on its samples, per token", (r"entropy",)),
+    ("Clip fraction", "tokens whose ratio was clipped", (r"clip_fraction", r"dual_clip_fraction")),
+    ("Loss and gradient norm", "", (r"loss", r"value_loss", r"grad_norm")),
+    ("Dropped groups", "groups with no signal dropped by dynamic sampling, capped by token share, "
+     "and per task (cumulative)", (r"dropped_groups", r"capped_groups", r"domain/.+/dropped_groups")),
+    ("Groups without signal", "share of sampled groups whose rewards were all equal",
+     (r"zero_signal_fraction", r"dropped_fraction")),
+    ("Stale rollouts", "policy versions behind the learner, and rollouts dropped as too stale (cumulative)",
+     (r"staleness", r"dropped_stale")),
+    ("Sandbox statuses", "share of scored rollouts per status; rollouts dropped for a grader fault",
+     (r"diag/.+/status/.+", r"reward/dropped", r"reward/errors")),
+    ("Monitors", "reward-hacking monitor values (alerts are listed below)", (r"monitor/(?!.*/alert$).+",)),
+    ("Throughput", "tokens per second", (r"generate_tok_s", r"train_tok_s")),
+    ("Time split", "seconds per step", (r"step_s", r"generate_s", r"reward_s", r"learn_s", r"weight_sync_s",
+                                        r"wait_s", r"checkpoint_s")),
+    ("Sampler/learner mismatch", "how far the learner's log-probs are from the sampler's",
+     (r".*mismatch.*", r"behaviour_weight", r"ratio_mean")),
+    ("Episodes", "multi-turn environments: turns and counters per episode", (r"env/.+",)),
+    ("Held-out grading", "held-out problems whose grader failed or that were cut off",
+     (r"eval/grader_errors", r"eval/truncated")),
+)
+"""(title, what it shows, key patterns): each key goes to the first plot with a matching pattern."""
+
+PER_DOMAIN = 3
+"""Best, worst and random rollouts shown per domain and run."""
+
+
+def build_report(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
+    """Write the report of ``run_dirs`` to ``out`` and return its path."""
+    runs = [load_run(Path(d)) for d in run_dirs]
+    names = run_names([r["path"] for r in runs])
+    for run, name in zip(runs, names):
+        run["name"] = name
+    data = {"runs": [{k: run[k] for k in ("name", "path", "config", "summary")} for run in runs],
+            "panels": panels(runs), "alerts": alerts(runs), "samples": browser(runs)}
+    out = Path(out)
+    out.write_text(render(data), encoding="utf-8")
+    return out
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    """A run folder's records, samples, config text and summary (the last three may be missing)."""
+    if not (path / "metrics.jsonl").is_file():
+        raise ConfigError(f"{path}: not a run folder (no metrics.jsonl in it)")
+    summary = path / "summary.json"
+    return {"path": str(path), "metrics": read_jsonl(path / "metrics.jsonl"),
+            "samples": read_jsonl(path / "samples.jsonl") if (path / "samples.jsonl").is_file() else [],
+            "config": (path / "config.yaml").read_text(encoding="utf-8") if (path / "config.yaml").is_file() else "",
+            "summary": json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else None}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a file's lines; a torn last line (a killed run) is left out."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def run_names(paths: list[str]) -> list[str]:
+    """Each run's folder name, or its whole path where two names are the same."""
+    names = [Path(p).name or p for p in paths]
+    return [name if names.count(name) == 1 else path for name, path in zip(names, paths)]
+
+
+def panels(runs: list[dict]) -> list[dict]:
+    """The plots some run has data for: title, note and series (run, key, [step, value] points)."""
+    compiled = [(title, note, [re.compile(p + "$") for p in patterns]) for title, note, patterns in PANELS]
+    found: dict[str, list[dict]] = {}
+    for index, run in enumerate(runs):
+        for key in sorted({k for record in run["metrics"] for k in record}):
+            title = next((t for t, _, patterns in compiled if any(p.match(key) for p in patterns)), None)
+            points = [[r["step"], r[key]] for r in run["metrics"] if _number(r.get(key)) and "step" in r]
+            if title is not None and points:
+                found.setdefault(title, []).append({"run": index, "key": key, "points": points})
+    return [{"title": title, "note": note, "series": found[title]} for title, note, _ in PANELS if title in found]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def alerts(runs: list[dict]) -> list[dict]:
+    """Every step at which a reward-hacking monitor was past its threshold."""
+    return [{"run": index, "step": record["step"], "monitor": key[len("monitor/"):-len("/alert")],
+             "value": record.get(key[:-len("/alert")])}
+            for index, run in enumerate(runs) for record in run["metrics"]
+            for key, value in sorted(record.items()) if key.startswith("monitor/") and key.endswith("/alert") and value]
+
+
+def browser(runs: list[dict]) -> list[dict]:
+    """Per run and domain, the best, worst and some random samples (random: seeded, so a
+    report of the same runs shows the same ones)."""
+    shown = []
+    for index, run in enumerate(runs):
+        by_domain: dict[str, list[dict]] = {}
+        for sample in run["samples"]:
+            by_domain.setdefault(sample.get("domain", "?"), []).append(sample)
+        for domain, samples in sorted(by_domain.items()):
+            ranked = sorted(samples, key=lambda s: s.get("reward", 0.0), reverse=True)
+            rest = ranked[PER_DOMAIN:-PER_DOMAIN]
+            picks = {"best": ranked[:PER_DOMAIN], "worst": ranked[::-1][:PER_DOMAIN],
+                     "random": random.Random(f"{index}/{domain}").sample(rest, min(PER_DOMAIN, len(rest)))}
+            shown.append({"run": index, "domain": domain, "count": len(samples), **picks})
+    return shown
+
+
+def render(data: dict) -> str:
+    """The page: the data as JSON in the page (``<`` escaped, so no text in it can close the
+    script element), then the inlined style and script."""
+    package = resources.files("tempering.report")
+    payload = json.dumps(_finite(data), separators=(",", ":")).replace("<", "\\u003c")
+    return PAGE.format(style=(package / "report.css").read_text(encoding="utf-8"),
+                       script=(package / "report.js").read_text(encoding="utf-8"), data=payload)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as null: JSON has no number for them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>tempering report</title>
+<script>
+window.reportErrors = [];
+window.reportError = function (message) {{
+  window.reportErrors.push(String(message));
+  document.documentElement.dataset.errors = JSON.stringify(window.reportErrors);
+}};
+window.addEventListener("error", function (e) {{ window.reportError(e.message); }});
+window.addEventListener("unhandledrejection", function (e) {{ window.reportError(e.reason); }});
+console.error = (function (original) {{
+  return function () {{ window.reportError(Array.from(arguments).join(" ")); original.apply(console, arguments); }};
+}})(console.error);
+</script>
+<style>{style}</style></head>
+<body data-rendered="0">
+<h1>tempering report</h1>
+<nav id="runs"></nav>
+<h2>Plots</h2><p class="note">x: step. Hover a point for its value.</p><div id="plots"></div>
+<h2>Monitor alerts</h2><div id="alerts"></div>
+<h2>Held-out accuracy</h2><div id="summary"></div>
+<h2>Rollouts</h2><p class="note">best, worst and random samples per domain (samples.jsonl)</p><div id="browser"></div>
+<h2>Config</h2><div id="config"></div>
+<script type="application/json" id="report-data">{data}</script>
+<script>{script}</script>
+</body></html>
+"""

@@ -21,8 +21,7 @@ sample must not stop a rollout. ``Step.info`` counts ``tool_calls`` and ``tool_e
 The calculator walks Python's ``ast`` over numbers and ``+ - * / // % **`` only, with bounds
 on exponents and on the size of every intermediate, so ``9**9**9`` is an error in
 microseconds; text never reaches ``eval``. The Python tool runs code in the jailed sandbox
-pool (:mod:`tempering.sandbox`, the one the code reward uses), shared by every episode of
-the process.
+pool (:mod:`tempering.sandbox`) of the process's shared ``code`` reward.
 
 Not done here: several calls in one turn (the last one runs), tool-specific rewards,
 stateful tools (each Python call is a fresh program).
@@ -31,12 +30,10 @@ stateful tools (each Python call is a fresh program).
 from __future__ import annotations
 
 import ast
-import atexit
 import json
 import math
 import operator
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -113,35 +110,26 @@ def _bounded(value: Any) -> int | float:
     raise ToolError("number too large" if isinstance(value, (int, float)) else "not a real number")
 
 
-_SANDBOX: Any = None
-_SANDBOX_LOCK = threading.Lock()
-
-
-def shared_sandbox() -> Any:
-    """One jailed sandbox pool per process, started on the first Python call.
-
-    An environment lives for one episode; a pool per episode would fork its workers every
-    time, so every episode's Python tool shares this one (closed when the process exits)."""
-    global _SANDBOX
-    with _SANDBOX_LOCK:
-        if _SANDBOX is None:
-            from tempering.sandbox import Executor
-
-            _SANDBOX = Executor()
-            atexit.register(_SANDBOX.close)
-        return _SANDBOX
-
-
 def run_python(code: str, timeout_s: float, memory_mb: int) -> str:
     """The program's stdout, or :class:`ToolError` with its last error line (or its status:
     ``timeout``, ``memory_limit``, ...) when it did not finish cleanly."""
     from tempering.sandbox import Limits, RunRequest
 
-    result = shared_sandbox().run(RunRequest(code, limits=Limits(timeout_s=timeout_s, memory_mb=memory_mb)))
+    result = _sandbox().run(RunRequest(code, limits=Limits(timeout_s=timeout_s, memory_mb=memory_mb)))
     if result.status == "ok":
         return result.stdout.rstrip()
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     raise ToolError(lines[-1].strip() if result.status == "runtime_error" and lines else result.status)
+
+
+def _sandbox() -> Any:
+    """The sandbox pool of the process's shared ``code`` reward (reflection episodes and code
+    rewards run there too): an environment lives for one episode, and a pool per episode
+    would fork its workers every time. Imported here: the rewards import the tasks, whose
+    corpus imports this module."""
+    from tempering.envs.reflection import shared_grader
+
+    return shared_grader("code", {}).sandbox()
 
 
 @dataclass(frozen=True)
@@ -222,7 +210,7 @@ class ToolEnv:
             "python": lambda code: run_python(code, timeout_s, memory_mb),
         }
         if "python" in names:
-            shared_sandbox()  # a sandbox that cannot start says so now, not in a step
+            _sandbox()  # a sandbox that cannot start says so now, not in a step
         self.tools = [tool.schema() for tool in self._tools.values()] if self.template else None
         self.stop = ("</tool_call>",) if self.template else tuple(f"</{t.tag}>" for t in self._tools.values())
         tags = "|".join(re.escape(t.tag) for t in self._tools.values())

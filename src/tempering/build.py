@@ -39,6 +39,7 @@ from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.prompts import prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
+from tempering.sinks import check_sinks
 from tempering.tasks import Task, build_task
 from tempering.threads import ThreadGovernor, auto_threads
 
@@ -354,6 +355,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     rewarder = build_rewarder(config, tasks)
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, monitor_settings(config.rewards.monitors))
     mixture = build_mixture(config, tasks)
+    check_sinks(config.logging.sinks)
     checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
     model = with_lora(config, model)

@@ -241,6 +241,13 @@ class CheckpointConfig(Strict):
     rollback_after: int = Field(3, ge=1, description="after this many consecutive steps with a non-finite loss or gradient, restore the weights of the last checkpoint")
 
 
+class LoggingConfig(Strict):
+    """Where step records go besides ``metrics.jsonl`` (always written), and what the terminal shows."""
+
+    sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=list, description="also send every step's numbers to: tensorboard (event files in <run>/tensorboard), mlflow (a local store, <run>/mlflow.db), wandb (an offline run in <run>/wandb, never the network); each needs its extra, e.g. pip install 'tempering[tensorboard]'")
+    table_every: int = Field(10, ge=0, description="print a per-domain table (weight, reward, success, completion tokens, dropped groups) every this many steps; 0 = never")
+
+
 class SftConfig(Strict):
     """``temper sft``: supervised fine-tuning on answer tokens (see ``tempering.sft``). The
     model, seed, threads, run folder and checkpoints are the run's own sections; bf16,
@@ -279,6 +286,7 @@ class TrainConfig(Strict):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sft: SftConfig = Field(default_factory=SftConfig)
 
 

@@ -222,7 +222,7 @@ def sampled_evaluate(generator, tasks: Sequence[Task], problems_per_task: int, m
     name -> ``{"value", "ci", "problems"}``), ``samples`` (task -> counts) and ``notes``;
     without ``settings`` only greedy accuracy is measured. ``selectors`` rank samples for
     best-of-k (``{"rm": reward model}``); ``verifier`` adds best-of-k by the metric itself."""
-    result = evaluate(generator, tasks, problems_per_task, max_new_tokens, metrics=metrics)
+    result = evaluate(generator, tasks, problems_per_task, max_new_tokens, metrics=metrics, progress=progress)
     result["metrics"] = {t.name: {"greedy": greedy_metric(result, t.name)} for t in tasks}
     result["samples"], result["notes"] = {}, []
     if settings is None:

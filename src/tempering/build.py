@@ -39,6 +39,7 @@ from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.prompts import prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
+from tempering.sinks import check_sinks
 from tempering.tasks import Task, build_task
 from tempering.threads import ThreadGovernor, auto_threads
 
@@ -145,19 +146,25 @@ def sampling_params(config: TrainConfig) -> SamplingParams:
 
 def learner_token_budget(model, config: TrainConfig, critic: bool, teacher: Any = None) -> int:
     """``learner.token_budget``, or the one ``learner.memory_budget_gb`` allows (0 when neither is set);
-    the frozen models beside the policy count: a reference copy (none with LoRA, whose
-    reference is the policy with its adapters off), a critic model, a teacher."""
-    lc, ac = config.learner, config.algorithm
+    the frozen models beside the policy count (:func:`frozen_parameters`)."""
+    lc = config.learner
     if lc.token_budget or not lc.memory_budget_gb:
         return lc.token_budget
-    copies = int(ac.kl_coef > 0 and config.model.lora is None) + int(critic and ac.critic == "model")
-    frozen = copies * parameter_count(model) + (parameter_count(teacher) if teacher is not None else 0)
+    frozen = frozen_parameters(model, config, critic, teacher)
     try:
         tokens = tokens_for_memory(lc.memory_budget_gb, model, lc.gradient_checkpointing,
                                    logprob_chunk(model, config), frozen)
     except ValueError as exc:
         raise ConfigError(f"learner.memory_budget_gb={lc.memory_budget_gb}: {exc}") from None
     return max(1, tokens)
+
+
+def frozen_parameters(model, config: TrainConfig, critic: bool, teacher: Any = None) -> int:
+    """Parameters of the frozen models a learner step holds beside the policy: a reference copy
+    (none with LoRA, whose reference is the policy with its adapters off), a critic model, a teacher."""
+    ac = config.algorithm
+    copies = int(ac.kl_coef > 0 and config.model.lora is None) + int(critic and ac.critic == "model")
+    return copies * parameter_count(model) + (parameter_count(teacher) if teacher is not None else 0)
 
 
 def logprob_chunk(model, config: TrainConfig) -> int:
@@ -354,6 +361,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     rewarder = build_rewarder(config, tasks)
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, monitor_settings(config.rewards.monitors))
     mixture = build_mixture(config, tasks)
+    check_sinks(config.logging.sinks)
     checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
     model = with_lora(config, model)

@@ -98,6 +98,13 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from tempering.explain import explain
+
+    print(explain(_load(args.config_and_overrides)))
+    return 0
+
+
 def _is_config(item: str) -> bool:
     """A YAML file, or the name of a config shipped with tempering (``quickstart``) when no
     file or folder of that name exists here."""
@@ -292,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(pretrain)
     pretrain.add_argument("--force", action="store_true", help="pre-train again even if cached")
     pretrain.set_defaults(func=cmd_pretrain)
+
+    explain = sub.add_parser("explain", help="what a config will do, before it runs: batch arithmetic, "
+                             "off-policyness, memory and time estimates, known traps")
+    explain.add_argument("config_and_overrides", nargs="*", metavar="[CONFIG] [key=value ...]",
+                         help="a YAML config (default: the built-in quickstart) and dotted overrides")
+    explain.set_defaults(func=cmd_explain)
 
     evaluate = sub.add_parser(
         "eval", help="held-out accuracy of a model: greedy, and with --n samples per problem pass@k, maj@k, best-of-k")

@@ -243,9 +243,11 @@ class CheckpointConfig(Strict):
 
 
 class LoggingConfig(Strict):
-    """What a run writes for people besides ``metrics.jsonl``."""
+    """What a run writes for people besides ``metrics.jsonl`` (always written): samples, other sinks, the terminal table."""
 
     samples: float = Field(0.1, ge=0, le=1, description="share of each step's trained rollouts written to samples.jsonl (prompt, completion or episode transcript, reward parts), chosen by seed and step; 0 = none")
+    sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=list, description="also send every step's numbers to: tensorboard (event files in <run>/tensorboard), mlflow (a local store, <run>/mlflow.db), wandb (an offline run in <run>/wandb, never the network); each needs its extra, e.g. pip install 'tempering[tensorboard]'")
+    table_every: int = Field(10, ge=0, description="print a per-domain table (weight, reward, success, completion tokens, dropped groups) every this many steps; 0 = never")
 
 
 class SftConfig(Strict):

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tqdm import tqdm
+
 from tempering.config import ConfigError
 from tempering.envs.base import transcript
 from tempering.rewards.base import BatchReward, build_reward
@@ -44,7 +46,7 @@ def close_metrics(metrics: Mapping[str, BatchReward]) -> None:
 
 def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
              max_new_tokens: int, options: dict[str, dict[str, Any]] | None = None,
-             metrics: Mapping[str, BatchReward] | None = None) -> dict:
+             metrics: Mapping[str, BatchReward] | None = None, progress: bool = False) -> dict:
     """``{"accuracy", "per_task", "problems", "grader_errors", "truncated", "examples", "score_by_turns"}``.
 
     ``per_task[name]`` is the mean ``metric`` score of the task's greedy completions over the
@@ -55,23 +57,26 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
     problems' scores by the model turns each episode used (all under 1 without an environment),
     from which accuracy by round is read. The metrics are built from ``options`` and
     closed here, unless the caller passes them built (``metrics``, from :func:`build_metrics`)
-    and closes them itself.
+    and closes them itself. ``progress`` shows a bar of problems, advanced a task at a time.
     """
     owned = build_metrics(tasks, options) if metrics is None else None
     try:
         return _evaluate(generator, tasks, problems_per_task, max_new_tokens,
-                         metrics if owned is None else owned)
+                         metrics if owned is None else owned, progress)
     finally:
         if owned is not None:
             close_metrics(owned)
 
 
 def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int, max_new_tokens: int,
-              metrics: Mapping[str, BatchReward]) -> dict:
+              metrics: Mapping[str, BatchReward], progress: bool) -> dict:
     params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
     per_task, problems, grader_errors, truncated, examples, by_turns = {}, {}, {}, {}, {}, {}
+    bar = tqdm(total=problems_per_task * len(tasks), desc="greedy", unit="problem", disable=not progress,
+               dynamic_ncols=True, leave=False)
     for task in tasks:
         groups = generator.generate(task.eval_problems(problems_per_task), group_size=1, params=params)
+        bar.update(len(groups))
         results = metrics[task.metric].score_batch([g.problem for g in groups], [g.rollouts[0] for g in groups])
         graded = [r.score for r in results if r.error is None]
         per_task[task.name] = sum(graded) / len(graded) if graded else None
@@ -80,6 +85,7 @@ def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: 
         truncated[task.name] = sum(g.rollouts[0].finish_reason == "length" for g in groups)
         if groups:
             examples[task.name] = {"prompt": str(groups[0].problem.prompt), "completion": transcript(groups[0].rollouts[0])}
+    bar.close()
     known = [value for value in per_task.values() if value is not None]
     return {"accuracy": sum(known) / len(known) if known else None, "per_task": per_task, "problems": problems,
             "grader_errors": grader_errors, "truncated": truncated, "examples": examples, "score_by_turns": by_turns}

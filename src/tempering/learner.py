@@ -372,7 +372,8 @@ class Learner:
         plan = plan or self.plan(batch)
         tokens, sequences = batch.num_tokens, len(batch)
         computed = computed_batch(batch, plan)
-        totals: dict[str, float] = {"skipped_rows": float(plan.skipped), "merged_rows": float(plan.merged)}
+        totals: dict[str, float] = {"skipped_rows": float(plan.skipped), "merged_rows": float(plan.merged),
+                                    "micro_batches": float(len(plan.micro_batches))}
         for part in plan.micro_batches:
             micro = computed.select(torch.tensor(part.rows, device=computed.loss_mask_BT.device))
             weight = micro.num_tokens / max(computed.num_tokens, 1)
@@ -407,8 +408,9 @@ class Learner:
         return [rows for rows in torch.tensor_split(order, self.settings.mini_batches) if len(rows)]
 
     def step(self, batch: Batch) -> dict[str, float]:
-        """Learn from one batch; returns metrics averaged over its updates (``skipped_updates``
-        is a count: updates not applied because the loss or gradient was not finite)."""
+        """Learn from one batch; returns metrics averaged over its updates (``micro_batches``:
+        forward/backward passes per update) and two counts: ``updates`` made and
+        ``skipped_updates``, those not applied because the loss or gradient was not finite."""
         batch = batch.to(self.device)
         stale = bool((batch.policy_versions_B < self.version).any())
         corrected = self.settings.off_policy != "none" and stale  # fresh batches need no correction
@@ -425,6 +427,7 @@ class Learner:
                    for rows in self._mini_batches(len(batch), epoch)]
         totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         totals["skipped_updates"] = sum(u["skipped_updates"] for u in updates)
+        totals["updates"] = len(updates)
         with warnings.catch_warnings():  # torch warns when every optimizer step was skipped
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()

@@ -204,17 +204,16 @@ def parameter_count(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def tokens_for_memory(budget_gb: float, model: Any, gradient_checkpointing: bool, logprob_chunk: int,
-                      frozen_parameters: int = 0) -> int:
-    """The largest micro-batch, in tokens, whose learner step should fit in ``budget_gb``.
+def memory_costs(model: Any, gradient_checkpointing: bool, logprob_chunk: int,
+                 frozen_parameters: int = 0) -> tuple[int, int]:
+    """``(fixed bytes, bytes per token)`` of a learner step on ``model``, estimated from tensor sizes.
 
     Fixed: the runtime itself (:data:`RUNTIME_BYTES`), the weights (4 bytes per fp32
     parameter), gradients and AdamW's two moments for the trainable ones (12 more bytes each;
     with LoRA, the adapters only), 4 bytes per parameter of frozen models beside the policy
     (a reference model, a teacher), and one chunk of logits (logits,
     probabilities and their gradient: 3 x chunk x vocab floats; the whole micro-batch's when
-    ``logprob_chunk`` is 0, counted per token then). Raises ValueError when the fixed costs
-    alone exceed the budget.
+    ``logprob_chunk`` is 0, counted per token then). Per token: :func:`activation_bytes_per_token`.
     """
     config = model.config
     parameters = parameter_count(model)
@@ -225,6 +224,14 @@ def tokens_for_memory(budget_gb: float, model: Any, gradient_checkpointing: bool
         fixed += 3 * FP32 * logprob_chunk * config.vocab_size
     else:
         per_token += 3 * FP32 * config.vocab_size
+    return fixed, per_token
+
+
+def tokens_for_memory(budget_gb: float, model: Any, gradient_checkpointing: bool, logprob_chunk: int,
+                      frozen_parameters: int = 0) -> int:
+    """The largest micro-batch, in tokens, whose learner step should fit in ``budget_gb``
+    (:func:`memory_costs`). Raises ValueError when the fixed costs alone exceed the budget."""
+    fixed, per_token = memory_costs(model, gradient_checkpointing, logprob_chunk, frozen_parameters)
     budget = budget_gb * 1024**3
     if budget <= fixed:
         raise ValueError(f"{budget_gb} GB does not hold the runtime and the model's weights, gradients and "

@@ -256,7 +256,7 @@ def sampled_evaluate(generator, tasks: Sequence[Task], problems_per_task: int, m
     best-of-k (``{"rm": reward model}``); ``verifier`` adds best-of-k by the metric itself.
     ``rounds`` (task -> its environment's ``max_turns``) adds the by-round metrics."""
     rounds = rounds or {}
-    result = evaluate(generator, tasks, problems_per_task, max_new_tokens, metrics=metrics)
+    result = evaluate(generator, tasks, problems_per_task, max_new_tokens, metrics=metrics, progress=progress)
     result["metrics"] = {t.name: {"greedy": greedy_metric(result, t.name),
                                   **greedy_by_round(result, t.name, rounds.get(t.name, 0))} for t in tasks}
     result["samples"], result["notes"] = {}, []

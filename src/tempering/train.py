@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from tempering import checkpoint
 from tempering.algorithms import AdvantageInputs
@@ -29,9 +28,11 @@ from tempering.build import Run, build_run, saves_merged
 from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_resolved
 from tempering.faults import TrainingDiverged
 from tempering.learner import Learner, collate
-from tempering.reporting import MetricsWriter, before_after_table, truncate_metrics
+from tempering.live import LiveView
+from tempering.reporting import before_after_table, truncate_metrics
 from tempering.samples import SampleWriter
 from tempering.scheduler import cap_domain_tokens, domain_token_weights_B
+from tempering.sinks import StepLog
 from tempering.types import Batch, Group
 
 
@@ -102,9 +103,9 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     if eval_before is None:
         eval_before = run.evaluate()
 
-    metrics = MetricsWriter(run.run_dir / "metrics.jsonl")
+    metrics = StepLog(run.run_dir, config.logging.sinks, resume, config.model_dump(mode="json"))
     samples = SampleWriter(run.run_dir / "samples.jsonl", config.logging.samples, config.seed)
-    bar = tqdm(total=config.steps, initial=first_step, desc="train", disable=not progress, dynamic_ncols=True)
+    view = LiveView(config.steps, first_step, config.logging.table_every, progress)
     nonfinite_streak = 0
     checkpoint_s = None
     run.pipeline.publish(run.model, run.learner.version)
@@ -133,11 +134,9 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                 t0 = time.perf_counter()
                 save_checkpoint(run, step + 1, eval_before, timings)
                 checkpoint_s = time.perf_counter() - t0
-            bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['accuracy']:.2f}",
-                            s_step=f"{record['step_s']:.2f}")
-            bar.update()
+            view.update(record)
     finally:
-        bar.close()
+        view.close()
         metrics.close()
         samples.close()
         run.close()

@@ -160,3 +160,13 @@ def test_the_value_loss_trains_the_critic_and_the_policy_trunk_only_when_shared(
     torch.testing.assert_close(_params(model), policy_before, atol=0, rtol=0)
     learner.step(batch)
     assert (not torch.equal(_params(model), policy_before)) == moves_policy
+
+
+def test_a_step_reports_its_updates_and_micro_batches_per_update():
+    # 7 rows, 2 epochs x 3 mini-batches of 3, 2 and 2 rows, micro-batches of 2 rows: 2, 1, 1 per epoch
+    model = _model()
+    learner = _learner(model, ppo_epochs=2, mini_batches=3, micro_batch_size=2, skip_zero_advantage=False,
+                       merge_duplicates=False)
+    metrics = learner.step(_batch(model))
+    assert metrics["updates"] == 6
+    assert metrics["micro_batches"] == pytest.approx((2 + 1 + 1) / 3)

@@ -1,0 +1,207 @@
+"""``temper explain``: what a config will do, before it runs.
+
+The arithmetic is the run's own: the rollouts of a step, the updates the learner makes on
+them (``ppo_epochs`` x ``mini_batches``), and the micro-batches of each update, planned by
+``tempering.plan.plan_update`` (the learner's planner) on a batch of the step's shape where
+every completion is ``rollout.max_new_tokens`` long and nothing is skipped or merged: an upper
+bound, reached when no row is left out (``learner.skip_zero_advantage``,
+``learner.merge_duplicates`` leave some out in most steps).
+
+When the model can be inspected (a local folder, a cached built-in model; nothing is
+downloaded or pre-trained for it), the prompts are its tokens (the longest of a sample of
+each task's problems), the token budget ``learner.memory_budget_gb`` gives is computed,
+memory is estimated from the model's shape (``tempering.packing.memory_costs``) and the
+learner's time per step is measured: one forward and backward pass of a micro-batch of at most
+512 tokens, timed after one untimed pass, scaled by the tokens of a step's updates. Sampling
+time is not estimated, nor is whether the model scores 0 on a task (that needs an evaluation:
+``temper eval``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tempering.algorithms.advantages import needs_values
+from tempering.algorithms.logprobs import can_share_prompts
+from tempering.config import ConfigError, TrainConfig
+from tempering.models.device import resolve_device, slow_bf16
+from tempering.models.loading import ModelLoadError
+from tempering.packing import memory_costs
+from tempering.plan import PlanChoices, plan_update
+from tempering.types import Batch
+
+
+@dataclass
+class Inspection:
+    """What the loaded model tells: prompt tokens, context, budget, memory and speed."""
+
+    model: Any = None
+    why_not: str = ""
+    """Why the model could not be inspected; empty when it was."""
+    prompt_tokens: int = 0
+    context: int = 0
+    token_budget: int = 0
+    share_prompts: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+def inspect_model(config: TrainConfig) -> Inspection:
+    """The model loaded without downloading or pre-training anything, and what it tells."""
+    from tempering.build import build_generator, build_tasks, learner_token_budget, load_model, resolve_algorithm
+    from tempering.pretrain import cached_model_dir
+
+    path = config.model.path
+    if path == "builtin:tiny" and not (cached_model_dir(config.pretrain) / "config.json").exists():
+        return Inspection(why_not="builtin:tiny is not pre-trained yet (temper pretrain makes it)")
+    if not path.startswith("builtin:") and not Path(path).expanduser().exists():
+        return Inspection(why_not=f"{path} is not a local folder or file, and explain downloads nothing")
+    try:
+        model, tokenizer, _ = load_model(config, path, progress=False)
+    except (ModelLoadError, ConfigError, OSError, ImportError) as exc:
+        return Inspection(why_not=str(exc).splitlines()[0])
+    generator = build_generator(config, model, tokenizer, config.rollout.batch_size)
+    prompts = [len(generator.encode_prompt(p.prompt)) for task in build_tasks(config) for p in task.eval_problems(32)]
+    critic = needs_values(resolve_algorithm(config)["advantage"])
+    return Inspection(model=model, prompt_tokens=max(prompts), context=model.config.max_position_embeddings or 0,
+                      token_budget=learner_token_budget(model, config, critic),
+                      share_prompts=config.learner.share_prompts and can_share_prompts(model))
+
+
+def update_batch(rows: int, group_size: int, prompt_tokens: int, completion_tokens: int) -> Batch:
+    """A batch of one update's shape: ``rows`` rows of a prompt (one per group) and a completion
+    of ``completion_tokens``, every row distinct and with signal, so the plan keeps them all."""
+    width = prompt_tokens + completion_tokens
+    ids_BT = torch.arange(rows * width).reshape(rows, width) % 50000 + 3
+    for row in range(rows):
+        ids_BT[row, :prompt_tokens] = row // group_size + 3
+    mask_BT = torch.zeros(rows, width)
+    mask_BT[:, prompt_tokens:] = 1
+    return Batch(input_ids_BT=ids_BT, attention_mask_BT=torch.ones(rows, width, dtype=torch.long),
+                 loss_mask_BT=mask_BT, old_logprobs_BT=torch.zeros(rows, width), advantages_BT=mask_BT.clone(),
+                 policy_versions_B=torch.zeros(rows, dtype=torch.long),
+                 prompt_lengths_B=torch.full((rows,), prompt_tokens))
+
+
+def micro_batches(config: TrainConfig, seen: Inspection, rows: int) -> list[list[int]]:
+    """The learner's micro-batches of an update on ``rows`` full-length rows (``plan_update``)."""
+    lc = config.learner
+    batch = update_batch(rows, config.rollout.group_size, max(seen.prompt_tokens, 1), config.rollout.max_new_tokens)
+    plan = plan_update(batch, PlanChoices(skip_zero_advantage=False, merge_duplicates=False,
+                                          share_prompts=seen.share_prompts, packing=lc.packing,
+                                          token_budget=seen.token_budget, micro_batch_size=lc.micro_batch_size,
+                                          chunk=lc.logprob_chunk))
+    return [part.rows for part in plan.micro_batches]
+
+
+def measure_seconds_per_token(model: Any, tokens: int) -> float:
+    """Seconds per token of one forward and backward pass of the model, measured on a row of
+    ``tokens`` random ids (at most 512) after one untimed pass; the weights are not changed."""
+    width = max(2, min(tokens, 512))
+    ids = torch.randint(3, model.config.vocab_size, (1, width), device=next(model.parameters()).device)
+    seconds = []
+    for _ in range(2):
+        start = time.perf_counter()
+        model(input_ids=ids).logits.float().mean().backward()
+        seconds.append(time.perf_counter() - start)
+    model.zero_grad(set_to_none=True)
+    return seconds[-1] / width
+
+
+def warnings_for(config: TrainConfig, seen: Inspection) -> list[str]:
+    """Known traps in this config, as sentences saying what to change."""
+    found = []
+    keys = [key for key, on in (("rollout.bf16", config.rollout.bf16), ("learner.bf16", config.learner.bf16)) if on]
+    reason = slow_bf16(resolve_device(config.model.device), keys)
+    if reason:
+        found.append(reason)
+    if config.eval.max_new_tokens < config.rollout.max_new_tokens:
+        found.append(f"eval.max_new_tokens={config.eval.max_new_tokens} is shorter than rollout.max_new_tokens="
+                     f"{config.rollout.max_new_tokens}: answers the policy learns to write may be cut off when "
+                     "evaluated and count as wrong")
+    for spec in config.tasks:
+        if spec.env is None or not seen.context:
+            continue
+        budget = spec.env.max_tokens or spec.env.max_turns * config.rollout.max_new_tokens
+        if seen.prompt_tokens + budget > seen.context:
+            found.append(f"task {spec.name}: an episode may reach {seen.prompt_tokens} prompt + {budget} tokens "
+                         f"(env.max_tokens, or env.max_turns x rollout.max_new_tokens), over the model's context "
+                         f"of {seen.context}; lower env.max_turns or env.max_tokens")
+    return found
+
+
+def explain(config: TrainConfig) -> str:
+    """The text ``temper explain`` prints."""
+    rc, lc = config.rollout, config.learner
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    seen = inspect_model(config)
+    rollouts = rc.prompts_per_step * rc.group_size
+    updates = lc.ppo_epochs * lc.mini_batches
+    rows = math.ceil(rollouts / lc.mini_batches)  # torch.tensor_split: the first mini-batches are the larger
+    parts = micro_batches(config, seen, rows)
+    length = (f"{seen.prompt_tokens} prompt + {rc.max_new_tokens} completion tokens" if seen.model is not None
+              else f"{rc.max_new_tokens} completion tokens (prompt length unknown)")
+    lines = [f"model: {config.model.path}: " + (f"{sum(p.numel() for p in seen.model.parameters()) / 1e6:.1f}M "
+                                                f"parameters, context {seen.context} tokens" if seen.model is not None
+                                                else f"could not be inspected ({seen.why_not}); the numbers below "
+                                                     "that need it are left out"),
+             f"step: {rc.prompts_per_step} prompts x {rc.group_size} samples = {rollouts} rollouts"
+             + (f" (dynamic sampling: up to {config.algorithm.max_extra_rounds} extra rounds)"
+                if config.algorithm.dynamic_sampling else ""),
+             f"updates per step: {updates} ({lc.ppo_epochs} epochs x {lc.mini_batches} mini-batches of "
+             f"up to {rows} rollouts)",
+             f"micro-batches per update: at most {len(parts)}, of up to {max(len(p) for p in parts)} rollouts "
+             f"({_sizing(config, seen)}; rollouts of {length}; fewer when rows without signal are skipped or "
+             "duplicates merged)",
+             f"off-policy: {_off_policy(config, updates)}"]
+    if seen.model is not None:
+        lines += _costs(config, seen, rows, parts, updates)
+    lines += [f"warning: {w}" for w in warnings_for(config, seen)]
+    lines.append("not checked: whether the model scores 0 on a task (run temper eval), sampling time")
+    return "\n".join(lines)
+
+
+def _sizing(config: TrainConfig, seen: Inspection) -> str:
+    lc = config.learner
+    if seen.token_budget:
+        source = "learner.token_budget" if lc.token_budget else f"from learner.memory_budget_gb={lc.memory_budget_gb}"
+        return f"token budget {seen.token_budget} tokens, {source}"
+    if lc.memory_budget_gb:
+        return f"learner.memory_budget_gb={lc.memory_budget_gb} sets the budget from the model, not inspected"
+    return f"learner.micro_batch_size={lc.micro_batch_size} rows"
+
+
+def _off_policy(config: TrainConfig, updates: int) -> str:
+    pc = config.pipeline
+    batch = ("each update's rollouts come from the policy the step started with" if updates == 1 else
+             f"update k of {updates} trains on rollouts k-1 updates older than its weights "
+             "(clipped importance ratios correct it)")
+    if pc.mode == "sync":
+        return f"{batch}; pipeline sync: rollouts are sampled by the current policy"
+    return (f"{batch}; pipeline async: rollouts up to {pc.max_staleness} policy versions old are trained on (older "
+            f"ones dropped, counted as dropped_stale), corrected by pipeline.off_policy={pc.off_policy}"
+            + (f" (is_cap {pc.is_cap})" if pc.off_policy == "tis" else ""))
+
+
+def _costs(config: TrainConfig, seen: Inspection, rows: int, parts: list[list[int]], updates: int) -> list[str]:
+    """Memory and learner time per step, estimated as the module docstring says."""
+    from tempering.build import frozen_parameters, logprob_chunk, resolve_algorithm
+
+    lc = config.learner
+    row_tokens = seen.prompt_tokens + config.rollout.max_new_tokens
+    micro_tokens = max(len(p) for p in parts) * row_tokens
+    critic = needs_values(resolve_algorithm(config)["advantage"])
+    fixed, per_token = memory_costs(seen.model, lc.gradient_checkpointing, logprob_chunk(seen.model, config),
+                                    frozen_parameters(seen.model, config, critic))
+    seconds = measure_seconds_per_token(seen.model, row_tokens) * rows * row_tokens * updates
+    return [f"memory: about {(fixed + per_token * micro_tokens) / 1024**3:.2f} GB for a learner step (weights, "
+            f"gradients, AdamW state, activations of a {micro_tokens}-token micro-batch; an estimate from the "
+            "model's shape; a teacher is not counted)",
+            f"learner time: about {seconds:.1f} s per step here (one measured forward/backward pass, scaled to "
+            f"{updates} x {rows} rollouts of {row_tokens} tokens; threads {torch.get_num_threads()})"]

@@ -1,0 +1,73 @@
+"""What ``temper train`` shows while it runs: a progress bar with its ETA (on stderr), one
+compact line per step and a per-domain table every ``logging.table_every`` steps (on stdout,
+above the bar, so a log file holds them without the bar's redraws). ``--quiet`` shows none.
+
+Everything shown is read from the step record that ``metrics.jsonl`` gets; a key a run does
+not have (``kl`` without a reference model, ``eval/accuracy`` between evaluations) is left out.
+"""
+
+from __future__ import annotations
+
+from tqdm import tqdm
+
+
+def step_line(record: dict, steps: int) -> str:
+    """One step in a line: reward, training accuracy, mean completion length (tokens), KL and
+    entropy where the record has them, held-out accuracy when it was measured, seconds.
+
+    >>> step_line({"step": 3, "reward": 0.5, "accuracy": 0.25, "completion_tokens": 96, "rollouts_taken": 8,
+    ...            "entropy": 1.2, "step_s": 2.0}, 10)
+    'step 3/10  reward 0.500  acc 25.0%  len 12.0  ent 1.200  2.00 s/step'
+    """
+    parts = [f"step {record['step']}/{steps}", f"reward {record['reward']:.3f}", f"acc {100 * record['accuracy']:.1f}%",
+             f"len {record['completion_tokens'] / max(record['rollouts_taken'], 1):.1f}"]
+    parts += [f"{label} {record[key]:.3f}" for label, key in (("kl", "kl"), ("ent", "entropy")) if key in record]
+    if "eval/accuracy" in record:
+        parts.append(f"eval {100 * record['eval/accuracy']:.1f}%")
+    parts.append(f"{record['step_s']:.2f} s/step")
+    return "  ".join(parts)
+
+
+DOMAIN_COLUMNS = (("weight", "weight", "{:.1%}"), ("reward", "reward", "{:.3f}"), ("success", "success", "{:.1%}"),
+                  ("tokens", "completion_tokens", "{:.0f}"), ("dropped", "dropped_groups", "{:.0f}"))
+"""(title, key under ``domain/<name>/``, format) of each column of :func:`domain_table`."""
+
+
+def domain_table(record: dict) -> str:
+    """The step's per-domain numbers: mixture weight, mean reward, success rate (the
+    scheduler's recent average), completion tokens and groups dropped this step.
+
+    >>> print(domain_table({"step": 5, "domain/add/weight": 0.5, "domain/add/reward": 0.25,
+    ...                     "domain/add/success": 0.125, "domain/add/completion_tokens": 40,
+    ...                     "domain/add/dropped_groups": 1}))
+    step 5    weight  reward  success  tokens  dropped
+    add        50.0%   0.250    12.5%      40        1
+    """
+    domains = list(dict.fromkeys(key.split("/")[1] for key in record if key.startswith("domain/")))
+    rows = [(f"step {record['step']}", *(title for title, _, _ in DOMAIN_COLUMNS))]
+    for domain in domains:
+        rows.append((domain, *(fmt.format(record[f"domain/{domain}/{key}"]) if f"domain/{domain}/{key}" in record
+                               else "-" for _, key, fmt in DOMAIN_COLUMNS)))
+    first = max(len(row[0]) for row in rows) + 2
+    widths = [max(len(row[i]) for row in rows) + 2 for i in range(1, len(rows[0]))]
+    return "\n".join(f"{row[0]:<{first}}" + "".join(f"{cell:>{w}}" for cell, w in zip(row[1:], widths)).rstrip()
+                     for row in rows)
+
+
+class LiveView:
+    """The bar, the step lines and the tables of one training run."""
+
+    def __init__(self, steps: int, first_step: int, table_every: int, enabled: bool):
+        self.steps, self.table_every, self.enabled = steps, table_every, enabled
+        self._bar = tqdm(total=steps, initial=first_step, desc="train", unit="step", disable=not enabled,
+                         dynamic_ncols=True)
+
+    def update(self, record: dict) -> None:
+        if self.enabled:
+            self._bar.write(step_line(record, self.steps))
+            if self.table_every and record["step"] % self.table_every == 0:
+                self._bar.write(domain_table(record))
+        self._bar.update()
+
+    def close(self) -> None:
+        self._bar.close()

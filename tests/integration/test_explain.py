@@ -1,0 +1,76 @@
+"""`temper explain`: the batch arithmetic it prints is what a real run then does, and it runs on
+every shipped config (printing the arithmetic even where the model cannot be inspected)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tempering.config import load_config
+from tempering.explain import explain
+
+SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "src/tempering/configs").glob("*.yaml"))
+RUN = ["steps=2", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16",
+       "eval.problems_per_task=2", "eval.max_new_tokens=16", "learner.ppo_epochs=2", "learner.mini_batches=2",
+       "learner.micro_batch_size=3", "learner.skip_zero_advantage=false", "learner.merge_duplicates=false"]
+
+
+def number(text: str, pattern: str) -> int:
+    return int(re.search(pattern, text).group(1))
+
+
+def test_explained_updates_and_micro_batches_are_what_a_real_run_does(tmp_path: Path, tiny_model_dir: Path):
+    overrides = [*RUN, f"model.path={tiny_model_dir}"]
+    text = explain(load_config(None, overrides))
+    assert "could not be inspected" not in text and "learner time: about" in text and "memory: about" in text
+    updates, micro = number(text, r"updates per step: (\d+)"), number(text, r"micro-batches per update: at most (\d+)")
+    assert (updates, micro) == (4, 3)  # 2 epochs x 2 mini-batches of 8 rollouts, 3 rows per micro-batch
+
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "tempering.cli", "train", "--quiet", *overrides, "--run-dir", str(run)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert record["updates"] == updates and record["micro_batches"] == micro
+
+
+def test_a_token_budget_is_planned_as_the_learner_plans_it(tiny_model_dir: Path):
+    text = explain(load_config(None, [*RUN, f"model.path={tiny_model_dir}", "learner.token_budget=100"]))
+    assert "token budget 100 tokens, learner.token_budget" in text
+    assert number(text, r"micro-batches per update: at most (\d+)") > 1
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if "smollm2" in n else n for n in SHIPPED])
+def test_explain_runs_on_every_shipped_config(name: str, tempering_cache):
+    proc = subprocess.run([sys.executable, "-m", "tempering.cli", "explain", name, "threads=1"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"step: \d+ prompts x \d+ samples = \d+ rollouts", proc.stdout)
+    assert re.search(r"updates per step: \d+", proc.stdout) and "micro-batches per update: at most" in proc.stdout
+    assert "model: " in proc.stdout  # inspected, or saying why not
+
+
+class OneTurn:
+    """The smallest environment: the episode ends after the model's first turn."""
+
+    def reset(self, problem):
+        return problem.prompt
+
+    def step(self, completion):
+        from tempering.envs import Step
+
+        return Step(done=True)
+
+
+def test_known_traps_are_warned_about(tiny_model_dir: Path):
+    env = f"{{name: '{__name__}:OneTurn', max_turns: 40}}"
+    text = explain(load_config(None, [*RUN, f"model.path={tiny_model_dir}", "eval.max_new_tokens=8",
+                                      f"tasks=[{{name: add, env: {env}}}]"]))
+    assert "warning: eval.max_new_tokens=8 is shorter than rollout.max_new_tokens=16" in text
+    assert re.search(r"warning: task add: an episode may reach \d+ prompt \+ 640 tokens", text)

@@ -37,6 +37,7 @@ from tempering.registry import resolve
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
+from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
 from tempering.rollout.prompts import prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
 from tempering.sinks import check_sinks
@@ -252,9 +253,32 @@ def env_specs(config: TrainConfig) -> dict[str, EnvSpec]:
 
 def build_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16: bool = False,
                     share: bool = True) -> Generator:
-    """The sampler over ``model``, playing the tasks that have an environment as episodes."""
+    """The sampler: the ``rollout.server`` when one is set, else the built-in one over ``model``;
+    either plays the tasks that have an environment as episodes."""
+    if config.rollout.server is not None:
+        return with_envs(server_generator(config, model, tokenizer), env_specs(config))
+    return local_generator(config, model, tokenizer, batch_size, bf16, share)
+
+
+def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16: bool = False,
+                    share: bool = True) -> Generator:
+    """The built-in sampler over ``model``, playing the tasks that have an environment as episodes."""
     sampler = HFGenerator(model, tokenizer, config.model.chat_template, batch_size, bf16, share=share)
     return with_envs(sampler, env_specs(config))
+
+
+def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
+    """A generator over ``rollout.server``; a ConfigError when it cannot be used or reached."""
+    sc = config.rollout.server
+    if config.model.lora is not None and sc.reload != "none":
+        raise ConfigError("rollout.server with model.lora: reloading adapters on a server is not supported; "
+                          "train every weight (model.lora=null) or set rollout.server.reload=none")
+    settings = ServerSettings(sc.url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
+                              sc.weights_dir, sc.reload)
+    try:
+        return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template)
+    except ServerError as exc:
+        raise ConfigError(f"rollout.server.url={sc.url}: {exc}") from None
 
 
 def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:
@@ -280,9 +304,10 @@ def remote_reward_worker(data: dict) -> RewardWorker:
 def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewarder: Rewarder) -> Pipeline:
     """Workers placed as configured: the sync local pipeline shares the learner's model."""
     pc = config.pipeline
-    shares = pc.mode == "sync" and pc.backend == "local"
+    served = config.rollout.server is not None
+    shares = pc.mode == "sync" and pc.backend == "local" and not served
     if pc.backend == "local":
-        policy = model if shares else copy.deepcopy(model).eval()
+        policy = model if shares or served else copy.deepcopy(model).eval()  # a server holds its own copy
         rollout = LocalHandle(rollout_worker(config, policy, tokenizer))
         reward = LocalHandle(RewardWorker(rewarder))
     else:
@@ -365,7 +390,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
     model = with_lora(config, model)
-    eval_generator = build_generator(config, model, tokenizer, config.eval.batch_size)
+    eval_generator = local_generator(config, model, tokenizer, config.eval.batch_size)  # the learner's weights
     rc = config.rollout
     screen_datasets(tasks, eval_generator.encode_prompt,
                     prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)

@@ -366,13 +366,19 @@ def load_model_weights(model: Any, path: Path) -> None:
     """Load a checkpoint's policy weights into ``model`` in place, exactly. A policy with LoRA
     adapters has nothing to load here: its base never changes, and its adapters come back
     exactly from ``trainer.pt`` (a merged model could not be split into base and adapters)."""
-    from safetensors.torch import load_file
-
     if is_adapted(model):
         return
-    files = sorted((path / "model").glob("*.safetensors"))
+    load_weights_from(model, path / "model")
+
+
+def load_weights_from(model: Any, folder: Path) -> None:
+    """Load the ``*.safetensors`` weights of a ``save_pretrained`` folder into ``model`` in
+    place; a RuntimeError when they are not this model's (a tied output layer may be absent)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{path / 'model'}: no safetensors weights")
+        raise FileNotFoundError(f"{folder}: no safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for file in files:
         weights.update(load_file(file))
@@ -380,7 +386,7 @@ def load_model_weights(model: Any, path: Path) -> None:
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     really_missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
     if really_missing or unexpected:
-        raise RuntimeError(f"{path}: checkpoint does not match the model "
+        raise RuntimeError(f"{folder}: the weights do not match the model "
                            f"(missing {really_missing[:5]}, unexpected {unexpected[:5]})")
 
 

@@ -113,24 +113,30 @@ def _is_config(item: str) -> bool:
     return item.endswith((".yaml", ".yml")) or shipped_config(item) is not None
 
 
-def _eval_inputs(args: argparse.Namespace) -> tuple[Optional[str], Optional[str], list[str]]:
+def _model_inputs(items: list[str], model: Optional[str] = None, config: Optional[str] = None
+                  ) -> tuple[Optional[str], Optional[str], list[str]]:
     """``(model, config file, overrides)`` from ``[MODEL] [CONFIG] [key=value ...]`` in any
     order (an item holding '=' is an override, a ``.yaml`` or shipped config name is the
-    config, anything else the model), ``--model``, ``--config`` and the flags that set a
-    config key."""
+    config, anything else the model) and the ``--model`` and ``--config`` flags."""
     models, configs, overrides = [], [], []
-    for item in args.inputs:
+    for item in items:
         (overrides if "=" in item else configs if _is_config(item) else models).append(item)
-    models += [args.model] if args.model else []
-    configs += [args.config] if args.config else []
+    models += [model] if model else []
+    configs += [config] if config else []
     for kind, found in (("model", models), ("config", configs)):
         if len(found) > 1:
             raise ConfigError(f"more than one {kind} given ({', '.join(found)}); name one")
+    return (models or [None])[0], (configs or [None])[0], overrides
+
+
+def _eval_inputs(args: argparse.Namespace) -> tuple[Optional[str], Optional[str], list[str]]:
+    """:func:`_model_inputs` of ``temper eval``, plus the flags that set a config key."""
+    model, config, overrides = _model_inputs(args.inputs, args.model, args.config)
     for flag, key in (("problems", "eval.problems_per_task"), ("max_new_tokens", "eval.max_new_tokens"),
                       ("temperature", "rollout.temperature")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
-    return (models or [None])[0], (configs or [None])[0], overrides
+    return model, config, overrides
 
 
 def _select_tasks(config, names: Optional[str]):
@@ -213,6 +219,37 @@ def cmd_eval(args: argparse.Namespace) -> int:
     finally:
         close_metrics(metrics)
     _report({"model": resolved, "settings": _settings_record(config, settings, rounds), **result}, args.json)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve a model over HTTP until interrupted (``tempering.serve``)."""
+    import threading
+
+    import torch
+
+    from tempering.build import load_model
+    from tempering.rollout.hf import HFGenerator
+    from tempering.sandbox.server import is_loopback
+    from tempering.serve import start
+
+    model_path, config_path, overrides = _model_inputs(args.inputs)
+    if not is_loopback(args.host):
+        raise ConfigError(f"--host {args.host}: temper serve has no authentication and binds a loopback address "
+                          "only; put an authenticating proxy in front of it to reach it from elsewhere")
+    config = load_config(config_path, overrides)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
+    rc = config.rollout
+    sampler = HFGenerator(model.eval(), tokenizer, config.model.chat_template, rc.batch_size, rc.bf16,
+                          share=rc.share_decoding)
+    try:
+        http = start(sampler, args.name or model_path or config.model.path, rc.batch_size, args.host, args.port)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    print(f"temper serve: {resolved} at {http.url} (OpenAI-compatible: {http.url}/v1)", flush=True)
+    threading.Event().wait()
     return 0
 
 
@@ -332,6 +369,16 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders; several are overlaid, one colour each")
     report.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html of the first run)")
     report.set_defaults(func=cmd_report)
+    serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API with exact token ids, "
+                                         "log-probs and weight reloads")
+    serve.add_argument("inputs", nargs="*", metavar="MODEL [CONFIG] [key=value ...]",
+                       help="the model (as for temper eval; default: the config's model.path), a YAML config "
+                            "(its model and rollout sections) and dotted overrides, in any order")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on, a loopback one (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port, printed)")
+    serve.add_argument("--name", help="the model's name in the API (default: MODEL as given)")
+    serve.add_argument("--quiet", action="store_true", help="no progress bars")
+    serve.set_defaults(func=cmd_serve)
 
     add_sandbox_parser(sub)
     add_rm_parser(sub)
@@ -342,10 +389,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     from tempering.checkpoint import StorageError
     from tempering.models.loading import ModelLoadError
+    from tempering.rollout.openai_server import ServerError
 
     try:
         status = args.func(args)
-    except (ConfigError, ModelLoadError, StorageError) as exc:
+    except (ConfigError, ModelLoadError, StorageError, ServerError) as exc:
         print(f"temper {args.command}: {exc}", file=sys.stderr)
         status = USER_ERROR
     except TrainingDiverged as exc:

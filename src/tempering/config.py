@@ -91,6 +91,20 @@ class ModelConfig(Strict):
     lora: Optional[LoraConfig] = Field(None, description="train LoRA adapters instead of every weight (needs the lora extra); null = full fine-tuning")
 
 
+class ServerConfig(Strict):
+    """An OpenAI-compatible inference server that samples the rollouts (``tempering.rollout.openai_server``):
+    ``temper serve``, vLLM (with --logprobs-mode processed_logprobs) or SGLang, serving the policy's model."""
+
+    url: str = Field(description="base URL of the server, e.g. http://127.0.0.1:8000")
+    model: Optional[str] = Field(None, description="model name sent with each request; null = the first the server lists")
+    timeout_s: float = Field(300.0, gt=0, description="seconds one request may take before it is sent again")
+    retries: int = Field(3, ge=0, description="times a failed request (no connection, timeout, 429, 5xx) is sent again; 0 = never")
+    backoff_s: float = Field(0.5, ge=0, description="wait before the first retry, in seconds, doubling after each")
+    concurrency: int = Field(64, ge=1, description="requests in flight at once (one per problem, n = group_size)")
+    weights_dir: Optional[str] = Field(None, description="folder the learner's weights are written to for the server to load each step; it must be readable by the server (shared storage for a remote one); null = a temporary folder on this machine")
+    reload: Literal["update_weights_from_disk", "vllm", "none"] = Field("update_weights_from_disk", description="how the server takes new weights: update_weights_from_disk (temper serve, SGLang), vllm (development-mode /collective_rpc reload_weights; VLLM_SERVER_DEV_MODE=1), none (never: the server's weights stay, for evaluation)")
+
+
 class RolloutConfig(Strict):
     prompts_per_step: int = Field(16, ge=1, description="problems sampled per RL step")
     group_size: int = Field(8, ge=2, description="completions sampled per problem (G)")
@@ -103,6 +117,7 @@ class RolloutConfig(Strict):
     long_prompts: Literal["error", "truncate", "skip"] = Field("error", description="a longer prompt: error stops the run naming the record; truncate keeps its last max_prompt_tokens tokens; skip leaves such dataset records out at start-up (a generated problem over the limit is still an error)")
     share_decoding: bool = Field(True, description="rows whose tokens so far are the same (a group's samples until they differ) are decoded as one row, each still drawing its own tokens: the same distribution and log-probs for less work")
     bf16: bool = Field(False, description="bfloat16 autocast while sampling, faster where the CPU has native bf16 (AVX512-BF16, AMX) and on GPUs; the recorded log-probs are then the bf16 pass's (set learner.bf16 too, so that the learner's are close to them)")
+    server: Optional[ServerConfig] = Field(None, description="sample on this OpenAI-compatible server instead of in this process; null = the built-in sampler")
 
 
 class TeacherConfig(Strict):
@@ -148,7 +163,7 @@ class AlgorithmConfig(Strict):
 
 
 class LearnerConfig(Strict):
-    lr: float = Field(1e-4, gt=0, description="peak learning rate")
+    lr: float = Field(1e-4, ge=0, description="peak learning rate; 0 = the weights never move (what the mismatch/* metrics then show is the sampler's disagreement with the learner alone)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
     grad_clip: float = Field(1.0, ge=0, description="max global gradient norm; 0 = no clipping")

@@ -13,7 +13,12 @@ the loss) and the clipped value loss (with a critic), aggregated over the mini-b
 Micro-batches accumulate gradients; aggregation is normalised by mini-batch counts, so an
 update does not depend on the micro-batch size beyond floating-point summation order.
 Importance ratios are always against the sampler's log-probs, so later updates of a batch
-are corrected for having moved away from the sampling policy.
+are corrected for having moved away from the sampling policy. The step's first update,
+before any weight moves, also measures how far its log-probs are from the sampler's on the
+same tokens (``mismatch/abs_logp``, ``mismatch/k3``, ``mismatch/outside_clip``;
+``tempering.algorithms.kl.mismatch``), at no extra forward pass: the sampler and the
+learner are two implementations of one policy (bf16, other kernels, an inference server),
+and this is their disagreement (plus staleness, for stale rollouts).
 
 The LR schedule and the policy version advance once per batch, however many updates it
 takes. An update whose gradient is not finite is skipped (counted as ``skipped_updates``),
@@ -64,7 +69,7 @@ import torch
 from tempering import faults
 from tempering.algorithms import kl_estimate
 from tempering.algorithms.critic import Critic, clipped_value_loss
-from tempering.algorithms.kl import KLCoefficient
+from tempering.algorithms.kl import MISMATCH_KEYS, KLCoefficient, mismatch
 from tempering.algorithms.logprobs import can_share_prompts, forward_logprobs, plain_head
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
 from tempering.models.attention import upcast_attention
@@ -308,7 +313,9 @@ class Learner:
         return teacher_BT
 
     def _micro_step(self, micro: Batch, part: MicroBatch, tokens: int, sequences: int,
-                    prox_from_forward: bool) -> dict[str, float]:
+                    prox_from_forward: bool, measure: bool = False) -> dict[str, float]:
+        """One forward and backward pass; with ``measure``, also the mismatch/* metrics of its
+        log-probs against the sampler's (a pass before the step's first update)."""
         s = self.settings
         shared_critic = self.critic is not None and self.critic.shared
         with self._autocast():
@@ -317,6 +324,9 @@ class Learner:
             logprobs_BT, entropy_BT = out.logprobs_BT, out.entropy_BT
         mask_BT = micro.loss_mask_BT
         prox_BT = micro.prox_logprobs_BT
+        if measure:
+            mismatch_metrics = mismatch(logprobs_BT.detach().float(), micro.old_logprobs_BT, mask_BT,
+                                        s.clip_low, s.clip_high)
         if prox_from_forward:  # the step's one update: its weights are the proximal policy
             prox_BT = logprobs_BT.detach().float() * mask_BT
         anchor_BT = micro.old_logprobs_BT if prox_BT is None else prox_BT
@@ -350,6 +360,8 @@ class Learner:
         loss.backward()
         metrics["loss"] = float(loss.detach())
         metrics["entropy"] = masked_mean(entropy_BT.detach(), mask_BT)
+        if measure:
+            metrics.update(mismatch_metrics)
         return metrics
 
     def _rows_stand_alone(self) -> bool:
@@ -362,13 +374,13 @@ class Learner:
                 and (self.reference is None or s.kl_in_reward) and self.critic is None)
 
     def _update(self, batch: Batch, prox_from_forward: bool = False,
-                plan: Optional[UpdatePlan] = None) -> dict[str, float]:
+                plan: Optional[UpdatePlan] = None, measure: bool = False) -> dict[str, float]:
         """One optimizer update on a (mini-)batch, accumulated over micro-batches, as ``plan``
         says (:meth:`plan` when None).
 
         The metrics describe the rows computed; ``skipped_rows`` and ``merged_rows`` count
         the others. With ``prox_from_forward`` the proximal log-probs are this update's own
-        forward pass."""
+        forward pass; with ``measure`` (the step's first update) the mismatch/* metrics are taken."""
         plan = plan or self.plan(batch)
         tokens, sequences = batch.num_tokens, len(batch)
         computed = computed_batch(batch, plan)
@@ -377,7 +389,7 @@ class Learner:
         for part in plan.micro_batches:
             micro = computed.select(torch.tensor(part.rows, device=computed.loss_mask_BT.device))
             weight = micro.num_tokens / max(computed.num_tokens, 1)
-            for key, value in self._micro_step(micro, part, tokens, sequences, prox_from_forward).items():
+            for key, value in self._micro_step(micro, part, tokens, sequences, prox_from_forward, measure).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "loss" else value * weight)
         clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
         parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -422,10 +434,12 @@ class Learner:
             batch.prox_logprobs_BT = self.proximal_logprobs(batch, plan)
         self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]
-        updates = [self._update(batch.select(rows), prox_from_forward, plan if whole else None)
-                   for epoch in range(self.settings.ppo_epochs)
-                   for rows in self._mini_batches(len(batch), epoch)]
-        totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
+        parts = [rows for epoch in range(self.settings.ppo_epochs) for rows in self._mini_batches(len(batch), epoch)]
+        updates = [self._update(batch.select(rows), prox_from_forward, plan if whole else None, measure=k == 0)
+                   for k, rows in enumerate(parts)]
+        # the mismatch is the first update's alone: later ones see weights the sampler never had
+        totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0] if key not in MISMATCH_KEYS}
+        totals.update({key: updates[0][key] for key in MISMATCH_KEYS if key in updates[0]})
         totals["skipped_updates"] = sum(u["skipped_updates"] for u in updates)
         totals["updates"] = len(updates)
         with warnings.catch_warnings():  # torch warns when every optimizer step was skipped

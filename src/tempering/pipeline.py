@@ -28,8 +28,8 @@ State: ``state_dict`` holds the buffered rounds (sampled and scored, not yet tra
 the rollout worker's RNG, the reward normalizer and the counters; in async mode it is
 taken with the feeder paused between rounds, so nothing is in flight.
 
-Not done here: several rollout workers sharing a round, and OpenAI-compatible inference
-servers as rollout workers.
+Not done here: several rollout workers sharing a round. An OpenAI-compatible inference
+server is a generator (``tempering.rollout.openai_server``) inside the rollout worker.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def test_the_resolved_config_round_trips(tmp_path):
     (["rollout.group_size=1"], ["rollout.group_size=1", "greater than or equal to 2"]),
     (["steps=1.5"], ["steps=1.5", "valid integer"]),
     (["rollout.temperature=abc"], ["rollout.temperature='abc'", "valid number"]),
-    (["learner.lr=-1"], ["learner.lr=-1", "greater than 0", "peak learning rate"]),
+    (["learner.lr=-1"], ["learner.lr=-1", "greater than or equal to 0", "peak learning rate"]),
     (["rollout.top_p=1.5"], ["rollout.top_p=1.5", "less than or equal to 1"]),
     (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator='k4'", "'k1', 'k2' or 'k3'"]),
     (["learner.schedule=step"], ["learner.schedule='step'", "'constant', 'linear' or 'cosine'"]),

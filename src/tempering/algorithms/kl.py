@@ -51,3 +51,28 @@ class KLCoefficient:
         if self.target > 0:
             error = min(max(kl / self.target - 1.0, -0.2), 0.2)
             self.value *= 1.0 + error / self.horizon
+
+
+MISMATCH_KEYS = ("mismatch/abs_logp", "mismatch/k3", "mismatch/outside_clip")
+
+
+def mismatch(logprobs_BT: torch.Tensor, sampler_logprobs_BT: torch.Tensor, mask_BT: torch.Tensor,
+             clip_low: float, clip_high: float) -> dict[str, float]:
+    """How far the learner's log-probs of the sampled tokens are from the sampler's, over
+    ``mask_BT``: the mean ``|delta|``, the k3 estimate of KL(sampler || learner) and the share
+    of tokens whose ratio ``exp(delta)`` is outside ``[1 - clip_low, 1 + clip_high]``, with
+    ``delta = learner - sampler``. Measured before a step's first update, these are the
+    disagreement of two implementations of one policy (bf16, kernels, a server's engine).
+
+    >>> found = mismatch(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.0, -1.5]]), torch.ones(1, 2), 0.2, 0.2)
+    >>> {key: round(value, 4) for key, value in found.items()}  # k3: (exp(-0.5) + 0.5 - 1) / 2
+    {'mismatch/abs_logp': 0.25, 'mismatch/k3': 0.0533, 'mismatch/outside_clip': 0.5}
+    """
+    delta_BT = (logprobs_BT - sampler_logprobs_BT) * mask_BT
+    count = mask_BT.sum().clamp(min=1)
+    ratio_BT = delta_BT.exp()
+    outside_BT = (ratio_BT < 1 - clip_low) | (ratio_BT > 1 + clip_high)
+    return dict(zip(MISMATCH_KEYS, (
+        float((delta_BT.abs() * mask_BT).sum() / count),
+        float((kl_estimate(sampler_logprobs_BT, logprobs_BT, "k3") * mask_BT).sum() / count),
+        float((outside_BT.float() * mask_BT).sum() / count))))

@@ -6,7 +6,9 @@ temperature-scaled distribution, stamped with the policy version that sampled it
 pipeline's rollout worker, held-out evaluation and the benchmarks speak only to this
 protocol, so another way of sampling (an inference server, a multi-turn environment around
 a generator) plugs in without touching them. :class:`tempering.rollout.hf.HFGenerator` is
-the one in this package: a KV-cached decoding loop over a Hugging Face model.
+a KV-cached decoding loop over a Hugging Face model in this process;
+:class:`tempering.rollout.openai_server.ServerGenerator` samples on an OpenAI-compatible
+inference server.
 """
 
 from __future__ import annotations

@@ -101,11 +101,35 @@ def _inverse_cdf(weights_BV: torch.Tensor, uniform_B: torch.Tensor) -> torch.Ten
     return block_B * _BLOCK + torch.searchsorted(cdf_BY, within_B1, right=True)[:, 0]
 
 
-def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+class RowStreams:
+    """Random streams of their own for groups of rows sampled together: row ``b`` draws from
+    ``generators[owner_B[b]]``, and each stream gives its live rows their numbers in row
+    order. What a group draws then depends only on its own rows, not on what else shares the
+    batch: ``temper serve`` gathers concurrent requests into one call, each request with its
+    own seed, and a request sampled alone gets the same tokens."""
+
+    def __init__(self, generators: list[torch.Generator], owner_B: list[int]):
+        self.generators = generators
+        self.owner_B = torch.tensor(owner_B)
+
+    def uniform(self, row_B: torch.Tensor) -> torch.Tensor:
+        """One uniform number in [0, 1) for each row of ``row_B`` (ascending), from its stream."""
+        owner_B = self.owner_B[row_B.cpu()]
+        uniform_B = torch.empty(len(row_B))
+        for k, generator in enumerate(self.generators):
+            rows = owner_B == k
+            count = int(rows.sum())
+            if count:
+                uniform_B[rows] = torch.rand(count, generator=generator)
+        return uniform_B
+
+
+def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator],
+                uniform_B: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(next_B, logprob_B)``: a token per row and its log-probability under the
     temperature-scaled distribution (greedy: the untempered one), computed as log-softmax
-    computes it (``x - max - log(sum(exp(x - max)))``)."""
+    computes it (``x - max - log(sum(exp(x - max)))``). The uniform numbers that pick the
+    tokens are ``uniform_B`` when given, else drawn from ``generator``."""
     if params.greedy:
         next_B = logits_BV.argmax(dim=-1)
         return next_B, logits_BV.gather(-1, next_B[:, None])[:, 0] - logits_BV.logsumexp(dim=-1)
@@ -114,7 +138,8 @@ def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Opti
     max_B1 = logits_BV.amax(dim=-1, keepdim=True)
     weights_BV = torch.sub(logits_BV, max_B1).exp_()  # probabilities times the row's sum
     sum_B1 = weights_BV.sum(dim=-1, keepdim=True)
-    uniform_B = torch.rand(len(logits_BV), generator=generator, device=generator.device if generator else "cpu")
+    if uniform_B is None:
+        uniform_B = torch.rand(len(logits_BV), generator=generator, device=generator.device if generator else "cpu")
     if params.top_p < 1.0:
         kept_BE, order_BE = _top_p_filter(weights_BV.div_(sum_B1), params.top_p)
         next_B = order_BE.gather(-1, _inverse_cdf(kept_BE, uniform_B)[:, None])[:, 0]
@@ -236,12 +261,13 @@ class HFGenerator:
         return getattr(self.model.config, "max_position_embeddings", None) or 0
 
     @torch.no_grad()
-    def sample(self, prompts: list[list[int]], params: SamplingParams, generator: Optional[torch.Generator] = None
-               ) -> list[tuple[list[int], list[float], str]]:
+    def sample(self, prompts: list[list[int]], params: SamplingParams,
+               generator: Optional[torch.Generator | RowStreams] = None) -> list[tuple[list[int], list[float], str]]:
         """``(completion ids, log-probs, finish reason)`` after each prompt, given as token ids
         (repeats welcome: a repeated prompt is prefilled once); the finish reason is "stop"
         (end-of-sequence or a stop string) or "length". Multi-turn episodes
-        (``tempering.envs.runner``) continue their token histories through this."""
+        (``tempering.envs.runner``) continue their token histories through this. Draws come
+        from ``generator``, or with :class:`RowStreams` from each row's own stream."""
         device = self.model.device
         index_of = {ids: i for i, ids in enumerate(dict.fromkeys(map(tuple, prompts)))}
         distinct = list(index_of)
@@ -272,7 +298,10 @@ class HFGenerator:
             mask_UT, position_U = mask_PT, positions_PT[:, -1]
             history_B, row_B = prompt_of_row_B, torch.arange(n, device=device)
             for step in range(limit):
-                next_B, logprob_B = pick_tokens(logits_UV[history_B], params, generator)
+                streams = isinstance(generator, RowStreams) and not params.greedy
+                uniform_B = generator.uniform(row_B) if streams else None
+                next_B, logprob_B = pick_tokens(logits_UV[history_B], params, None if streams else generator,
+                                                uniform_B)
                 tokens_BT[row_B, step], logprobs_BT[row_B, step] = next_B, logprob_B
                 done_B = torch.isin(next_B, eos_ids)
                 if params.stop:

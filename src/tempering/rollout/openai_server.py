@@ -1,0 +1,258 @@
+"""Rollouts from an OpenAI-compatible inference server: ``temper serve``, vLLM or SGLang.
+
+:class:`ServerGenerator` is a :class:`~tempering.rollout.base.Generator` and a
+:class:`~tempering.rollout.base.TokenSampler` whose sampling happens on a server. Prompts
+are rendered and tokenized here and sent as token ids to ``/v1/completions``; the reply's
+``token_ids`` (or ``logprobs.tokens`` as ``"token_id:N"``, vLLM's
+``return_tokens_as_token_ids``) and ``logprobs.token_logprobs`` are kept as they are, so the
+learner trains on exactly the tokens sampled and compares log-probs token by token. The
+server must report log-probs of the temperature-scaled distribution, which ``temper serve``
+does and vLLM does with ``--logprobs-mode processed_logprobs``.
+
+Each problem (each episode turn, through :meth:`ServerGenerator.sample`) is one request, up
+to ``concurrency`` in flight; a server that batches concurrent requests (all of these do)
+sees them together. Every request carries a ``seed`` drawn from the run's generator in a
+fixed order before any is sent, so a run against ``temper serve`` repeats itself. A request
+that fails to connect, times out (``timeout_s``), or gets 429 or a 5xx answer is sent again
+after ``backoff_s``, doubling, up to ``retries`` times; the same seed makes the retry draw
+the same tokens.
+
+Weight sync: :meth:`ServerGenerator.load_weights` writes the learner's weights as
+``model.safetensors`` beside the model's config and tokenizer in ``weights_dir`` and asks
+the server to load that folder: ``POST /update_weights_from_disk`` (``temper serve``,
+SGLang) with the server version it should reach, or vLLM's development-mode
+``/collective_rpc`` (``update_config`` to the folder, then ``reload_weights``; start vLLM
+with ``VLLM_SERVER_DEV_MODE=1``). The server's policy version after the reload is checked,
+and every completion reply that states its version must state that one: rollouts are
+sampled by the weights last loaded, and stamped with the learner version those were.
+
+Not done: LoRA adapter loading (``model.lora`` runs need a merged-weights reload, which
+this does not write), weight transfer over NCCL, streaming, several servers.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from tempering.rollout.base import SamplingParams
+from tempering.rollout.prompts import encode_prompt, fit_prompt, use_chat_template
+from tempering.types import Group, Problem, Prompt, Rollout
+
+RELOADS = ("update_weights_from_disk", "vllm", "none")
+
+
+class ServerError(RuntimeError):
+    """The inference server could not be reached or refused a request; the message says which and why."""
+
+
+class _Transient(Exception):
+    """A failure worth retrying: no connection, a timeout, 429 or a 5xx status."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    url: str
+    """Base URL, e.g. http://127.0.0.1:8000 (the /v1 paths are added)."""
+    model: Optional[str] = None
+    """Model name sent with each request; None = the first the server lists."""
+    timeout_s: float = 300.0
+    retries: int = 3
+    backoff_s: float = 0.5
+    concurrency: int = 64
+    weights_dir: Optional[str] = None
+    """Where new weights are written for the server to load; None = a temporary folder."""
+    reload: str = "update_weights_from_disk"
+
+
+def parse_choice(choice: dict) -> tuple[list[int], list[float], str]:
+    """``(token ids, log-probs, "stop" | "length")`` of one completion choice, from
+    ``token_ids`` or vLLM's ``"token_id:N"`` tokens; a ServerError when the reply lacks them.
+
+    >>> parse_choice({"finish_reason": "stop", "logprobs": {"tokens": ["token_id:5", "token_id:2"],
+    ...                                                      "token_logprobs": [-0.5, -0.25]}})
+    ([5, 2], [-0.5, -0.25], 'stop')
+    """
+    details = choice.get("logprobs") or {}
+    ids = choice.get("token_ids")
+    tokens = details.get("tokens")
+    if ids is None and tokens is not None and all(t.startswith("token_id:") for t in tokens):
+        ids = [int(t[len("token_id:"):]) for t in tokens]
+    logprobs = details.get("token_logprobs")
+    if ids is None or logprobs is None or len(ids) != len(logprobs):
+        raise ServerError("the server's reply lacks the sampled token ids or their log-probs; it must support "
+                          "logprobs with return_tokens_as_token_ids (vLLM, SGLang and temper serve do)")
+    return list(ids), [float(x) for x in logprobs], "length" if choice.get("finish_reason") == "length" else "stop"
+
+
+class ServerGenerator:
+    """Samples on an OpenAI-compatible server (see the module docstring); ``tokenizer`` must
+    be the served model's, and ``model_config`` (written beside reloaded weights) its config."""
+
+    def __init__(self, settings: ServerSettings, tokenizer: Any, model_config: Any = None,
+                 chat_template: Optional[bool] = None):
+        if settings.reload not in RELOADS:
+            raise ValueError(f"reload {settings.reload!r}; known: {', '.join(RELOADS)}")
+        self.settings = settings
+        self.url = settings.url.rstrip("/")
+        self.tokenizer, self.model_config = tokenizer, model_config
+        self.chat_template = use_chat_template(tokenizer, chat_template)
+        listed = self._request("GET", "/v1/models", None)["data"]
+        if not listed:
+            raise ServerError(f"{self.url}/v1/models lists no model")
+        self.model = settings.model or listed[0]["id"]
+        served = next((m for m in listed if m["id"] == self.model), None)
+        if served is None:
+            raise ServerError(f"{self.url} does not serve {self.model!r} (it serves {', '.join(m['id'] for m in listed)})")
+        self.context_length = int(served.get("max_model_len") or getattr(model_config, "max_position_embeddings", 0) or 0)
+        self.served_version: Optional[int] = served.get("policy_version")
+        self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="server-request")
+        self._weights_dir: Optional[Path] = None
+
+    # -- sampling ------------------------------------------------------------------------
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, self.chat_template)
+
+    def generate(self, problems: list[Problem], group_size: int, params: SamplingParams,
+                 policy_version: int = 0, generator: Optional[torch.Generator] = None) -> list[Group]:
+        """``group_size`` completions for each problem (one request each, ``n=group_size``)."""
+        limit = params.max_prompt_tokens or (max(1, self.context_length - params.max_new_tokens)
+                                             if self.context_length else 0)
+        prompts = [fit_prompt(self.encode_prompt(p.prompt), p, limit, params.long_prompts) for p in problems]
+        groups = []
+        for problem, prompt_ids, outputs in zip(problems, prompts, self._complete_all(prompts, group_size, params,
+                                                                                        generator)):
+            groups.append(Group(problem, [Rollout(
+                problem=problem, prompt_ids=prompt_ids, completion_ids=ids, logprobs=logprobs, finish_reason=reason,
+                policy_version=policy_version, text=self.tokenizer.decode(ids, skip_special_tokens=True))
+                for ids, logprobs, reason in outputs]))
+        return groups
+
+    def sample(self, prompts: list[list[int]], params: SamplingParams,
+               generator: Optional[torch.Generator] = None) -> list[tuple[list[int], list[float], str]]:
+        """``(completion ids, log-probs, finish reason)`` after each prompt (one request each)."""
+        return [outputs[0] for outputs in self._complete_all(prompts, 1, params, generator)]
+
+    def _complete_all(self, prompts: list[list[int]], n: int, params: SamplingParams,
+                      generator: Optional[torch.Generator]) -> list[list[tuple[list[int], list[float], str]]]:
+        seeds = [int(torch.randint(0, 2**62, (1,), generator=generator)) for _ in prompts]
+        futures = [self._pool.submit(self._complete, ids, n, params, seed) for ids, seed in zip(prompts, seeds)]
+        return [future.result() for future in futures]
+
+    def _complete(self, prompt_ids: list[int], n: int, params: SamplingParams, seed: int
+                  ) -> list[tuple[list[int], list[float], str]]:
+        body = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": params.max_new_tokens,
+                "temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
+                "stop": list(params.stop), "seed": seed, "logprobs": 0, "return_tokens_as_token_ids": True,
+                "return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": False}
+        reply = self._post("/v1/completions", body)
+        version = reply.get("policy_version")
+        if version is not None and self.served_version is not None and version != self.served_version:
+            raise ServerError(f"{self.url} sampled with policy version {version}, but version "
+                              f"{self.served_version} was loaded last: another client changed its weights")
+        choices = sorted(reply["choices"], key=lambda c: c["index"])
+        if len(choices) != n:
+            raise ServerError(f"{self.url} answered {len(choices)} choices for n={n}")
+        return [parse_choice(c) for c in choices]
+
+    # -- weights -------------------------------------------------------------------------
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Write ``weights`` where the server can read them and have it load them; the server's
+        policy version must then be the next one."""
+        if not weights or self.settings.reload == "none":
+            return
+        from safetensors.torch import save_file
+
+        folder = self._folder()
+        partial = folder / "model.safetensors.partial"
+        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(partial))
+        os.replace(partial, folder / "model.safetensors")  # the server never reads a half-written file
+        expected = (self.served_version or 0) + 1
+        if self.settings.reload == "vllm":
+            self._post("/collective_rpc", {"method": "update_config", "args": [{"model_config": {"model": str(folder)}}]})
+            self._post("/collective_rpc", {"method": "reload_weights"})
+            self.served_version = expected
+            return
+        reply = self._post("/update_weights_from_disk", {"model_path": str(folder), "version": expected})
+        if reply.get("success") is False:
+            raise ServerError(f"{self.url} could not load the weights in {folder}: {reply.get('message')}")
+        version = reply.get("policy_version", expected)
+        if version != expected:
+            raise ServerError(f"{self.url} is at policy version {version} after loading new weights, "
+                              f"not {expected}: another client is changing its weights")
+        self.served_version = version
+
+    def _folder(self) -> Path:
+        """The weights folder, with the model's config and tokenizer written once (a server
+        that loads a whole model folder, vLLM or SGLang, finds them)."""
+        if self._weights_dir is None:
+            configured = self.settings.weights_dir
+            folder = Path(configured) if configured else Path(tempfile.mkdtemp(prefix="tempering-weights-"))
+            if not configured:  # ours: removed with this generator
+                weakref.finalize(self, shutil.rmtree, folder, True)
+            folder.mkdir(parents=True, exist_ok=True)
+            if self.model_config is not None:
+                self.model_config.save_pretrained(folder)
+            self.tokenizer.save_pretrained(folder)
+            self._weights_dir = folder
+        return self._weights_dir
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- HTTP ----------------------------------------------------------------------------
+    def _post(self, path: str, body: dict) -> dict:
+        return self._request("POST", path, body)
+
+    def _request(self, method: str, path: str, body: Optional[dict]) -> dict:
+        """The reply's JSON, retried as the module docstring says; a ServerError otherwise."""
+        s = self.settings
+        for attempt in range(s.retries + 1):
+            try:
+                return self._once(method, path, body)
+            except _Transient as exc:
+                if attempt == s.retries:
+                    raise ServerError(f"{method} {self.url}{path}: no answer after {s.retries + 1} tries ({exc}); "
+                                      "is the server running at rollout.server.url?") from None
+                time.sleep(s.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _once(self, method: str, path: str, body: Optional[dict]) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 429 or exc.code >= 500:
+                raise _Transient(f"status {exc.code}") from None
+            raise ServerError(f"{method} {self.url}{path}: status {exc.code}: {_message(exc)}") from None
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, TimeoutError) as exc:
+            raise _Transient(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from None
+        except json.JSONDecodeError:
+            raise _Transient("the reply is not JSON") from None
+
+
+def _message(error: urllib.error.HTTPError) -> str:
+    """The server's own words from an error reply (OpenAI's ``{"error": {"message"}}`` shape)."""
+    try:
+        payload = json.loads(error.read())
+    except (ValueError, OSError):
+        return error.reason
+    found = payload.get("error", payload) if isinstance(payload, dict) else payload
+    return found.get("message", str(found)) if isinstance(found, dict) else str(found)

@@ -1,0 +1,365 @@
+"""``temper serve``: an OpenAI-compatible completions server over tempering's own sampler.
+
+It exists so that the server path of training (``tempering.rollout.openai_server``) runs end
+to end on a CPU, for ``temper eval`` against a served model, and for users without a GPU
+inference engine. Its wire format is vLLM's, so one client reads both:
+
+- ``POST /v1/completions``: ``prompt`` as text, token ids, or a list of either; ``n``,
+  ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``, ``stop``, ``seed``, ``logprobs``.
+  Every choice carries ``token_ids`` (the exact ids sampled, as vLLM's ``return_token_ids``)
+  and, when ``logprobs`` is set, ``logprobs.tokens`` (``"token_id:N"`` with
+  ``return_tokens_as_token_ids``, else the tokens' text) and ``logprobs.token_logprobs``: the
+  sampled tokens' log-probs under the temperature-scaled distribution, what the learner
+  recomputes (vLLM's ``--logprobs-mode processed_logprobs``). Choices are ordered prompt by
+  prompt, ``n`` each.
+- ``POST /v1/chat/completions``: ``messages`` rendered with the chat template; the same
+  options, ``logprobs: true`` giving ``logprobs.content`` entries.
+- ``GET /v1/models``: the served model, its context (``max_model_len``) and policy version.
+- ``POST /update_weights_from_disk`` (SGLang's name): ``{"model_path": DIR}`` loads the
+  ``*.safetensors`` weights in DIR (a ``save_pretrained`` folder) and moves the policy
+  version on by one, or to ``"version"`` when given (so a retried reload is harmless).
+  Every completion response carries the ``policy_version`` that sampled it.
+
+Concurrent requests are gathered into one sampler call (requests with the same sampling
+settings, up to ``batch_size`` rows): each request draws from a random stream seeded by its
+own ``seed`` (:class:`~tempering.rollout.hf.RowStreams`), so what a request gets does not
+depend on what it was batched with. A reload waits for the sampler call in progress and
+never overlaps one.
+
+Not done: streaming, top-k alternatives in ``logprobs`` (the sampled token's only),
+``echo``, ``best_of``, penalties, LoRA adapter loading, authentication (it binds 127.0.0.1
+unless told otherwise; put a proxy in front to expose it).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from tempering.checkpoint import load_weights_from
+from tempering.rollout.base import SamplingParams
+from tempering.rollout.hf import HFGenerator, RowStreams
+from tempering.rollout.prompts import encode_prompt
+
+MAX_BODY_BYTES = 64 << 20
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class RequestError(ValueError):
+    """A request the client must change; answered with 400 and this message."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Job:
+    """One request's rows (each prompt ``n`` times, in order), waiting for the sampler."""
+
+    rows: list[list[int]]
+    params: SamplingParams
+    seed: int
+    prompt_tokens: int
+    done: threading.Event = field(default_factory=threading.Event)
+    outputs: Optional[list[tuple[list[int], list[float], str]]] = None
+    error: Optional[BaseException] = None
+    version: int = 0
+
+
+class Batcher:
+    """Runs jobs through the sampler on one thread, gathering those waiting with the same
+    settings into one call (at most ``max_rows`` rows, waiting ``gather_s`` for company)."""
+
+    def __init__(self, sampler: HFGenerator, max_rows: int, gather_s: float = 0.01):
+        self.sampler, self.max_rows, self.gather_s = sampler, max_rows, gather_s
+        self.version = 0
+        self.lock = threading.Lock()  # held while sampling or loading weights
+        self._queue: queue.Queue[Job] = queue.Queue()
+        self._held: list[Job] = []  # taken from the queue, waiting for a call with their settings
+        threading.Thread(target=self._run, name="sampler", daemon=True).start()
+
+    def submit(self, job: Job) -> Job:
+        self._queue.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job
+
+    def _next_batch(self) -> list[Job]:
+        first = self._held.pop(0) if self._held else self._queue.get()
+        batch, rows = [first], len(first.rows)
+        for job in list(self._held):
+            if job.params == first.params and rows + len(job.rows) <= self.max_rows:
+                self._held.remove(job)
+                batch.append(job)
+                rows += len(job.rows)
+        deadline = time.monotonic() + self.gather_s
+        while rows < self.max_rows:
+            try:
+                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if job.params == first.params and rows + len(job.rows) <= self.max_rows:
+                batch.append(job)
+                rows += len(job.rows)
+            else:
+                self._held.append(job)
+        return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            rows = [ids for job in batch for ids in job.rows]
+            owners = [k for k, job in enumerate(batch) for _ in job.rows]
+            streams = RowStreams([torch.Generator().manual_seed(job.seed) for job in batch], owners)
+            try:
+                with self.lock:
+                    outputs = self.sampler.sample(rows, batch[0].params, streams)
+                    version = self.version
+            except Exception as exc:  # every waiting request hears of it
+                traceback.print_exc()
+                for job in batch:
+                    job.error = exc
+                    job.done.set()
+                continue
+            start = 0
+            for job in batch:
+                job.outputs, job.version = outputs[start : start + len(job.rows)], version
+                start += len(job.rows)
+                job.done.set()
+
+    def reload(self, folder: str, version: Optional[int]) -> int:
+        """Load the weights saved in ``folder``; return the new policy version."""
+        if not Path(folder).is_dir():
+            raise RequestError(f"model_path {folder!r} is not a folder on the server")
+        with self.lock:
+            try:
+                load_weights_from(self.sampler.model, Path(folder))
+            except (FileNotFoundError, RuntimeError) as exc:
+                raise RequestError(str(exc)) from None
+            self.version = self.version + 1 if version is None else version
+            return self.version
+
+
+def _number(body: dict, key: str, default: Any, kind: type, low: float, high: float = float("inf")) -> Any:
+    value = body.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise RequestError(f"{key!r} must be a{'n integer' if kind is int else ' number'}, got {value!r}")
+    if not low <= value <= high:
+        raise RequestError(f"{key!r}={value} is outside [{low}, {high}]")
+    return kind(value)
+
+
+def sampling_request(body: dict, prompt_lengths: list[int], context: int) -> tuple[SamplingParams, int, int]:
+    """``(params, n, seed)`` of a request; a RequestError for a bad or unfittable one."""
+    remaining = context - max(prompt_lengths) if context else 0
+    default_tokens = DEFAULT_MAX_TOKENS if "messages" not in body else max(1, remaining)
+    tokens = _number(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
+                     default_tokens, int, 1)
+    if context and tokens > remaining:
+        raise RequestError(f"this model's maximum context length is {context} tokens; the prompt ({max(prompt_lengths)} "
+                           f"tokens) and max_tokens ({tokens}) are more")
+    temperature = _number(body, "temperature", 1.0, float, 0.0, 100.0)
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("'stop' must be a string or a list of non-empty strings")
+    params = SamplingParams(temperature=temperature or 1.0, top_p=_number(body, "top_p", 1.0, float, 1e-9, 1.0),
+                            max_new_tokens=tokens, stop=tuple(stop), greedy=temperature == 0)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise RequestError(f"'seed' must be an integer, got {seed!r}")
+    seed = random.SystemRandom().randrange(2**63) if seed is None else seed % 2**63
+    return params, _number(body, "n", 1, int, 1, 1024), seed
+
+
+def completion_prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
+    """The token ids of a ``/v1/completions`` prompt: text, ids, or a list of either."""
+    if isinstance(prompt, str):
+        return [tokenizer(prompt)["input_ids"]]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [list(prompt)]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return [ids for p in prompt for ids in completion_prompts(p, tokenizer)]
+    raise RequestError("'prompt' must be text, a list of token ids, or a non-empty list of either")
+
+
+class Server:
+    """What the HTTP handlers call: request in, response body out."""
+
+    def __init__(self, sampler: HFGenerator, name: str, batch_size: int, gather_s: float = 0.01):
+        self.sampler, self.name = sampler, name
+        self.tokenizer = sampler.tokenizer
+        self.vocab = len(self.tokenizer)
+        self.batcher = Batcher(sampler, batch_size, gather_s)
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{
+            "id": self.name, "object": "model", "owned_by": "tempering", "created": 0,
+            "max_model_len": self.sampler.context_length, "policy_version": self.batcher.version}]}
+
+    def _check_model(self, body: dict) -> None:
+        if body.get("model") not in (None, self.name):
+            raise RequestError(f"the model {body['model']!r} does not exist; this server serves {self.name!r}", 404)
+
+    def _sample(self, body: dict, prompts: list[list[int]]) -> Job:
+        if any(not p for p in prompts):
+            raise RequestError("a prompt is empty")
+        if any(not 0 <= t < self.vocab for p in prompts for t in p):
+            raise RequestError(f"a prompt holds a token id outside the vocabulary (0..{self.vocab - 1})")
+        params, n, seed = sampling_request(body, [len(p) for p in prompts], self.sampler.context_length)
+        return self.batcher.submit(Job([p for p in prompts for _ in range(n)], params, seed, sum(map(len, prompts))))
+
+    def completions(self, body: dict) -> dict:
+        self._check_model(body)
+        job = self._sample(body, completion_prompts(body.get("prompt"), self.tokenizer))
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        choices = [self._choice(i, ids, logprobs, reason, body.get("logprobs") is not None, as_ids)
+                   for i, (ids, logprobs, reason) in enumerate(job.outputs)]
+        return self._response("text_completion", job, choices)
+
+    def chat(self, body: dict) -> dict:
+        self._check_model(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+            raise RequestError("'messages' must be a non-empty list of {role, content} objects")
+        prompt = encode_prompt(self.tokenizer, messages, self.sampler.chat_template)
+        job = self._sample(body, [prompt])
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        choices = []
+        for i, (ids, logprobs, reason) in enumerate(job.outputs):
+            choice = {"index": i, "finish_reason": reason, "token_ids": ids,
+                      "message": {"role": "assistant", "content": self._text(ids)}, "logprobs": None}
+            if body.get("logprobs"):
+                choice["logprobs"] = {"content": [{"token": token, "logprob": lp, "bytes": None, "top_logprobs": []}
+                                                  for token, lp in zip(self._tokens(ids, as_ids), logprobs)]}
+            choices.append(choice)
+        return self._response("chat.completion", job, choices)
+
+    def _choice(self, index: int, ids: list[int], logprobs: list[float], reason: str, with_logprobs: bool,
+                as_ids: bool) -> dict:
+        choice = {"index": index, "text": self._text(ids), "finish_reason": reason, "token_ids": ids,
+                  "logprobs": None}
+        if with_logprobs:
+            lengths = [len(self.tokenizer.decode([t])) for t in ids]
+            offsets = [0, *accumulate(lengths)][: len(ids)]
+            choice["logprobs"] = {"tokens": self._tokens(ids, as_ids), "token_logprobs": logprobs,
+                                  "text_offset": offsets, "top_logprobs": None}
+        return choice
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _tokens(self, ids: list[int], as_ids: bool) -> list[str]:
+        return [f"token_id:{t}" for t in ids] if as_ids else [self.tokenizer.decode([t]) for t in ids]
+
+    def _response(self, kind: str, job: Job, choices: list[dict]) -> dict:
+        completion_tokens = sum(len(ids) for ids, _, _ in job.outputs)
+        prompt_tokens = job.prompt_tokens
+        return {"id": f"cmpl-{random.getrandbits(64):016x}", "object": kind, "created": int(time.time()),
+                "model": self.name, "choices": choices, "policy_version": job.version,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+
+    def update_weights(self, body: dict) -> dict:
+        folder = body.get("model_path")
+        version = body.get("version")
+        if not isinstance(folder, str) or not folder:
+            raise RequestError("'model_path' must name a folder of safetensors weights")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise RequestError(f"'version' must be an integer, got {version!r}")
+        version = self.batcher.reload(folder, version)
+        return {"success": True, "message": f"loaded {folder}", "policy_version": version}
+
+
+class OpenAIHTTPServer(ThreadingHTTPServer):
+    """One thread per connection; the sampling itself happens on the batcher's thread."""
+
+    daemon_threads = True
+    request_queue_size = 256
+
+    def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0):
+        self.app = server
+        super().__init__((host, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 120
+    server: OpenAIHTTPServer
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class names it so
+        """Quiet: a line per request would drown a training run's output."""
+
+    def _send(self, status: int, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str) -> None:
+        self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
+
+    def do_GET(self):
+        app = self.server.app
+        if self.path == "/v1/models":
+            self._send(200, app.models())
+        elif self.path == "/health":
+            self._send(200, {"status": "ok", "policy_version": app.batcher.version})
+        else:
+            self._error(404, f"no such endpoint: GET {self.path}")
+
+    def do_POST(self):
+        app = self.server.app
+        routes = {"/v1/completions": app.completions, "/v1/chat/completions": app.chat,
+                  "/update_weights_from_disk": app.update_weights}
+        route = routes.get(self.path)
+        if route is None:
+            self._error(404, f"no such endpoint: POST {self.path}")
+            return
+        length = self.headers.get("Content-Length", "")
+        if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY_BYTES:
+            self.close_connection = True
+            self._error(413 if length.isdigit() else 411, f"a Content-Length up to {MAX_BODY_BYTES} bytes is required")
+            return
+        try:
+            body = json.loads(self.rfile.read(int(length)))
+            if not isinstance(body, dict):
+                raise RequestError("the request body must be a JSON object")
+            self._send(200, route(body))
+        except ValueError as exc:  # RequestError, or JSON that does not parse
+            self._error(getattr(exc, "status", 400), str(exc) if isinstance(exc, RequestError)
+                        else "the request body is not valid JSON")
+        except Exception as exc:  # a defect here; the client still gets an answer
+            traceback.print_exc()
+            self._error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def start(sampler: HFGenerator, name: str, batch_size: int, host: str = "127.0.0.1", port: int = 0
+          ) -> OpenAIHTTPServer:
+    """A server answering on a background thread (``shutdown()`` stops it); port 0 picks a free one."""
+    http = OpenAIHTTPServer(Server(sampler, name, batch_size), host, port)
+    threading.Thread(target=http.serve_forever, name="openai-http", daemon=True).start()
+    return http

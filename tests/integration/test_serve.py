@@ -1,0 +1,187 @@
+"""``temper serve`` and the server-backed generator, over real HTTP on 127.0.0.1.
+
+The server runs in this process on a copy of the miniature model (reloads change its
+weights); the generator talks to it exactly as it talks to vLLM. The learner's recomputed
+log-probs are compared with what came over the wire, token by token.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from tempering.algorithms import token_logprobs
+from tempering.build import server_generator
+from tempering.config import ConfigError, TrainConfig
+from tempering.learner import collate
+from tempering.rollout.base import SamplingParams
+from tempering.rollout.hf import HFGenerator, RowStreams
+from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
+from tempering.serve import start
+from tempering.types import Problem
+from test_envs_tokens import check_bookkeeping, logprob_gap, play
+
+PROMPTS = ["47+38\n", "52-17\n", "47*6\n"]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_policy):
+    """``(server, its sampler's model, tokenizer)``: a copy of the miniature model, served."""
+    model, tokenizer = tiny_policy
+    model = copy.deepcopy(model)
+    http = start(HFGenerator(model, tokenizer), "mini", batch_size=64)
+    yield http, model, tokenizer
+    http.shutdown()
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read())
+
+
+def completion(url: str, prompt_ids: list[int], seed: int, n: int = 4) -> list[tuple]:
+    reply = post(url + "/v1/completions", {"prompt": prompt_ids, "n": n, "max_tokens": 16, "seed": seed,
+                                           "logprobs": 0, "return_tokens_as_token_ids": True})
+    return [(c["token_ids"], c["logprobs"]["token_logprobs"], c["finish_reason"]) for c in reply["choices"]]
+
+
+def test_a_request_gets_what_the_sampler_draws_with_its_seed_batched_or_not(served):
+    http, model, tokenizer = served
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    alone = [completion(http.url, ids, seed) for seed, ids in enumerate(prompts)]
+    streams = RowStreams([torch.Generator().manual_seed(0)], [0] * 4)
+    direct = HFGenerator(model, tokenizer).sample([prompts[0]] * 4, SamplingParams(max_new_tokens=16), streams)
+    assert [ids for ids, _, _ in alone[0]] == [ids for ids, _, _ in direct]
+    assert [x for _, lp, _ in alone[0] for x in lp] == pytest.approx([x for _, lp, _ in direct for x in lp], abs=1e-6)
+    together: list = [None] * len(prompts)
+
+    def ask(k):
+        together[k] = completion(http.url, prompts[k], k)
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [[ids for ids, _, _ in c] for c in together] == [[ids for ids, _, _ in c] for c in alone]
+
+
+def test_server_rollouts_are_the_learners_tokens_and_log_probs(served):
+    http, model, tokenizer = served
+    generator = ServerGenerator(ServerSettings(http.url), tokenizer, model.config)
+    problems = [Problem(task="add", id=str(i), prompt=p, answer="") for i, p in enumerate(PROMPTS)]
+    groups = generator.generate(problems, 4, SamplingParams(max_new_tokens=16), policy_version=7,
+                                generator=torch.Generator().manual_seed(0))
+    again = generator.generate(problems, 4, SamplingParams(max_new_tokens=16), generator=torch.Generator().manual_seed(0))
+    rollouts = [r for g in groups for r in g.rollouts]
+    assert [r.completion_ids for r in rollouts] == [r.completion_ids for g in again for r in g.rollouts]
+    assert {r.policy_version for r in rollouts} == {7}
+    assert all(r.prompt_ids == tokenizer(r.problem.prompt)["input_ids"] for r in rollouts)
+    batch = collate(rollouts, tokenizer.pad_token_id)
+    with torch.no_grad():
+        learner_BT, _ = token_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT)
+    assert float(((learner_BT - batch.old_logprobs_BT) * batch.loss_mask_BT).abs().max()) < 1e-5
+
+
+def test_reloaded_weights_sample_the_next_version(served, tmp_path):
+    http, model, tokenizer = served
+    generator = ServerGenerator(ServerSettings(http.url, weights_dir=str(tmp_path)), tokenizer, model.config)
+    before = generator.served_version
+    learner = copy.deepcopy(model)
+    with torch.no_grad():
+        learner.lm_head.weight.mul_(1.5)  # sharper: every log-prob changes
+    generator.load_weights({k: v.clone() for k, v in learner.state_dict().items()})
+    assert generator.served_version == before + 1
+    assert post(http.url + "/v1/completions", {"prompt": "1+1\n", "max_tokens": 1})["policy_version"] == before + 1
+    rollouts = [r for g in generator.generate([Problem(task="add", id="0", prompt="12+9\n", answer="")], 4,
+                                              SamplingParams(max_new_tokens=12)) for r in g.rollouts]
+    assert logprob_gap(learner, rollouts, tokenizer.pad_token_id) < 1e-5
+    assert torch.equal(model.lm_head.weight, learner.lm_head.weight), "the served copy holds the learner's weights"
+
+
+def test_multi_turn_episodes_through_the_server_keep_exact_tokens(served):
+    http, model, tokenizer = served
+    generator = ServerGenerator(ServerSettings(http.url), tokenizer, model.config)
+    rollouts = play(generator, PROMPTS, max_new_tokens=24)
+    assert sum(len(r.turns) for r in rollouts) > 2 * len(rollouts)
+    check_bookkeeping(rollouts, tokenizer)
+    assert logprob_gap(model, rollouts, tokenizer.pad_token_id) < 1e-5
+
+
+class DropFirst(ThreadingHTTPServer):
+    """A proxy in front of a server that hangs up on the first completion request unanswered."""
+
+    daemon_threads = True
+
+    def __init__(self, target: str):
+        self.target, self.dropped = target, 0
+        super().__init__(("127.0.0.1", 0), _DropHandler)
+
+
+class _DropHandler(BaseHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def _forward(self, body):
+        request = urllib.request.Request(self.server.target + self.path, body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as reply:
+            data = reply.read()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._forward(None)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/v1/completions" and not self.server.dropped:
+            self.server.dropped += 1
+            self.close_connection = True  # no answer at all: the client sees the connection close
+            return
+        self._forward(body)
+
+
+def test_a_dropped_request_is_sent_again_and_gets_the_same_tokens(served):
+    http, model, tokenizer = served
+    proxy = DropFirst(http.url)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        direct = ServerGenerator(ServerSettings(http.url), tokenizer, model.config)
+        flaky = ServerGenerator(ServerSettings(f"http://127.0.0.1:{proxy.server_address[1]}", backoff_s=0.01),
+                                tokenizer, model.config)
+        prompt = [tokenizer("47+38\n")["input_ids"]]
+        params = SamplingParams(max_new_tokens=12)
+        got = flaky.sample(prompt, params, torch.Generator().manual_seed(3))
+        assert proxy.dropped == 1
+        assert got == direct.sample(prompt, params, torch.Generator().manual_seed(3))
+    finally:
+        proxy.shutdown()
+
+
+def closed_port_url() -> str:
+    """A URL on 127.0.0.1 where nothing listens."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    return f"http://127.0.0.1:{port}"
+
+
+def test_no_server_is_one_message_naming_the_url(tiny_policy):
+    model, tokenizer = tiny_policy
+    url = closed_port_url()
+    with pytest.raises(ServerError, match="no answer after 2 tries"):
+        ServerGenerator(ServerSettings(url, retries=1, backoff_s=0.01), tokenizer)
+    config = TrainConfig.model_validate({"rollout": {"server": {"url": url, "retries": 0}}})
+    with pytest.raises(ConfigError, match=f"rollout.server.url={url}"):
+        server_generator(config, model, tokenizer)

@@ -1,0 +1,83 @@
+"""`temper train` against `temper serve`: a real server subprocess on 127.0.0.1, weights
+reloaded every step, and the mismatch meter showing that the learner's recomputed log-probs
+are the server's on every sampled token.
+
+With a learning rate the weights move every step, so a reload that did not happen (or
+loaded the wrong weights) shows as a mismatch from step 2 on; with lr=0 the meter measures
+the two implementations of one policy alone, for the built-in sampler and for the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from tempering.config import TrainConfig
+from tempering.train import train
+
+
+def _pretrain_config(model_dir) -> dict:
+    return json.loads((model_dir / "pretrain.json").read_text())["config"]
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_model_dir, tempering_cache):
+    """``temper serve`` on the miniature model, on a free port of 127.0.0.1."""
+    env = {**os.environ, "TEMPERING_CACHE": str(tempering_cache), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "tempering.cli", "serve", str(tiny_model_dir), "threads=1",
+                                "--port", "0", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=env, text=True)
+    try:
+        line = process.stdout.readline()
+        assert " at http://127.0.0.1:" in line, process.stderr.read()
+        yield line.split(" at ")[1].split()[0]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def served_version(url: str) -> int:
+    with urllib.request.urlopen(url + "/v1/models", timeout=30) as reply:
+        return json.loads(reply.read())["data"][0]["policy_version"]
+
+
+def run(tiny_model_dir, run_dir, lr: float, server: dict | None) -> list[dict]:
+    config = TrainConfig.model_validate({
+        "steps": 3, "threads": 1, "run_dir": str(run_dir), "pretrain": _pretrain_config(tiny_model_dir),
+        "tasks": [{"name": "add", "options": {"digits": [2]}}],
+        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16, "server": server},
+        "learner": {"lr": lr, "warmup_steps": 0},
+        "algorithm": {"entropy_coef": 0.01},  # a gradient on every row, whatever the rewards
+        "eval": {"problems_per_task": 4, "max_new_tokens": 16},
+        "checkpoint": {"every": 0},
+    })
+    train(config, progress=False)
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_training_on_a_served_model_reloads_it_every_step_and_matches_its_log_probs(
+        tiny_model_dir, server_url, tmp_path):
+    before = served_version(server_url)
+    records = run(tiny_model_dir, tmp_path / "run", 1e-3, {"url": server_url})
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    assert served_version(server_url) == before + 4, "the starting weights, then one reload per step"
+    assert max(r["grad_norm"] for r in records) > 0, "the weights moved"
+    for record in records:
+        assert record["mismatch/abs_logp"] < 1e-5
+        assert record["mismatch/k3"] < 1e-5
+        assert record["mismatch/outside_clip"] == 0.0
+
+
+@pytest.mark.parametrize("sampler", ["builtin", "server"])
+def test_with_lr_0_the_mismatch_is_zero_in_fp32(tiny_model_dir, server_url, tmp_path, sampler):
+    records = run(tiny_model_dir, tmp_path / "run", 0.0, {"url": server_url} if sampler == "server" else None)
+    assert len(records) == 3
+    for record in records:
+        assert record["mismatch/abs_logp"] < 1e-5
+        assert record["mismatch/k3"] < 1e-5
+        assert record["mismatch/outside_clip"] == 0.0

@@ -91,11 +91,13 @@ def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: 
             "grader_errors": grader_errors, "truncated": truncated, "examples": examples, "score_by_turns": by_turns}
 
 
-def _score_by_turns(groups: Sequence, results: Sequence) -> dict[int, float]:
-    """The graded problems' summed scores, by the model turns each greedy episode used."""
-    found: dict[int, float] = {}
+def _score_by_turns(groups: Sequence, results: Sequence) -> list[float]:
+    """The graded problems' summed scores by the model turns each greedy episode used: entry i
+    for episodes of i + 1 turns (a list, so that it reads back the same from JSON)."""
+    found: list[float] = []
     for group, result in zip(groups, results):
         if result.error is None:
             turns = group.rollouts[0].model_turns
-            found[turns] = found.get(turns, 0.0) + result.score
+            found += [0.0] * (turns - len(found))
+            found[turns - 1] += result.score
     return found

@@ -235,7 +235,7 @@ def greedy_by_round(result: dict, name: str, rounds: int) -> dict[str, dict]:
     by_turns = result["score_by_turns"][name]
     found = {}
     for r in range(1, rounds + 1):
-        score = sum(value for turns, value in by_turns.items() if turns <= r)
+        score = sum(by_turns[:r])
         found[f"greedy[round<={r}]"] = _greedy_entry(score / graded if graded else None, graded)
     return found
 

@@ -125,9 +125,11 @@ def test_temper_train_from_a_yaml_file_prints_the_before_after_table(tmp_path, t
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.splitlines()
-    assert lines[0].split() == ["task", "before", "after", "change"]
-    assert [line.split()[0] for line in lines[1:5]] == ["add", "sub", "mul", "mean"]
+    lines = result.stdout.splitlines()  # a line per step, then the table
+    assert [line.split()[0] for line in lines[:3]] == ["step", "step", "step"]
+    table = next(i for i, line in enumerate(lines) if line.split()[:1] == ["task"])
+    assert lines[table].split() == ["task", "before", "after", "change"]
+    assert [line.split()[0] for line in lines[table + 1:table + 5]] == ["add", "sub", "mul", "mean"]
     assert (tmp_path / "2024-06-01" / "summary.json").exists()
     assert sorted(p.name for p in tempering_cache.iterdir()) == cached, "no second pre-training"
 

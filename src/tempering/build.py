@@ -15,7 +15,7 @@ import copy
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -32,6 +32,7 @@ from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import ModelLoadError, load_policy
 from tempering.models.lora import apply_lora
 from tempering.packing import parameter_count, tokens_for_memory
+from tempering.parallel import DataParallel, distribute
 from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
 from tempering.registry import resolve
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
@@ -197,12 +198,34 @@ def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> 
     return torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
 
-def build_learner(model, config: TrainConfig, algorithm: dict, teacher: Any = None) -> Learner:
+def build_learner(model, config: TrainConfig, algorithm: dict, teacher: Any = None,
+                  parallel: Optional[DataParallel] = None) -> Learner:
+    """The learner over ``model``; with ``parallel``, one of several learner processes, the
+    model laid out as ``learner.parallel`` says (``tempering.parallel``)."""
     lc = config.learner
     budget = learner_token_budget(model, config, needs_values(algorithm["advantage"]), teacher)
     settings = replace(learner_settings(config, algorithm, budget), logprob_chunk=logprob_chunk(model, config))
+    if parallel is not None:
+        check_parallel(config, settings)
+        model = distribute(model, parallel)
+        if parallel.kind == "fsdp":  # both reach the decoder and output layer past FSDP's gathers
+            settings = replace(settings, logprob_chunk=0, share_prompts=False)
     schedule = lambda step: lr_factor(step, lc.warmup_steps, config.steps, lc.schedule, lc.min_lr_ratio)  # noqa: E731
-    return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings, teacher)
+    return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings, teacher, parallel)
+
+
+def check_parallel(config: TrainConfig, settings: LearnerSettings) -> None:
+    """Refuse what ``learner.parallel=fsdp`` cannot run: the KL reference and the critic pass
+    through the policy on one rank alone or more often than the idle passes match, and under
+    FSDP every policy pass waits for every rank."""
+    if config.learner.parallel != "fsdp":
+        return
+    if settings.kl_coef > 0:
+        raise ConfigError("learner.parallel=fsdp: algorithm.kl_coef > 0 needs a KL reference model, which is "
+                          "not sharded; set learner.parallel=ddp, or algorithm.kl_coef=0")
+    if settings.critic is not None:
+        raise ConfigError(f"learner.parallel=fsdp: the critic of algorithm.advantage={config.algorithm.advantage} "
+                          "is not sharded; set learner.parallel=ddp")
 
 
 def normalize_settings(config: Any) -> NormalizeSettings:

@@ -32,7 +32,7 @@ from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import ModelLoadError, load_policy
 from tempering.models.lora import apply_lora
 from tempering.packing import parameter_count, tokens_for_memory
-from tempering.parallel import DataParallel, distribute
+from tempering.parallel import DataParallel, distribute, from_env, local_device
 from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
 from tempering.registry import resolve
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
@@ -44,10 +44,15 @@ from tempering.tasks import Task, build_task
 from tempering.threads import ThreadGovernor, auto_threads
 
 
+def run_device(config: TrainConfig) -> torch.device:
+    """``model.device``; under ``torchrun`` on CUDA, this process's own GPU."""
+    return local_device(resolve_device(config.model.device))
+
+
 def load_model(config: TrainConfig, path: str, progress: bool) -> tuple[Any, Any, str]:
     """``(model, tokenizer, resolved path)`` of the model at ``path``, on ``model.device``; warns
     first when the configured bf16 would run emulated on this CPU."""
-    device = resolve_device(config.model.device)
+    device = run_device(config)
     warn_slow_bf16(device, config.rollout.bf16, config.learner.bf16)
     return load_policy(path, config.model.dtype, config.pretrain, progress, device=device)
 
@@ -122,7 +127,7 @@ def load_teacher(config: TrainConfig, tokenizer, progress: bool) -> Any:
         return None
     try:
         teacher, teacher_tokenizer, _ = load_policy(tc.path, tc.dtype, tc.pretrain, progress,
-                                                    device=resolve_device(config.model.device))
+                                                    device=run_device(config))
     except ModelLoadError as exc:
         raise ConfigError(f"algorithm.teacher.path={tc.path}: {exc}") from None
     ours, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
@@ -359,6 +364,8 @@ class Run:
     """Whether this run started the Ray cluster it uses (and so shuts it down)."""
 
     def close(self) -> None:
+        if self.learner.parallel is not None:
+            self.learner.parallel.tell("stop")
         self.pipeline.close()
         if self.config.pipeline.backend != "local":
             self.rewarder.close()  # the driver's copy only named the rewards; the actor's did the work
@@ -378,7 +385,10 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, monitor_settings(config.rewards.monitors))
     mixture = build_mixture(config, tasks)
     checkpoint.check_run_dir(config.run_dir, resume)
+    parallel = learner_processes(config)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
+    if parallel is not None:
+        parallel.barrier()  # the model is on disk (pre-trained if built in): the followers load it now
     model = with_lora(config, model)
     eval_generator = build_generator(config, model, tokenizer, config.eval.batch_size)
     rc = config.rollout
@@ -386,7 +396,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
                     prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)
     teacher = load_teacher(config, tokenizer, progress)
     run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
-    learner = build_learner(model, config, algorithm, teacher)
+    learner = build_learner(model, config, algorithm, teacher, parallel)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
                                   config.rewards.options)
@@ -394,3 +404,25 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     pipeline = build_pipeline(config, mixture, model, tokenizer, rewarder)
     return Run(config, threads, run_dir, lock, model, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
                mixture, learner, pipeline, evaluation, owns_ray)
+
+
+def learner_processes(config: TrainConfig) -> Optional[DataParallel]:
+    """This process's place among the learners ``torchrun`` started, or None when alone.
+    ``temper train`` samples with the leader's policy, so ``fsdp`` (whose leader holds a shard)
+    is refused there."""
+    parallel = from_env(config.learner.parallel, run_device(config))
+    if parallel is not None and parallel.kind == "fsdp":
+        raise ConfigError("learner.parallel=fsdp: temper train samples and evaluates with the leader's whole "
+                          "policy, which FSDP shards; use learner.parallel=ddp (tempering.parallel documents fsdp)")
+    return parallel
+
+
+def build_follower(config: TrainConfig) -> Learner:
+    """A learner process other than the leader: the policy and its learner, nothing else
+    (the leader samples, scores, evaluates and writes the run folder)."""
+    torch.manual_seed(config.seed)
+    algorithm = resolve_algorithm(config)
+    parallel = learner_processes(config)
+    parallel.barrier()  # the leader loads the model first
+    model, _, _ = load_model(config, config.model.path, progress=False)
+    return build_learner(with_lora(config, model), config, algorithm, parallel=parallel)

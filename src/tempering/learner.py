@@ -218,6 +218,12 @@ class Learner:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The state of :meth:`state_dict`; among several learners, the leader's call (made
+        after it loaded the policy's weights) gives every rank the state and its weights."""
+        if self.parallel is not None:
+            if self.parallel.leads:
+                self.parallel.tell("load_state_dict", state)
+            self.parallel.share_weights(self.model)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
@@ -427,7 +433,10 @@ class Learner:
 
     def step(self, batch: Batch) -> dict[str, float]:
         """Learn from one batch; returns metrics averaged over its updates (``skipped_updates``
-        is a count: updates not applied because the loss or gradient was not finite)."""
+        is a count: updates not applied because the loss or gradient was not finite). Among
+        several learners, the leader's call hands the batch to the others (``tempering.parallel``)."""
+        if self.parallel is not None and self.parallel.leads:
+            self.parallel.tell("step", batch)
         batch = batch.to(self.device)
         stale = bool((batch.policy_versions_B < self.version).any())
         corrected = self.settings.off_policy != "none" and stale  # fresh batches need no correction

@@ -110,6 +110,21 @@ class DataParallel:
         dist.broadcast_object_list(message, src=0)
         return message[0]
 
+    def share_weights(self, model: Any) -> None:
+        """``ddp``: every rank takes rank 0's weights (after it loaded a checkpoint's)."""
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+
+def follow(learner: Any) -> None:
+    """A follower's whole run: call the learner methods the leader names (``step``,
+    ``load_state_dict``), until it says ``stop``."""
+    while (message := learner.parallel.listen())[0] != "stop":
+        getattr(learner, message[0])(*message[1])
+
 
 def from_env(kind: str, device: torch.device) -> Optional[DataParallel]:
     """This process's :class:`DataParallel` when started by ``torchrun`` with more than one
@@ -135,8 +150,7 @@ def distribute(model: Any, parallel: DataParallel) -> Any:
     """The model laid out for ``parallel``: ``ddp`` gives every rank rank 0's weights; ``fsdp``
     shards each decoder layer, then the rest, with gradients summed rather than averaged."""
     if parallel.kind == "ddp":
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
+        parallel.share_weights(model)
         return model
     from torch.distributed.fsdp import FSDPModule, fully_shard
 

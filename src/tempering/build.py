@@ -12,10 +12,11 @@ key. :func:`build_run` puts a whole run together; ``tempering.train`` loops over
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -33,7 +34,7 @@ from tempering.models.loading import ModelLoadError, load_policy
 from tempering.models.lora import apply_lora
 from tempering.packing import parameter_count, tokens_for_memory
 from tempering.parallel import DataParallel, distribute, from_env, local_device
-from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
+from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker, WorkerPool
 from tempering.registry import resolve
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
 from tempering.rollout.base import Generator, SamplingParams
@@ -284,12 +285,17 @@ def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:
     return RolloutWorker(generator, sampling_params(config), rc.group_size, config.seed)
 
 
-def remote_rollout_worker(data: dict, threads: int) -> RolloutWorker:
-    """A rollout worker that loads its own model (in another process: a Ray actor)."""
+def remote_rollout_worker(data: dict, threads: int, index: int = 0) -> RolloutWorker:
+    """A rollout worker that loads its own model (in another process: a Ray actor); the
+    ``index``-th of several draws its own random stream."""
     torch.set_num_threads(threads)
     config = TrainConfig.model_validate(data)
-    model, tokenizer, _ = load_policy(config.model.path, config.model.dtype, config.pretrain, progress=False)
-    return rollout_worker(config, with_lora(config, model).eval(), tokenizer)
+    device = "cuda" if torch.cuda.is_available() and config.pipeline.rollout_gpus > 0 else "cpu"
+    model, tokenizer, _ = load_policy(config.model.path, config.model.dtype, config.pretrain, progress=False,
+                                      device=torch.device(device))
+    worker = rollout_worker(config, with_lora(config, model).eval(), tokenizer)
+    worker.rng.manual_seed(config.seed + 7919 * index)
+    return worker
 
 
 def remote_reward_worker(data: dict) -> RewardWorker:
@@ -303,13 +309,24 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
     pc = config.pipeline
     shares = pc.mode == "sync" and pc.backend == "local"
     if pc.backend == "local":
+        if max(pc.rollout_workers, pc.reward_workers) > 1:
+            raise ConfigError("pipeline.rollout_workers and reward_workers above 1 need pipeline.backend=ray")
         policy = model if shares else copy.deepcopy(model).eval()
         rollout = LocalHandle(rollout_worker(config, policy, tokenizer))
         reward = LocalHandle(RewardWorker(rewarder))
     else:
+        if pc.reward_workers > 1 and normalizes(config):
+            raise ConfigError("pipeline.reward_workers > 1: each reward actor would keep its own normalization "
+                              "statistics; set rewards.normalize.mode=none (and task_normalize) or reward_workers=1")
         rollout, reward = ray_workers(config)
     return Pipeline(mixture, rollout, reward, config.rollout.prompts_per_step, pc.mode, pc.max_staleness,
                     pc.buffer_rounds, shares_policy=shares)
+
+
+def normalizes(config: TrainConfig) -> bool:
+    """Whether rewards are normalized with running statistics for some task."""
+    rc = config.rewards
+    return any(n.mode != "none" for n in [rc.normalize, *rc.task_normalize.values()])
 
 
 def ray_running() -> bool:
@@ -329,13 +346,46 @@ def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, started here
         ray.init(address=config.pipeline.ray_address, include_dashboard=False, log_to_driver=False,
                  namespace="tempering", ignore_reinit_error=True)
+    pc = config.pipeline
     data = config.model_dump(mode="json")
     tag = f"{os.getpid()}-{id(config):x}"
     threads = max(1, config.threads // 2) if config.threads else auto_threads(share=2)
-    limit = config.pipeline.restart_limit
-    rollout = RayHandle(remote_rollout_worker, (data, threads), f"tempering-rollout-{tag}", limit, num_cpus=0)
-    reward = RayHandle(remote_reward_worker, (data,), f"tempering-reward-{tag}", limit, num_cpus=0)
-    return rollout, reward
+    bundles = actor_placement(config)
+    rollouts = [RayHandle(remote_rollout_worker, (data, threads, i), f"tempering-rollout-{tag}" + (f"-{i}" if i else ""),
+                          pc.restart_limit, pc.rollout_cpus, num_gpus=pc.rollout_gpus, placement=next(bundles))
+                for i in range(pc.rollout_workers)]
+    rewards = [RayHandle(remote_reward_worker, (data,), f"tempering-reward-{tag}" + (f"-{i}" if i else ""),
+                         pc.restart_limit, pc.reward_cpus, placement=next(bundles))
+               for i in range(pc.reward_workers)]
+    return pool(rollouts), pool(rewards)
+
+
+def pool(handles: list[RayHandle]) -> Any:
+    """One handle as it is; several as a :class:`WorkerPool` sharing each round."""
+    return handles[0] if len(handles) == 1 else WorkerPool(handles)
+
+
+def actor_placement(config: TrainConfig) -> Iterator[Any]:
+    """``(placement group, bundle index)`` for each actor in turn (rollout actors first), or
+    None each time without ``pipeline.placement``; the group is ready (its resources reserved)
+    before any actor starts, or a ConfigError says which resources the cluster lacks."""
+    pc = config.pipeline
+    if pc.placement == "none":
+        return itertools.repeat(None)
+    import ray
+    from ray.util.placement_group import placement_group
+
+    if pc.rollout_cpus + pc.rollout_gpus == 0 or pc.reward_cpus == 0:
+        raise ConfigError(f"pipeline.placement={pc.placement} reserves each actor's resources: set "
+                          "pipeline.rollout_cpus (or rollout_gpus) and pipeline.reward_cpus above 0")
+    rollout = {"CPU": pc.rollout_cpus, **({"GPU": pc.rollout_gpus} if pc.rollout_gpus else {})}
+    bundles = [rollout] * pc.rollout_workers + [{"CPU": pc.reward_cpus}] * pc.reward_workers
+    group = placement_group(bundles, strategy=pc.placement.upper())
+    if not group.wait(timeout_seconds=120):
+        ray.util.remove_placement_group(group)
+        raise ConfigError(f"pipeline.placement: the Ray cluster cannot hold {bundles} "
+                          f"({ray.cluster_resources()} in all); lower the actors' resources or add nodes")
+    return iter([(group, i) for i in range(len(bundles))])
 
 
 @dataclass

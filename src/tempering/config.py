@@ -234,6 +234,12 @@ class PipelineConfig(Strict):
     is_cap: float = Field(2.0, gt=0, description="tis: cap on the behaviour importance weight pi_learner / pi_sampler")
     ray_address: Optional[str] = Field(None, description="ray: address of an existing cluster; null = start a local one")
     restart_limit: int = Field(3, ge=0, description="times a crashed worker is restarted (its work re-issued) before the run fails")
+    rollout_workers: int = Field(1, ge=1, description="ray: rollout actors, each sampling its share of a round's problems with its own model copy and random stream")
+    reward_workers: int = Field(1, ge=1, description="ray: reward actors, each scoring its share of a round's groups (more than 1 needs rewards.normalize.mode=none: each would keep its own statistics)")
+    rollout_cpus: float = Field(0.0, ge=0, description="ray: CPUs reserved per rollout actor; 0 = none reserved (it still runs)")
+    rollout_gpus: float = Field(0.0, ge=0, description="ray: GPUs per rollout actor (fractions share one); 0 = CPU")
+    reward_cpus: float = Field(0.0, ge=0, description="ray: CPUs reserved per reward actor; 0 = none reserved")
+    placement: Literal["none", "pack", "spread"] = Field("none", description="ray: none places each actor where Ray likes; pack / spread reserve every actor's resources at once in a placement group, packed onto few nodes or spread across nodes")
 
 
 class CheckpointConfig(Strict):

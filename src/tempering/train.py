@@ -10,6 +10,8 @@ actors) is ``tempering.pipeline``'s; checkpoints and resume are ``tempering.chec
 called from here every ``checkpoint.every`` steps. Adaptive mixtures are
 ``tempering.scheduler``'s: the pipeline shows it every sampled group and the loop closes
 each step. DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
+Under ``torchrun`` this loop runs on rank 0; the other ranks only follow its learner
+(``tempering.parallel``).
 """
 
 from __future__ import annotations

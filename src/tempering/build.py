@@ -12,10 +12,11 @@ key. :func:`build_run` puts a whole run together; ``tempering.train`` loops over
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -32,7 +33,8 @@ from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import ModelLoadError, load_policy
 from tempering.models.lora import apply_lora
 from tempering.packing import parameter_count, tokens_for_memory
-from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker
+from tempering.parallel import DataParallel, distribute, from_env, local_device
+from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker, WorkerPool
 from tempering.registry import resolve
 from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
 from tempering.rollout.base import Generator, SamplingParams
@@ -45,10 +47,15 @@ from tempering.tasks import Task, build_task
 from tempering.threads import ThreadGovernor, auto_threads
 
 
+def run_device(config: TrainConfig) -> torch.device:
+    """``model.device``; under ``torchrun`` on CUDA, this process's own GPU."""
+    return local_device(resolve_device(config.model.device))
+
+
 def load_model(config: TrainConfig, path: str, progress: bool) -> tuple[Any, Any, str]:
     """``(model, tokenizer, resolved path)`` of the model at ``path``, on ``model.device``; warns
     first when the configured bf16 would run emulated on this CPU."""
-    device = resolve_device(config.model.device)
+    device = run_device(config)
     warn_slow_bf16(device, config.rollout.bf16, config.learner.bf16)
     return load_policy(path, config.model.dtype, config.pretrain, progress, device=device)
 
@@ -123,7 +130,7 @@ def load_teacher(config: TrainConfig, tokenizer, progress: bool) -> Any:
         return None
     try:
         teacher, teacher_tokenizer, _ = load_policy(tc.path, tc.dtype, tc.pretrain, progress,
-                                                    device=resolve_device(config.model.device))
+                                                    device=run_device(config))
     except ModelLoadError as exc:
         raise ConfigError(f"algorithm.teacher.path={tc.path}: {exc}") from None
     ours, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
@@ -205,12 +212,34 @@ def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> 
     return torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
 
-def build_learner(model, config: TrainConfig, algorithm: dict, teacher: Any = None) -> Learner:
+def build_learner(model, config: TrainConfig, algorithm: dict, teacher: Any = None,
+                  parallel: Optional[DataParallel] = None) -> Learner:
+    """The learner over ``model``; with ``parallel``, one of several learner processes, the
+    model laid out as ``learner.parallel`` says (``tempering.parallel``)."""
     lc = config.learner
     budget = learner_token_budget(model, config, needs_values(algorithm["advantage"]), teacher)
     settings = replace(learner_settings(config, algorithm, budget), logprob_chunk=logprob_chunk(model, config))
+    if parallel is not None:
+        check_parallel(config, settings)
+        model = distribute(model, parallel)
+        if parallel.kind == "fsdp":  # both reach the decoder and output layer past FSDP's gathers
+            settings = replace(settings, logprob_chunk=0, share_prompts=False)
     schedule = lambda step: lr_factor(step, lc.warmup_steps, config.steps, lc.schedule, lc.min_lr_ratio)  # noqa: E731
-    return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings, teacher)
+    return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings, teacher, parallel)
+
+
+def check_parallel(config: TrainConfig, settings: LearnerSettings) -> None:
+    """Refuse what ``learner.parallel=fsdp`` cannot run: the KL reference and the critic pass
+    through the policy on one rank alone or more often than the idle passes match, and under
+    FSDP every policy pass waits for every rank."""
+    if config.learner.parallel != "fsdp":
+        return
+    if settings.kl_coef > 0:
+        raise ConfigError("learner.parallel=fsdp: algorithm.kl_coef > 0 needs a KL reference model, which is "
+                          "not sharded; set learner.parallel=ddp, or algorithm.kl_coef=0")
+    if settings.critic is not None:
+        raise ConfigError(f"learner.parallel=fsdp: the critic of algorithm.advantage={config.algorithm.advantage} "
+                          "is not sharded; set learner.parallel=ddp")
 
 
 def normalize_settings(config: Any) -> NormalizeSettings:
@@ -287,12 +316,17 @@ def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:
     return RolloutWorker(generator, sampling_params(config), rc.group_size, config.seed)
 
 
-def remote_rollout_worker(data: dict, threads: int) -> RolloutWorker:
-    """A rollout worker that loads its own model (in another process: a Ray actor)."""
+def remote_rollout_worker(data: dict, threads: int, index: int = 0) -> RolloutWorker:
+    """A rollout worker that loads its own model (in another process: a Ray actor); the
+    ``index``-th of several draws its own random stream."""
     torch.set_num_threads(threads)
     config = TrainConfig.model_validate(data)
-    model, tokenizer, _ = load_policy(config.model.path, config.model.dtype, config.pretrain, progress=False)
-    return rollout_worker(config, with_lora(config, model).eval(), tokenizer)
+    device = "cuda" if torch.cuda.is_available() and config.pipeline.rollout_gpus > 0 else "cpu"
+    model, tokenizer, _ = load_policy(config.model.path, config.model.dtype, config.pretrain, progress=False,
+                                      device=torch.device(device))
+    worker = rollout_worker(config, with_lora(config, model).eval(), tokenizer)
+    worker.rng.manual_seed(config.seed + 7919 * index)
+    return worker
 
 
 def remote_reward_worker(data: dict) -> RewardWorker:
@@ -307,13 +341,24 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
     served = config.rollout.server is not None
     shares = pc.mode == "sync" and pc.backend == "local" and not served
     if pc.backend == "local":
+        if max(pc.rollout_workers, pc.reward_workers) > 1:
+            raise ConfigError("pipeline.rollout_workers and reward_workers above 1 need pipeline.backend=ray")
         policy = model if shares or served else copy.deepcopy(model).eval()  # a server holds its own copy
         rollout = LocalHandle(rollout_worker(config, policy, tokenizer))
         reward = LocalHandle(RewardWorker(rewarder))
     else:
+        if pc.reward_workers > 1 and normalizes(config):
+            raise ConfigError("pipeline.reward_workers > 1: each reward actor would keep its own normalization "
+                              "statistics; set rewards.normalize.mode=none (and task_normalize) or reward_workers=1")
         rollout, reward = ray_workers(config)
     return Pipeline(mixture, rollout, reward, config.rollout.prompts_per_step, pc.mode, pc.max_staleness,
                     pc.buffer_rounds, shares_policy=shares)
+
+
+def normalizes(config: TrainConfig) -> bool:
+    """Whether rewards are normalized with running statistics for some task."""
+    rc = config.rewards
+    return any(n.mode != "none" for n in [rc.normalize, *rc.task_normalize.values()])
 
 
 def ray_running() -> bool:
@@ -333,13 +378,46 @@ def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, started here
         ray.init(address=config.pipeline.ray_address, include_dashboard=False, log_to_driver=False,
                  namespace="tempering", ignore_reinit_error=True)
+    pc = config.pipeline
     data = config.model_dump(mode="json")
     tag = f"{os.getpid()}-{id(config):x}"
     threads = max(1, config.threads // 2) if config.threads else auto_threads(share=2)
-    limit = config.pipeline.restart_limit
-    rollout = RayHandle(remote_rollout_worker, (data, threads), f"tempering-rollout-{tag}", limit, num_cpus=0)
-    reward = RayHandle(remote_reward_worker, (data,), f"tempering-reward-{tag}", limit, num_cpus=0)
-    return rollout, reward
+    bundles = actor_placement(config)
+    rollouts = [RayHandle(remote_rollout_worker, (data, threads, i), f"tempering-rollout-{tag}" + (f"-{i}" if i else ""),
+                          pc.restart_limit, pc.rollout_cpus, num_gpus=pc.rollout_gpus, placement=next(bundles))
+                for i in range(pc.rollout_workers)]
+    rewards = [RayHandle(remote_reward_worker, (data,), f"tempering-reward-{tag}" + (f"-{i}" if i else ""),
+                         pc.restart_limit, pc.reward_cpus, placement=next(bundles))
+               for i in range(pc.reward_workers)]
+    return pool(rollouts), pool(rewards)
+
+
+def pool(handles: list[RayHandle]) -> Any:
+    """One handle as it is; several as a :class:`WorkerPool` sharing each round."""
+    return handles[0] if len(handles) == 1 else WorkerPool(handles)
+
+
+def actor_placement(config: TrainConfig) -> Iterator[Any]:
+    """``(placement group, bundle index)`` for each actor in turn (rollout actors first), or
+    None each time without ``pipeline.placement``; the group is ready (its resources reserved)
+    before any actor starts, or a ConfigError says which resources the cluster lacks."""
+    pc = config.pipeline
+    if pc.placement == "none":
+        return itertools.repeat(None)
+    import ray
+    from ray.util.placement_group import placement_group
+
+    if pc.rollout_cpus + pc.rollout_gpus == 0 or pc.reward_cpus == 0:
+        raise ConfigError(f"pipeline.placement={pc.placement} reserves each actor's resources: set "
+                          "pipeline.rollout_cpus (or rollout_gpus) and pipeline.reward_cpus above 0")
+    rollout = {"CPU": pc.rollout_cpus, **({"GPU": pc.rollout_gpus} if pc.rollout_gpus else {})}
+    bundles = [rollout] * pc.rollout_workers + [{"CPU": pc.reward_cpus}] * pc.reward_workers
+    group = placement_group(bundles, strategy=pc.placement.upper())
+    if not group.wait(timeout_seconds=120):
+        ray.util.remove_placement_group(group)
+        raise ConfigError(f"pipeline.placement: the Ray cluster cannot hold {bundles} "
+                          f"({ray.cluster_resources()} in all); lower the actors' resources or add nodes")
+    return iter([(group, i) for i in range(len(bundles))])
 
 
 @dataclass
@@ -368,6 +446,8 @@ class Run:
     """Whether this run started the Ray cluster it uses (and so shuts it down)."""
 
     def close(self) -> None:
+        if self.learner.parallel is not None:
+            self.learner.parallel.tell("stop")
         self.pipeline.close()
         if self.config.pipeline.backend != "local":
             self.rewarder.close()  # the driver's copy only named the rewards; the actor's did the work
@@ -388,7 +468,10 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     mixture = build_mixture(config, tasks)
     check_sinks(config.logging.sinks)
     checkpoint.check_run_dir(config.run_dir, resume)
+    parallel = learner_processes(config)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
+    if parallel is not None:
+        parallel.barrier()  # the model is on disk (pre-trained if built in): the followers load it now
     model = with_lora(config, model)
     eval_generator = local_generator(config, model, tokenizer, config.eval.batch_size)  # the learner's weights
     rc = config.rollout
@@ -396,7 +479,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
                     prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)
     teacher = load_teacher(config, tokenizer, progress)
     run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
-    learner = build_learner(model, config, algorithm, teacher)
+    learner = build_learner(model, config, algorithm, teacher, parallel)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
                                   config.rewards.options)
@@ -404,3 +487,25 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     pipeline = build_pipeline(config, mixture, model, tokenizer, rewarder)
     return Run(config, threads, run_dir, lock, model, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
                mixture, learner, pipeline, evaluation, owns_ray)
+
+
+def learner_processes(config: TrainConfig) -> Optional[DataParallel]:
+    """This process's place among the learners ``torchrun`` started, or None when alone.
+    ``temper train`` samples with the leader's policy, so ``fsdp`` (whose leader holds a shard)
+    is refused there."""
+    parallel = from_env(config.learner.parallel, run_device(config))
+    if parallel is not None and parallel.kind == "fsdp":
+        raise ConfigError("learner.parallel=fsdp: temper train samples and evaluates with the leader's whole "
+                          "policy, which FSDP shards; use learner.parallel=ddp (tempering.parallel documents fsdp)")
+    return parallel
+
+
+def build_follower(config: TrainConfig) -> Learner:
+    """A learner process other than the leader: the policy and its learner, nothing else
+    (the leader samples, scores, evaluates and writes the run folder)."""
+    torch.manual_seed(config.seed)
+    algorithm = resolve_algorithm(config)
+    parallel = learner_processes(config)
+    parallel.barrier()  # the leader loads the model first
+    model, _, _ = load_model(config, config.model.path, progress=False)
+    return build_learner(with_lora(config, model), config, algorithm, parallel=parallel)

@@ -182,6 +182,7 @@ class LearnerConfig(Strict):
     logprob_chunk: int = Field(1024, ge=0, description="compute log-probs this many tokens at a time from hidden states, so the full tokens x vocab logits never exist; 0 = the model's whole logits at once (always, for models whose logits are more than the output layer's product, e.g. Gemma 2's soft-capped ones)")
     skip_zero_advantage: bool = Field(True, description="leave rows whose advantages are all 0 (groups with equal rewards) out of the forward and backward passes when that cannot change the update: a built-in loss, no entropy bonus, no KL term in the loss, no critic; logged as skipped_rows")
     gradient_checkpointing: bool = Field(False, description="keep only each layer's input and recompute the rest in the backward pass: about a third more compute, far less memory")
+    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="how learner processes started by torchrun (WORLD_SIZE > 1) split a step: ddp: each holds the whole model, gradients summed after the step's backward passes; fsdp: parameters, gradients and optimizer state sharded with FSDP2, for models that do not fit one device (no KL reference copy or critic; log-probs from the model's logits)")
 
 
 class EvalConfig(Strict):
@@ -249,6 +250,12 @@ class PipelineConfig(Strict):
     is_cap: float = Field(2.0, gt=0, description="tis: cap on the behaviour importance weight pi_learner / pi_sampler")
     ray_address: Optional[str] = Field(None, description="ray: address of an existing cluster; null = start a local one")
     restart_limit: int = Field(3, ge=0, description="times a crashed worker is restarted (its work re-issued) before the run fails")
+    rollout_workers: int = Field(1, ge=1, description="ray: rollout actors, each sampling its share of a round's problems with its own model copy and random stream")
+    reward_workers: int = Field(1, ge=1, description="ray: reward actors, each scoring its share of a round's groups (more than 1 needs rewards.normalize.mode=none: each would keep its own statistics)")
+    rollout_cpus: float = Field(0.0, ge=0, description="ray: CPUs reserved per rollout actor; 0 = none reserved (it still runs)")
+    rollout_gpus: float = Field(0.0, ge=0, description="ray: GPUs per rollout actor (fractions share one); 0 = CPU")
+    reward_cpus: float = Field(0.0, ge=0, description="ray: CPUs reserved per reward actor; 0 = none reserved")
+    placement: Literal["none", "pack", "spread"] = Field("none", description="ray: none places each actor where Ray likes; pack / spread reserve every actor's resources at once in a placement group, packed onto few nodes or spread across nodes")
 
 
 class CheckpointConfig(Strict):

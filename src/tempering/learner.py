@@ -75,6 +75,7 @@ from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, maske
 from tempering.models.attention import upcast_attention
 from tempering.models.compat import enable_checkpointing
 from tempering.models.lora import adapter_state, adapters_off, is_adapted, load_adapter_state
+from tempering.parallel import DataParallel, idle_pass, scalar
 from tempering.plan import MicroBatch, PlanChoices, UpdatePlan, computed_batch, plan_update
 from tempering.types import Batch, Rollout
 
@@ -170,8 +171,10 @@ class LearnerSettings:
 
 class Learner:
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer,
-                 schedule: Callable[[int], float], settings: LearnerSettings, teacher: Optional[Any] = None):
+                 schedule: Callable[[int], float], settings: LearnerSettings, teacher: Optional[Any] = None,
+                 parallel: Optional[DataParallel] = None):
         self.model = model
+        self.parallel = parallel
         self.optimizer = optimizer
         self.settings = settings
         if settings.bf16:
@@ -220,6 +223,12 @@ class Learner:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The state of :meth:`state_dict`; among several learners, the leader's call (made
+        after it loaded the policy's weights) gives every rank the state and its weights."""
+        if self.parallel is not None:
+            if self.parallel.leads:
+                self.parallel.tell("load_state_dict", state)
+            self.parallel.share_weights(self.model)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
@@ -381,19 +390,28 @@ class Learner:
         The metrics describe the rows computed; ``skipped_rows`` and ``merged_rows`` count
         the others. With ``prox_from_forward`` the proximal log-probs are this update's own
         forward pass; with ``measure`` (the step's first update) the mismatch/* metrics are taken."""
+        tokens, sequences = batch.num_tokens, len(batch)  # the whole batch's, on every rank
+        if self.parallel is not None:
+            batch = self.parallel.rows(batch)
         plan = plan or self.plan(batch)
-        tokens, sequences = batch.num_tokens, len(batch)
         computed = computed_batch(batch, plan)
+        computed_tokens = self.parallel.total(computed.num_tokens) if self.parallel else computed.num_tokens
         totals: dict[str, float] = {"skipped_rows": float(plan.skipped), "merged_rows": float(plan.merged),
                                     "micro_batches": float(len(plan.micro_batches))}
-        for part in plan.micro_batches:
+        for part in self._aligned(plan.micro_batches):
+            if part is None:
+                idle_pass(self.model, self.device, grad=True)
+                continue
             micro = computed.select(torch.tensor(part.rows, device=computed.loss_mask_BT.device))
-            weight = micro.num_tokens / max(computed.num_tokens, 1)
+            weight = micro.num_tokens / max(computed_tokens, 1)
             for key, value in self._micro_step(micro, part, tokens, sequences, prox_from_forward, measure).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "loss" else value * weight)
-        clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
         parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
-        totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(parameters, clip))
+        if self.parallel is not None:
+            totals = self.parallel.sum_metrics(totals)
+            self.parallel.sum_gradients(parameters)
+        clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
+        totals["grad_norm"] = scalar(torch.nn.utils.clip_grad_norm_(parameters, clip))
         faults.point("learn")
         finite = math.isfinite(totals["grad_norm"]) and math.isfinite(totals["loss"])
         if finite:
@@ -401,6 +419,13 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         totals["skipped_updates"] = 0.0 if finite else 1.0
         return totals
+
+    def _aligned(self, parts: list[MicroBatch]) -> list[Optional[MicroBatch]]:
+        """The micro-batches, followed under ``fsdp`` by idle passes (None) up to the most any
+        rank runs: every rank must join every pass's collectives."""
+        if self.parallel is None or self.parallel.kind != "fsdp":
+            return list(parts)
+        return [*parts, *[None] * (self.parallel.most(len(parts)) - len(parts))]
 
     def proximal_logprobs(self, batch: Batch, plan: UpdatePlan) -> torch.Tensor:
         """The current weights' log-probs on the rows ``plan`` computes; the sampler's on the
@@ -422,20 +447,25 @@ class Learner:
     def step(self, batch: Batch) -> dict[str, float]:
         """Learn from one batch; returns metrics averaged over its updates (``micro_batches``:
         forward/backward passes per update) and two counts: ``updates`` made and
-        ``skipped_updates``, those not applied because the loss or gradient was not finite."""
+        ``skipped_updates``, those not applied because the loss or gradient was not finite.
+        Among several learners, the leader's call hands the batch to the others (``tempering.parallel``)."""
+        if self.parallel is not None and self.parallel.leads:
+            self.parallel.tell("step", batch)
         batch = batch.to(self.device)
         stale = bool((batch.policy_versions_B < self.version).any())
         corrected = self.settings.off_policy != "none" and stale  # fresh batches need no correction
         whole = self.settings.mini_batches == 1  # then every update's mini-batch is the batch
         prox_from_forward = corrected and self.settings.ppo_epochs == 1 and whole
         prox_pass = corrected and not prox_from_forward
-        plan = self.plan(batch) if whole or prox_pass else None  # the proximal pass's, and each update's
+        # the proximal pass's, and each update's (each rank plans its own share of an update)
+        plan = self.plan(batch) if whole or prox_pass else None
+        update_plan = plan if whole and self.parallel is None else None
         if prox_pass:
             batch.prox_logprobs_BT = self.proximal_logprobs(batch, plan)
         self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]
         parts = [rows for epoch in range(self.settings.ppo_epochs) for rows in self._mini_batches(len(batch), epoch)]
-        updates = [self._update(batch.select(rows), prox_from_forward, plan if whole else None, measure=k == 0)
+        updates = [self._update(batch.select(rows), prox_from_forward, update_plan, measure=k == 0)
                    for k, rows in enumerate(parts)]
         # the mismatch is the first update's alone: later ones see weights the sampler never had
         totals = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0] if key not in MISMATCH_KEYS}

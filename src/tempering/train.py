@@ -10,11 +10,14 @@ actors) is ``tempering.pipeline``'s; checkpoints and resume are ``tempering.chec
 called from here every ``checkpoint.every`` steps. Adaptive mixtures are
 ``tempering.scheduler``'s: the pipeline shows it every sampled group and the loop closes
 each step. DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
+Under ``torchrun`` this loop runs on rank 0; the other ranks only follow its learner
+(``tempering.parallel``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -24,11 +27,12 @@ from tempering import checkpoint
 from tempering.algorithms import AdvantageInputs
 from tempering.algorithms.advantages import AdvantageFn
 from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_penalty
-from tempering.build import Run, build_run, saves_merged
+from tempering.build import Run, build_follower, build_run, saves_merged
 from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_resolved
 from tempering.faults import TrainingDiverged
 from tempering.learner import Learner, collate
 from tempering.live import LiveView
+from tempering.parallel import follow
 from tempering.reporting import before_after_table, truncate_metrics
 from tempering.samples import SampleWriter
 from tempering.scheduler import cap_domain_tokens, domain_token_weights_B
@@ -89,6 +93,9 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     uninterrupted synchronous run would.
     """
     start = time.perf_counter()
+    if int(os.environ.get("RANK", "0")) > 0:  # a learner process torchrun started beside the leader
+        follow(build_follower(config))
+        return {}
     run = build_run(config, progress, resume)
     first_step, eval_before, timings = 0, None, {"generate_s": 0.0, "reward_s": 0.0, "learn_s": 0.0}
     found = checkpoint.resume_point(run.run_dir) if resume else None
@@ -242,7 +249,6 @@ def rollback(run: Run) -> int:
                                "to roll back to (set checkpoint.every)")
     state = checkpoint.load_state(found)
     checkpoint.load_model_weights(run.model, found)
-    version = run.learner.version
+    state["learner"]["version"] = run.learner.version  # versions only grow: rollouts stay comparable
     run.learner.load_state_dict(state["learner"])
-    run.learner.version = version  # versions only grow: rollouts stay comparable
     return state["step"]

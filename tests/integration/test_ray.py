@@ -59,3 +59,28 @@ def test_a_killed_rollout_actor_is_restarted_and_the_run_completes(tmp_path: Pat
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 11))
     assert records[-1]["worker_restarts"] >= 1
+
+
+def test_two_rollout_and_two_reward_actors_share_each_round_in_a_placement_group(tmp_path: Path, tiny_model_dir: Path):
+    from tempering.train import train
+
+    cfg = config(tmp_path, tiny_model_dir, "steps=4", "pipeline.rollout_workers=2", "pipeline.reward_workers=2",
+                 "pipeline.rollout_cpus=0.25", "pipeline.reward_cpus=0.25", "pipeline.placement=pack")
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(train(cfg, progress=False)))
+    runner.start()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (not metrics.exists() or not metrics.read_text()):
+        time.sleep(0.1)
+    names = sorted(a["name"].split("-")[1] for a in ray.util.list_named_actors(all_namespaces=True)
+                   if a["name"].startswith("tempering-"))
+    groups = list(ray.util.placement_group_table().values())
+    runner.join(timeout=600)
+    assert not runner.is_alive()
+    assert names == ["reward", "reward", "rollout", "rollout"]
+    assert [(g["strategy"], len(g["bundles"])) for g in groups] == [("PACK", 4)]
+    assert result["rollouts"]["taken"] == 4 * 16, "each round's 4 problems are shared between the actors"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(0 <= r["accuracy"] <= 1 for r in records)

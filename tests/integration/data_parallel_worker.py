@@ -1,6 +1,8 @@
 """A learner stepping through saved batches, run by ``test_data_parallel.py``: alone with
 ``python``, or as one of several processes under ``torchrun``. Writes the final weights
-(gathered whole under FSDP) from rank 0.
+(gathered whole under FSDP) from rank 0. Rank 0 steps through the batches and its learner
+hands each to the other ranks, which follow it (``tempering.parallel.follow``) as under
+``temper train``.
 
 Usage: ``data_parallel_worker.py CONFIG.json BATCHES.pt OUT.pt``
 """
@@ -12,7 +14,7 @@ import torch
 
 from tempering.build import build_learner, load_model, resolve_algorithm, with_lora
 from tempering.config import TrainConfig
-from tempering.parallel import from_env, full_state
+from tempering.parallel import follow, from_env, full_state
 
 
 def main(config_path: str, batches_path: str, out_path: str) -> None:
@@ -23,7 +25,12 @@ def main(config_path: str, batches_path: str, out_path: str) -> None:
     model, _, _ = load_model(config, config.model.path, progress=False)
     learner = build_learner(with_lora(config, model), config, resolve_algorithm(config), parallel=parallel)
     start = full_state(learner.model)
-    records = [learner.step(batch) for batch in torch.load(batches_path, weights_only=False)]
+    if parallel is None or parallel.leads:  # the leader's steps hand each batch to the others
+        records = [learner.step(batch) for batch in torch.load(batches_path, weights_only=False)]
+        if parallel is not None:
+            parallel.tell("stop")
+    else:
+        follow(learner)
     weights = full_state(learner.model)
     if parallel is None or parallel.leads:
         torch.save({"start": start, "weights": weights, "records": records}, out_path)

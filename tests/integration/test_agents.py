@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from tempering.build import build_tasks
 from tempering.config import ConfigError, TrainConfig
-from tempering.envs.agent import AgentGenerator, AgentSettings, agent_settings
+from tempering.envs.agent import AgentGenerator, AgentSettings
 from tempering.rewards.base import RewardResult
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
@@ -172,7 +172,9 @@ def test_failing_agents_score_0_are_counted_and_do_not_stop_the_others(tiny_poli
     assert [r.completion_ids for r in by_task["early"]] == [[], []]
     assert by_task["early"][0].prompt_ids == tokenizer("47+38=85")["input_ids"]
     assert [r.completion_ids for r in by_task["slow"]] == [[], []]
-    time.sleep(1.5)
+    deadline = time.monotonic() + 60  # the abandoned agents wake up and call after the episode is over
+    while len(REFUSED) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert REFUSED == [410, 410], "a timed-out episode's late calls are refused"
 
 
@@ -229,7 +231,6 @@ def test_an_agent_cannot_sample_on_rollout_server(tmp_path):
     config = agent_config("unused", tmp_path / "run", rollout={"server": {"url": "http://127.0.0.1:1"}})
     with pytest.raises(ConfigError, match="rollout.server=null"):
         build_tasks(TrainConfig.model_validate(config))
-    assert agent_settings({"agent": f"{__name__}:ask_then_check"}, 3).max_calls == 3
 
 
 class FirstProblem:

@@ -25,6 +25,7 @@ from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
 from tempering.algorithms.advantages import needs_teacher, needs_values
 from tempering.algorithms.logprobs import plain_head
 from tempering.config import ConfigError, EnvSpec, TrainConfig
+from tempering.envs.agent import AGENT_ENV, AgentSettings, agent_settings, with_agents
 from tempering.envs.base import check_env
 from tempering.envs.runner import with_envs
 from tempering.evaluate import evaluate
@@ -83,7 +84,7 @@ def build_tasks(config: TrainConfig) -> list[Task]:
             if spec.rewards is not None:
                 task.rewards = dict(spec.rewards)
             if spec.env is not None:
-                check_env(spec.env.name, spec.env.options)
+                check_task_env(config, spec.env)
             for reward in task.rewards:
                 resolve_reward(reward)
             if not task.eval_problems(1):  # accuracy is measured before and after training
@@ -94,6 +95,20 @@ def build_tasks(config: TrainConfig) -> list[Task]:
     if len({t.name for t in tasks}) != len(tasks):
         raise ConfigError("tasks: each task may appear once; give repeated ones distinct names")
     return tasks
+
+
+def check_task_env(config: TrainConfig, spec: EnvSpec) -> None:
+    """Refuse an environment, or an agent, that its options or the run's settings rule out (a ValueError)."""
+    if spec.name != AGENT_ENV:
+        check_env(spec.name, spec.options)
+        return
+    agent_settings(spec.options, spec.max_turns)
+    if spec.max_tokens:
+        raise ValueError("env.max_tokens does not apply to an agent (rollout.max_new_tokens bounds each call, "
+                         "env.max_turns the calls); set it to 0")
+    if config.rollout.server is not None:
+        raise ValueError("an agent's calls are sampled by the built-in sampler, not rollout.server; "
+                         "set rollout.server=null to train it")
 
 
 def resolve_algorithm(config: TrainConfig) -> dict:
@@ -276,8 +291,15 @@ def build_mixture(config: TrainConfig, tasks: list[Task]) -> Mixture:
 
 
 def env_specs(config: TrainConfig) -> dict[str, EnvSpec]:
-    """Task name -> the environment its problems are played in, for the tasks that have one."""
-    return {spec.name: spec.env for spec in config.tasks if spec.env is not None}
+    """Task name -> the environment its problems are played in, for the tasks that have one
+    (other than an agent)."""
+    return {spec.name: spec.env for spec in config.tasks if spec.env is not None and spec.env.name != AGENT_ENV}
+
+
+def agent_specs(config: TrainConfig) -> dict[str, AgentSettings]:
+    """Task name -> the agent that plays its problems (``tempering.envs.agent``), for the tasks that have one."""
+    return {spec.name: agent_settings(spec.env.options, spec.env.max_turns) for spec in config.tasks
+            if spec.env is not None and spec.env.name == AGENT_ENV}
 
 
 def build_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16: bool = False,
@@ -291,9 +313,10 @@ def build_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
 
 def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16: bool = False,
                     share: bool = True) -> Generator:
-    """The built-in sampler over ``model``, playing the tasks that have an environment as episodes."""
+    """The built-in sampler over ``model``, playing the tasks that have an environment (or an
+    agent) as episodes."""
     sampler = HFGenerator(model, tokenizer, config.model.chat_template, batch_size, bf16, share=share)
-    return with_envs(sampler, env_specs(config))
+    return with_agents(with_envs(sampler, env_specs(config)), sampler, agent_specs(config))
 
 
 def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:

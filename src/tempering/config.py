@@ -30,9 +30,9 @@ class Strict(BaseModel):
 class EnvSpec(Strict):
     """A multi-turn environment around a task's problems (``tempering.envs``)."""
 
-    name: str = Field(description="environment: tools, reflection, or module:Class")
+    name: str = Field(description="environment: tools, reflection, agent (a user's agent through a recording endpoint; tempering.envs.agent), or module:Class")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword options for the environment")
-    max_turns: int = Field(4, ge=1, description="model turns per episode at most")
+    max_turns: int = Field(4, ge=1, description="model turns per episode at most (for an agent: its calls)")
     max_tokens: int = Field(0, ge=0, description="completion tokens per episode at most, the model's and the environment's together; 0 = max_turns x rollout.max_new_tokens")
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Optional
 
 import torch
@@ -166,8 +167,9 @@ def sample_task(generator, task: Task, metric: BatchReward, options: Mapping[str
         graded = _grade(flat, rollouts, metric, vote_key, options)
         ranks = {name: [r.score for r in s.score_batch(flat, rollouts)] for name, s in selectors.items()}
         turns = [r.model_turns for r in rollouts]
-        for g in range(len(groups)):
-            out.problems.append(_problem_samples(graded, ranks, turns, range(g * settings.n, (g + 1) * settings.n)))
+        ends = list(accumulate(len(g.rollouts) for g in groups))  # an agent's episode may give several
+        for start, end in zip([0, *ends], ends):
+            out.problems.append(_problem_samples(graded, ranks, turns, range(start, end)))
         out.samples += len(rollouts)
         out.grader_errors += sum(score is None for score, _ in graded)
         out.truncated += sum(r.finish_reason == "length" for r in rollouts)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -76,6 +76,10 @@ class Job:
     outputs: Optional[list[tuple[list[int], list[float], str]]] = None
     error: Optional[BaseException] = None
     version: int = 0
+
+
+Sampling = Callable[[dict, list[list[int]]], Job]
+"""How an endpoint samples a request's prompts: ``(body, prompts) -> Job``."""
 
 
 class Batcher:
@@ -216,30 +220,49 @@ class Server:
         if body.get("model") not in (None, self.name):
             raise RequestError(f"the model {body['model']!r} does not exist; this server serves {self.name!r}", 404)
 
-    def _sample(self, body: dict, prompts: list[list[int]]) -> Job:
+    def check_prompts(self, prompts: list[list[int]]) -> None:
         if any(not p for p in prompts):
             raise RequestError("a prompt is empty")
         if any(not 0 <= t < self.vocab for p in prompts for t in p):
             raise RequestError(f"a prompt holds a token id outside the vocabulary (0..{self.vocab - 1})")
+
+    def sample(self, body: dict, prompts: list[list[int]]) -> Job:
+        """Sample ``prompts`` as ``body`` asks (the endpoints' default way of sampling)."""
+        self.check_prompts(prompts)
         params, n, seed = sampling_request(body, [len(p) for p in prompts], self.sampler.context_length)
+        return self.run(prompts, params, n, seed)
+
+    def run(self, prompts: list[list[int]], params: SamplingParams, n: int, seed: int) -> Job:
+        """``n`` samples of each prompt, through the batcher."""
         return self.batcher.submit(Job([p for p in prompts for _ in range(n)], params, seed, sum(map(len, prompts))))
 
-    def completions(self, body: dict) -> dict:
+    def route(self, method: str, path: str) -> Optional[Callable]:
+        """The endpoint answering ``method path``: a GET's takes nothing, a POST's the JSON body."""
+        routes = {"GET": {"/v1/models": self.models, "/health": self.health},
+                  "POST": {"/v1/completions": self.completions, "/v1/chat/completions": self.chat,
+                           "/update_weights_from_disk": self.update_weights}}
+        return routes.get(method, {}).get(path)
+
+    def health(self) -> dict:
+        return {"status": "ok", "policy_version": self.batcher.version}
+
+    def completions(self, body: dict, sample: Optional[Sampling] = None) -> dict:
+        """``sample`` replaces :meth:`sample` (a recording endpoint samples its own way)."""
         self._check_model(body)
-        job = self._sample(body, completion_prompts(body.get("prompt"), self.tokenizer))
+        job = (sample or self.sample)(body, completion_prompts(body.get("prompt"), self.tokenizer))
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         choices = [self._choice(i, ids, logprobs, reason, body.get("logprobs") is not None, as_ids)
                    for i, (ids, logprobs, reason) in enumerate(job.outputs)]
         return self._response("text_completion", job, choices)
 
-    def chat(self, body: dict) -> dict:
+    def chat(self, body: dict, sample: Optional[Sampling] = None) -> dict:
         self._check_model(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
             raise RequestError("'messages' must be a non-empty list of {role, content} objects")
         prompt = encode_prompt(self.tokenizer, messages, self.sampler.chat_template)
-        job = self._sample(body, [prompt])
+        job = (sample or self.sample)(body, [prompt])
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         choices = []
         for i, (ids, logprobs, reason) in enumerate(job.outputs):
@@ -323,19 +346,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
 
     def do_GET(self):
-        app = self.server.app
-        if self.path == "/v1/models":
-            self._send(200, app.models())
-        elif self.path == "/health":
-            self._send(200, {"status": "ok", "policy_version": app.batcher.version})
-        else:
+        route = self.server.app.route("GET", self.path)
+        if route is None:
             self._error(404, f"no such endpoint: GET {self.path}")
+        else:
+            self._send(200, route())
 
     def do_POST(self):
-        app = self.server.app
-        routes = {"/v1/completions": app.completions, "/v1/chat/completions": app.chat,
-                  "/update_weights_from_disk": app.update_weights}
-        route = routes.get(self.path)
+        route = self.server.app.route("POST", self.path)
         if route is None:
             self._error(404, f"no such endpoint: POST {self.path}")
             return
@@ -360,6 +378,11 @@ class _Handler(BaseHTTPRequestHandler):
 def start(sampler: HFGenerator, name: str, batch_size: int, host: str = "127.0.0.1", port: int = 0
           ) -> OpenAIHTTPServer:
     """A server answering on a background thread (``shutdown()`` stops it); port 0 picks a free one."""
-    http = OpenAIHTTPServer(Server(sampler, name, batch_size), host, port)
+    return serve_in_background(Server(sampler, name, batch_size), host, port)
+
+
+def serve_in_background(app: Server, host: str = "127.0.0.1", port: int = 0) -> OpenAIHTTPServer:
+    """``app`` answering HTTP on a daemon thread."""
+    http = OpenAIHTTPServer(app, host, port)
     threading.Thread(target=http.serve_forever, name="openai-http", daemon=True).start()
     return http

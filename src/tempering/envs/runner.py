@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -137,17 +137,12 @@ class EpisodeGenerator:
     def generate(self, problems: list[Problem], group_size: int, params: SamplingParams,
                  policy_version: int = 0, generator: Optional[torch.Generator] = None) -> list[Group]:
         """``group_size`` rollouts per problem, in problem order (a Generator's contract)."""
-        played = [i for i, p in enumerate(problems) if p.task in self.envs]
-        plain = [i for i, p in enumerate(problems) if p.task not in self.envs]
-        groups: dict[int, Group] = {}
-        if plain:
-            made = self.sampler.generate([problems[i] for i in plain], group_size, params, policy_version, generator)
-            groups.update(zip(plain, made))
-        if played:
-            rollouts = self.play([problems[i] for i in played], group_size, params, policy_version, generator)
-            for k, i in enumerate(played):
-                groups[i] = Group(problems[i], rollouts[k * group_size : (k + 1) * group_size])
-        return [groups[i] for i in range(len(problems))]
+        def play(chosen: list[Problem]) -> list[Group]:
+            rollouts = self.play(chosen, group_size, params, policy_version, generator)
+            return [Group(p, rollouts[k * group_size : (k + 1) * group_size]) for k, p in enumerate(chosen)]
+
+        return split_generate(problems, set(self.envs), play,
+                              lambda rest: self.sampler.generate(rest, group_size, params, policy_version, generator))
 
     def play(self, problems: list[Problem], group_size: int, params: SamplingParams, policy_version: int = 0,
              generator: Optional[torch.Generator] = None) -> list[Rollout]:
@@ -223,6 +218,20 @@ class EpisodeGenerator:
         if key not in self._chat_turns:
             self._chat_turns[key] = ChatTurns(self.tokenizer, tools)
         return self._chat_turns[key]
+
+
+def split_generate(problems: list[Problem], tasks: set[str], play: Callable[[list[Problem]], list[Group]],
+                   rest: Callable[[list[Problem]], list[Group]]) -> list[Group]:
+    """The groups of ``problems`` in order: those of ``tasks`` made by ``play``, the others by
+    ``rest`` (called first, so the draws of a seeded stream keep their order)."""
+    played = [i for i, p in enumerate(problems) if p.task in tasks]
+    plain = [i for i, p in enumerate(problems) if p.task not in tasks]
+    groups: dict[int, Group] = {}
+    if plain:
+        groups.update(zip(plain, rest([problems[i] for i in plain])))
+    if played:
+        groups.update(zip(played, play([problems[i] for i in played])))
+    return [groups[i] for i in range(len(problems))]
 
 
 def with_envs(sampler: Any, envs: dict[str, EnvSpec]) -> Any:

@@ -49,3 +49,17 @@ def test_a_run_trains_on_episodes_and_logs_them(tiny_model_dir, tmp_path, mode):
     assert any(r["env/hints"] > 0 for r in records)  # some episodes got a hint, a second turn
     assert any(r.get("reward/env/penalty", 0) < 0 for r in records)
     assert set(summary["eval_after"]["per_task"]) == {"add", "sub"}
+
+
+def test_temper_eval_samples_episodes_and_reports_pass_at_k_by_round(tiny_model_dir, capsys):
+    from tempering.cli import main
+
+    tasks = f"tasks=[{{name: add, options: {{digits: [2]}}, env: {{name: '{__name__}:Hint', max_turns: 2}}}}]"
+    with pytest.raises(SystemExit) as done:
+        main(["eval", str(tiny_model_dir), tasks, "--n", "3", "--k", "1,2", "--problems", "4",
+              "--max-new-tokens", "16", "--json", "-", "--quiet"])
+    assert done.value.code == 0
+    metrics = json.loads(capsys.readouterr().out)["metrics"]["add"]
+    assert {"greedy[round<=1]", "greedy[round<=2]", "pass@1[round<=1]", "pass@2[round<=2]"} <= set(metrics)
+    assert metrics["pass@1[round<=2]"]["value"] == metrics["pass@1"]["value"]  # round 2 is the last
+    assert metrics["pass@1[round<=1]"]["value"] <= metrics["pass@1[round<=2]"]["value"]

@@ -126,6 +126,7 @@ class EpisodeGenerator:
     def __init__(self, sampler: TokenSampler, envs: dict[str, EnvSpec]):
         self.sampler, self.envs = sampler, envs
         self.tokenizer = sampler.tokenizer
+        self.batch_size = sampler.batch_size
         self._chat_turns: dict[str, ChatTurns] = {}
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -153,11 +154,13 @@ class EpisodeGenerator:
             for e in live:
                 limit = min(params.max_new_tokens, e.budget)
                 batches.setdefault((tuple(e.env.stop), limit), []).append(e)
-            for (stop, limit), batch in batches.items():
+            for (stop, limit), same in batches.items():
                 turn_params = replace(params, stop=tuple(dict.fromkeys(params.stop + stop)), max_new_tokens=limit)
-                outputs = self.sampler.sample([e.prompt_ids + e.ids for e in batch], turn_params, generator)
-                for episode, (ids, logprobs, reason) in zip(batch, outputs):
-                    self._advance(episode, ids, logprobs, reason)
+                for start in range(0, len(same), self.batch_size):  # the sampler's rows per call, as in one turn
+                    batch = same[start : start + self.batch_size]
+                    outputs = self.sampler.sample([e.prompt_ids + e.ids for e in batch], turn_params, generator)
+                    for episode, (ids, logprobs, reason) in zip(batch, outputs):
+                        self._advance(episode, ids, logprobs, reason)
         return [e.rollout(policy_version) for e in episodes]
 
     def _start(self, problem: Problem, params: SamplingParams) -> Episode:

@@ -63,6 +63,8 @@ class TokenSampler(Protocol):
     chat_template: bool
     context_length: int
     """Positions the model attends over; 0 = unknown (no bound is applied)."""
+    batch_size: int
+    """Rows one ``sample`` call should hold at most."""
 
     def sample(self, prompts: list[list[int]], params: SamplingParams,
                generator: Optional[torch.Generator] = None) -> list[tuple[list[int], list[float], str]]:

@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import urllib.error
@@ -122,6 +123,7 @@ class ServerGenerator:
         self.served_version: Optional[int] = served.get("policy_version")
         self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="server-request")
         self._weights_dir: Optional[Path] = None
+        self.batch_size = sys.maxsize  # every row at once: the pool keeps ``concurrency`` requests in flight
 
     # -- sampling ------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt) -> list[int]:

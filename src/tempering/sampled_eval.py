@@ -263,6 +263,7 @@ def sampled_evaluate(generator, tasks: Sequence[Task], problems_per_task: int, m
                                   **greedy_by_round(result, t.name, rounds.get(t.name, 0))} for t in tasks}
     result["samples"], result["notes"] = {}, []
     if settings is None:
+        result["notes"] += truncation_notes(result, max_new_tokens)
         return result
     draws = torch.Generator().manual_seed(settings.seed)
     total = sum(result["problems"].values()) * settings.n  # evaluate() counted each task's problems
@@ -276,7 +277,32 @@ def sampled_evaluate(generator, tasks: Sequence[Task], problems_per_task: int, m
             if not samples.votes:
                 result["notes"].append(f"{task.name}: no maj@k, its metric {task.metric!r} extracts no answer "
                                        "to vote on (for code, the samples are programs)")
+    result["notes"] += truncation_notes(result, max_new_tokens)
     return result
+
+
+def truncation_notes(result: dict, max_new_tokens: int, share: float = 0.2) -> list[str]:
+    """A note for each task whose greedy completions or samples were cut off at the length
+    limit more than ``share`` of the time: they are graded as written, so such a score says
+    more about the limit than about the model.
+
+    >>> truncation_notes({"truncated": {"humaneval": 38}, "problems": {"humaneval": 41},
+    ...                   "samples": {"humaneval": {"samples": 205, "truncated": 193}}}, 48)
+    ['humaneval: 38 of 41 greedy completions and 193 of 205 samples stopped at the limit of 48 new tokens and were graded as cut off; raise --max-new-tokens (eval.max_new_tokens)']
+    """
+    notes = []
+    for name, problems in result["problems"].items():
+        parts = []
+        cut = result["truncated"].get(name, 0)
+        if problems and cut > share * problems:
+            parts.append(f"{cut} of {problems} greedy completions")
+        counts = result.get("samples", {}).get(name)
+        if counts and counts["samples"] and counts["truncated"] > share * counts["samples"]:
+            parts.append(f"{counts['truncated']} of {counts['samples']} samples")
+        if parts:
+            notes.append(f"{name}: {' and '.join(parts)} stopped at the limit of {max_new_tokens} new tokens and "
+                         "were graded as cut off; raise --max-new-tokens (eval.max_new_tokens)")
+    return notes
 
 
 def _counts(samples: TaskSamples) -> dict:

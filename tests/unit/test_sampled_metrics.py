@@ -14,6 +14,7 @@ from tempering.sampled_eval import (
     metric_table,
     sampled_evaluate,
     task_metrics,
+    truncation_notes,
 )
 from tempering.tasks import build_task
 from tempering.types import Group, Problem, Rollout, Turn
@@ -156,3 +157,15 @@ def test_eval_tells_model_config_and_overrides_apart(tmp_path):
 def test_eval_refuses_two_models_or_two_configs(argv, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _inputs(*argv)
+
+
+def test_truncation_notes_name_tasks_cut_off_by_the_length_limit():
+    result = {"truncated": {"add": 1, "humaneval": 38}, "problems": {"add": 10, "humaneval": 41},
+              "samples": {"add": {"samples": 50, "truncated": 20}, "humaneval": {"samples": 205, "truncated": 10}}}
+    notes = truncation_notes(result, 48)
+    assert notes == [
+        "add: 20 of 50 samples stopped at the limit of 48 new tokens and were graded as cut off; "
+        "raise --max-new-tokens (eval.max_new_tokens)",
+        "humaneval: 38 of 41 greedy completions stopped at the limit of 48 new tokens and were graded as cut off; "
+        "raise --max-new-tokens (eval.max_new_tokens)"]
+    assert truncation_notes({"truncated": {"add": 2}, "problems": {"add": 10}}, 48) == []

@@ -101,7 +101,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from tempering.explain import explain
 
-    print(explain(_load(args.config_and_overrides)))
+    print(explain(_load(args.config_and_overrides), probe=args.probe))
     return 0
 
 
@@ -341,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "off-policyness, memory and time estimates, known traps")
     explain.add_argument("config_and_overrides", nargs="*", metavar="[CONFIG] [key=value ...]",
                          help="a YAML config (default: the built-in quickstart) and dotted overrides")
+    explain.add_argument("--probe", type=int, default=8, metavar="N",
+                         help="greedy-answer N held-out problems per task to catch a task the model scores 0 on "
+                              "and answers cut off (default 8; 0 = no probe)")
     explain.set_defaults(func=cmd_explain)
 
     evaluate = sub.add_parser(

@@ -13,8 +13,14 @@ each task's problems), the token budget ``learner.memory_budget_gb`` gives is co
 memory is estimated from the model's shape (``tempering.packing.memory_costs``) and the
 learner's time per step is measured: one forward and backward pass of a micro-batch of at most
 512 tokens, timed after one untimed pass, scaled by the tokens of a step's updates. Sampling
-time is not estimated, nor is whether the model scores 0 on a task (that needs an evaluation:
-``temper eval``).
+time is not estimated.
+
+A probe (``probe`` held-out problems per task, 8 by default, greedy, ``eval.max_new_tokens``)
+then looks for the two traps only a model shows: a task it scores 0 on (no sample earns a
+reward, so RL has nothing to learn from: usually a format the model does not write, which
+``grading: lenient`` or a prompt ``template`` fixes) and answers cut off at the length limit
+(graded as written, so they count as wrong). A probe is a handful of problems: a task that
+passes it can still be near 0, which ``temper eval`` measures.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class Inspection:
     """What the loaded model tells: prompt tokens, context, budget, memory and speed."""
 
     model: Any = None
+    generator: Any = None
     why_not: str = ""
     """Why the model could not be inspected; empty when it was."""
     prompt_tokens: int = 0
@@ -68,7 +75,8 @@ def inspect_model(config: TrainConfig) -> Inspection:
     generator = build_generator(config, model, tokenizer, config.rollout.batch_size)
     prompts = [len(generator.encode_prompt(p.prompt)) for task in build_tasks(config) for p in task.eval_problems(32)]
     critic = needs_values(resolve_algorithm(config)["advantage"])
-    return Inspection(model=model, prompt_tokens=max(prompts), context=model.config.max_position_embeddings or 0,
+    return Inspection(model=model, generator=generator, prompt_tokens=max(prompts),
+                      context=model.config.max_position_embeddings or 0,
                       token_budget=learner_token_budget(model, config, critic),
                       share_prompts=config.learner.share_prompts and can_share_prompts(model))
 
@@ -135,8 +143,33 @@ def warnings_for(config: TrainConfig, seen: Inspection) -> list[str]:
     return found
 
 
-def explain(config: TrainConfig) -> str:
-    """The text ``temper explain`` prints."""
+def probe_warnings(config: TrainConfig, seen: Inspection, problems: int) -> list[str]:
+    """The traps a greedy pass over ``problems`` held-out problems per task shows: a task
+    scored 0, answers cut off at ``eval.max_new_tokens`` (in over a quarter of them)."""
+    from tempering.build import build_tasks
+    from tempering.evaluate import evaluate
+
+    if seen.model is None or problems <= 0:
+        return []
+    result = evaluate(seen.generator, build_tasks(config), problems, config.eval.max_new_tokens,
+                      config.rewards.options)
+    found = []
+    for name, accuracy in result["per_task"].items():
+        count, cut = result["problems"][name], result["truncated"][name]
+        if accuracy == 0:
+            found.append(f"task {name}: the model scores 0 on {count} held-out problems (greedy), so RL may get no "
+                         "reward to learn from; check that it writes the answer format the task grades "
+                         "(grading: lenient, or a prompt template that asks for it)")
+        if cut > count / 4:
+            found.append(f"task {name}: {cut} of {count} greedy answers reached eval.max_new_tokens="
+                         f"{config.eval.max_new_tokens} and are graded cut off; raise eval.max_new_tokens "
+                         "(and rollout.max_new_tokens)")
+    return found
+
+
+def explain(config: TrainConfig, probe: int = 8) -> str:
+    """The text ``temper explain`` prints; ``probe``: held-out problems per task in the probe
+    for a task scored 0 and answers cut off (0 = none)."""
     rc, lc = config.rollout, config.learner
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -162,8 +195,11 @@ def explain(config: TrainConfig) -> str:
              f"off-policy: {_off_policy(config, updates)}"]
     if seen.model is not None:
         lines += _costs(config, seen, rows, parts, updates)
-    lines += [f"warning: {w}" for w in warnings_for(config, seen)]
-    lines.append("not checked: whether the model scores 0 on a task (run temper eval), sampling time")
+    lines += [f"warning: {w}" for w in warnings_for(config, seen) + probe_warnings(config, seen, probe)]
+    checked = f"a probe of {probe} held-out problems per task" if seen.model is not None and probe > 0 else ""
+    lines.append("not checked: sampling time" + ("" if checked else ", whether the model scores 0 on a task")
+                 + (f"; tasks scored and answers cut off: by {checked}, temper eval measures them" if checked
+                    else " (run temper eval)"))
     return "\n".join(lines)
 
 

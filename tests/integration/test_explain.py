@@ -74,3 +74,15 @@ def test_known_traps_are_warned_about(tiny_model_dir: Path):
                                       f"tasks=[{{name: add, env: {env}}}]"]))
     assert "warning: eval.max_new_tokens=8 is shorter than rollout.max_new_tokens=16" in text
     assert re.search(r"warning: task add: an episode may reach \d+ prompt \+ 640 tokens", text)
+
+
+def test_the_probe_warns_of_a_task_scored_0_and_of_answers_cut_off(tiny_model_dir: Path):
+    """Four new tokens hold no answer: every probe answer is cut off and scores 0."""
+    text = explain(load_config(None, [*RUN, f"model.path={tiny_model_dir}", "eval.max_new_tokens=4",
+                                      "tasks=[{name: add}]"]), probe=6)
+    assert "warning: task add: the model scores 0 on 6 held-out problems (greedy)" in text
+    assert "warning: task add: 6 of 6 greedy answers reached eval.max_new_tokens=4" in text
+    assert "by a probe of 6 held-out problems per task" in text
+    quiet = explain(load_config(None, [*RUN, f"model.path={tiny_model_dir}", "eval.max_new_tokens=4",
+                                       "tasks=[{name: add}]"]), probe=0)
+    assert "scores 0" not in quiet.replace("whether the model scores 0 on a task", "")

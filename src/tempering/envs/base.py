@@ -57,7 +57,8 @@ class Step:
 @runtime_checkable
 class Environment(Protocol):
     stop: tuple[str, ...]
-    """Strings that end a model turn so the environment can act (``</calc>``); may be empty."""
+    """Strings that end a model turn so the environment can act (``</calc>``); may be empty or
+    left out."""
 
     def reset(self, problem: Problem) -> Prompt:
         """The episode's first prompt (text or chat messages); usually ``problem.prompt``."""

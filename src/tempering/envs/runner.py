@@ -153,7 +153,7 @@ class EpisodeGenerator:
             batches: dict[tuple, list[Episode]] = {}
             for e in live:
                 limit = min(params.max_new_tokens, e.budget)
-                batches.setdefault((tuple(e.env.stop), limit), []).append(e)
+                batches.setdefault((tuple(getattr(e.env, "stop", ())), limit), []).append(e)
             for (stop, limit), same in batches.items():
                 turn_params = replace(params, stop=tuple(dict.fromkeys(params.stop + stop)), max_new_tokens=limit)
                 for start in range(0, len(same), self.batch_size):  # the sampler's rows per call, as in one turn

@@ -15,12 +15,12 @@ def step_line(record: dict, steps: int) -> str:
     """One step in a line: reward, training accuracy, mean completion length (tokens), KL and
     entropy where the record has them, held-out accuracy when it was measured, seconds.
 
-    >>> step_line({"step": 3, "reward": 0.5, "accuracy": 0.25, "completion_tokens": 96, "rollouts_taken": 8,
+    >>> step_line({"step": 3, "reward": 0.5, "accuracy": 0.25, "completion_length": 12.0,
     ...            "entropy": 1.2, "step_s": 2.0}, 10)
     'step 3/10  reward 0.500  acc 25.0%  len 12.0  ent 1.200  2.00 s/step'
     """
     parts = [f"step {record['step']}/{steps}", f"reward {record['reward']:.3f}", f"acc {100 * record['accuracy']:.1f}%",
-             f"len {record['completion_tokens'] / max(record['rollouts_taken'], 1):.1f}"]
+             f"len {record['completion_length']:.1f}"]
     parts += [f"{label} {record[key]:.3f}" for label, key in (("kl", "kl"), ("ent", "entropy")) if key in record]
     if "eval/accuracy" in record:
         parts.append(f"eval {100 * record['eval/accuracy']:.1f}%")

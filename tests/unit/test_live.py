@@ -8,11 +8,11 @@ import re
 from tempering.build import build_generator, build_tasks
 from tempering.config import load_config
 from tempering.evaluate import evaluate
-from tempering.live import LiveView
+from tempering.live import LiveView, step_line
 
 
 def record(step: int) -> dict:
-    return {"step": step, "reward": 0.5, "accuracy": 0.25, "completion_tokens": 80, "rollouts_taken": 8,
+    return {"step": step, "reward": 0.5, "accuracy": 0.25, "completion_tokens": 80, "completion_length": 10.0,
             "entropy": 1.0, "kl": 0.01, "step_s": 1.5, "domain/add/weight": 0.5, "domain/add/reward": 0.5,
             "domain/add/success": 0.25, "domain/add/completion_tokens": 40, "domain/add/dropped_groups": 0,
             "domain/mul/weight": 0.5, "domain/mul/reward": 0.5}
@@ -49,3 +49,11 @@ def test_greedy_evaluation_shows_a_bar_of_problems(tiny_policy, capsys):
     assert "greedy" in capsys.readouterr().err
     evaluate(generator, build_tasks(config), 3, 8)
     assert capsys.readouterr().err == ""
+
+
+def test_the_step_line_shows_the_mean_completion_length_of_the_step():
+    """``rollouts_taken`` counts every rollout since the start; the step's mean length is
+    ``completion_length`` (the quickstart's third step showed 8.2 for 24.7-token answers)."""
+    record = {"step": 3, "reward": 0.8, "accuracy": 0.7, "completion_tokens": 3157, "rollouts_taken": 384,
+              "completion_length": 24.664, "step_s": 0.35}
+    assert "len 24.7" in step_line(record, 3)

@@ -228,9 +228,10 @@ def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> 
 
 
 def build_learner(model, config: TrainConfig, algorithm: dict, teacher: Any = None,
-                  parallel: Optional[DataParallel] = None) -> Learner:
+                  parallel: Optional[DataParallel] = None, whole: Any = None) -> Learner:
     """The learner over ``model``; with ``parallel``, one of several learner processes, the
-    model laid out as ``learner.parallel`` says (``tempering.parallel``)."""
+    model laid out as ``learner.parallel`` says (``tempering.parallel``); under ``fsdp`` the
+    leader's ``whole`` copy gets the gathered weights after every step."""
     lc = config.learner
     budget = learner_token_budget(model, config, needs_values(algorithm["advantage"]), teacher)
     settings = replace(learner_settings(config, algorithm, budget), logprob_chunk=logprob_chunk(model, config))
@@ -240,15 +241,20 @@ def build_learner(model, config: TrainConfig, algorithm: dict, teacher: Any = No
         if parallel.kind == "fsdp":  # both reach the decoder and output layer past FSDP's gathers
             settings = replace(settings, logprob_chunk=0, share_prompts=False)
     schedule = lambda step: lr_factor(step, lc.warmup_steps, config.steps, lc.schedule, lc.min_lr_ratio)  # noqa: E731
-    return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings, teacher, parallel)
+    return Learner(model, adamw(model, lc.lr, lc.betas, lc.weight_decay), schedule, settings, teacher, parallel,
+                   whole)
 
 
 def check_parallel(config: TrainConfig, settings: LearnerSettings) -> None:
     """Refuse what ``learner.parallel=fsdp`` cannot run: the KL reference and the critic pass
     through the policy on one rank alone or more often than the idle passes match, and under
-    FSDP every policy pass waits for every rank."""
+    FSDP every policy pass waits for every rank; LoRA adapters would be checkpointed as one
+    rank's shards."""
     if config.learner.parallel != "fsdp":
         return
+    if config.model.lora is not None:
+        raise ConfigError("learner.parallel=fsdp: model.lora adapters are not sharded; set learner.parallel=ddp "
+                          "(LoRA already keeps the trained weights small)")
     if settings.kl_coef > 0:
         raise ConfigError("learner.parallel=fsdp: algorithm.kl_coef > 0 needs a KL reference model, which is "
                           "not sharded; set learner.parallel=ddp, or algorithm.kl_coef=0")
@@ -496,31 +502,34 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     if parallel is not None:
         parallel.barrier()  # the model is on disk (pre-trained if built in): the followers load it now
     model = with_lora(config, model)
-    eval_generator = local_generator(config, model, tokenizer, config.eval.batch_size)  # the learner's weights
+    policy = sampling_copy(model, parallel)
+    eval_generator = local_generator(config, policy, tokenizer, config.eval.batch_size)  # the learner's weights
     rc = config.rollout
     screen_datasets(tasks, eval_generator.encode_prompt,
                     prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)
     teacher = load_teacher(config, tokenizer, progress)
     run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
-    learner = build_learner(model, config, algorithm, teacher, parallel)
+    learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
                                   config.rewards.options)
     owns_ray = config.pipeline.backend == "ray" and not ray_running()
-    pipeline = build_pipeline(config, mixture, model, tokenizer, rewarder)
-    return Run(config, threads, run_dir, lock, model, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
+    pipeline = build_pipeline(config, mixture, policy, tokenizer, rewarder)
+    return Run(config, threads, run_dir, lock, policy, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
                mixture, learner, pipeline, evaluation, owns_ray)
 
 
 def learner_processes(config: TrainConfig) -> Optional[DataParallel]:
-    """This process's place among the learners ``torchrun`` started, or None when alone.
-    ``temper train`` samples with the leader's policy, so ``fsdp`` (whose leader holds a shard)
-    is refused there."""
-    parallel = from_env(config.learner.parallel, run_device(config))
-    if parallel is not None and parallel.kind == "fsdp":
-        raise ConfigError("learner.parallel=fsdp: temper train samples and evaluates with the leader's whole "
-                          "policy, which FSDP shards; use learner.parallel=ddp (tempering.parallel documents fsdp)")
-    return parallel
+    """This process's place among the learners ``torchrun`` started, or None when alone."""
+    return from_env(config.learner.parallel, run_device(config))
+
+
+def sampling_copy(model: Any, parallel: Optional[DataParallel]) -> Any:
+    """The policy the leader samples, evaluates and saves with: the learner's own model, or
+    under ``fsdp`` (which shards that one in place) a plain copy taken before sharding."""
+    if parallel is None or parallel.kind != "fsdp":
+        return model
+    return copy.deepcopy(model).eval()
 
 
 def build_follower(config: TrainConfig) -> Learner:

@@ -75,7 +75,7 @@ from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, maske
 from tempering.models.attention import upcast_attention
 from tempering.models.compat import enable_checkpointing
 from tempering.models.lora import adapter_state, adapters_off, is_adapted, load_adapter_state
-from tempering.parallel import DataParallel, idle_pass, scalar
+from tempering.parallel import DataParallel, gather_into, idle_pass, load_optimizer_state, optimizer_state, scalar
 from tempering.plan import MicroBatch, PlanChoices, UpdatePlan, computed_batch, plan_update
 from tempering.types import Batch, Rollout
 
@@ -172,9 +172,11 @@ class LearnerSettings:
 class Learner:
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer,
                  schedule: Callable[[int], float], settings: LearnerSettings, teacher: Optional[Any] = None,
-                 parallel: Optional[DataParallel] = None):
+                 parallel: Optional[DataParallel] = None, whole: Optional[Any] = None):
         self.model = model
         self.parallel = parallel
+        self.whole = whole  # fsdp: the leader's unsharded copy of the policy, gathered after each step
+        self._sharded = parallel is not None and parallel.kind == "fsdp"
         self.optimizer = optimizer
         self.settings = settings
         if settings.bf16:
@@ -207,9 +209,13 @@ class Learner:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the policy's own weights (saved with ``save_pretrained``); with LoRA,
-        the adapters' weights too, which a merged checkpoint could not give back exactly."""
+        the adapters' weights too, which a merged checkpoint could not give back exactly.
+        Under ``fsdp`` the leader's call gathers the optimizer state whole (every rank joins)."""
+        if self._sharded and self.parallel.leads:
+            self.parallel.tell("state_dict")
+        optimizer = optimizer_state(self.model, self.optimizer) if self._sharded else self.optimizer.state_dict()
         state: dict[str, Any] = {
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
             "version": self.version, "kl_coef": self.kl.value,
         }
         if is_adapted(self.model):
@@ -224,12 +230,16 @@ class Learner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The state of :meth:`state_dict`; among several learners, the leader's call (made
-        after it loaded the policy's weights) gives every rank the state and its weights."""
+        after it loaded the policy's weights, under ``fsdp`` into its whole copy) gives every rank the
+        state and its weights."""
         if self.parallel is not None:
             if self.parallel.leads:
                 self.parallel.tell("load_state_dict", state)
-            self.parallel.share_weights(self.model)
-        self.optimizer.load_state_dict(state["optimizer"])
+            self.parallel.share_weights(self.model, self.whole)
+        if self._sharded:
+            load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
         self.kl.value = state["kl_coef"]
@@ -476,6 +486,8 @@ class Learner:
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
         self.model.eval()
+        if self._sharded:  # every rank joins; the leader samples with the gathered weights
+            gather_into(self.model, self.whole)
         self.version += 1
         if self.reference is not None:
             totals["kl_coef"] = self.kl.value

@@ -24,6 +24,12 @@ Two layouts (``learner.parallel``):
 Processes find each other through ``torchrun``'s environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``): gloo on CPU, NCCL on CUDA.
 
+Under ``fsdp`` the leader also keeps a plain, unsharded copy of the policy (``whole``) that
+``temper train`` samples, evaluates and saves with: every step ends with the ranks gathering
+the shards into it (:func:`gather_into`), and checkpoints hold the optimizer state gathered
+whole (:func:`optimizer_state`), so a run resumes on any number of ranks' shards of it. That
+copy costs the leader one more model's memory.
+
 Not done here: sharding the frozen models (a KL reference copy, a critic); under ``fsdp``
 those are refused by ``tempering.build``.
 """
@@ -110,10 +116,17 @@ class DataParallel:
         dist.broadcast_object_list(message, src=0)
         return message[0]
 
-    def share_weights(self, model: Any) -> None:
-        """``ddp``: every rank takes rank 0's weights (after it loaded a checkpoint's)."""
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
+    def share_weights(self, model: Any, whole: Any = None) -> None:
+        """Every rank takes rank 0's weights (after it loaded a checkpoint's): ``ddp`` from
+        rank 0's model, ``fsdp`` from rank 0's ``whole`` copy, each rank keeping its shard."""
+        if self.kind == "ddp":
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+            return
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        weights = whole.state_dict() if self.leads else {}
+        set_model_state_dict(model, weights, options=_full(broadcast_from_rank0=True))
 
     def barrier(self) -> None:
         dist.barrier()
@@ -121,7 +134,7 @@ class DataParallel:
 
 def follow(learner: Any) -> None:
     """A follower's whole run: call the learner methods the leader names (``step``,
-    ``load_state_dict``), until it says ``stop``."""
+    ``state_dict``, ``load_state_dict``), until it says ``stop``."""
     while (message := learner.parallel.listen())[0] != "stop":
         getattr(learner, message[0])(*message[1])
 
@@ -184,3 +197,35 @@ def full_state(model: Any) -> dict[str, torch.Tensor]:
     rank must call it)."""
     return {name: tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor.detach().clone()
             for name, tensor in model.state_dict().items()}
+
+
+def _full(**options: bool) -> Any:
+    """``StateDictOptions`` for whole (unsharded) state dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **options)
+
+
+def gather_into(model: Any, whole: Any) -> None:
+    """``fsdp``: the sharded ``model``'s whole weights loaded into rank 0's ``whole`` copy
+    (every rank must call it; the others pass None and keep nothing)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    weights = get_model_state_dict(model, options=_full(cpu_offload=True))
+    if whole is not None:
+        whole.load_state_dict(weights)
+
+
+def optimizer_state(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``fsdp``: the optimizer's state gathered whole on rank 0, keyed by parameter name
+    (every rank must call it; the others get an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_full(cpu_offload=True))
+
+
+def load_optimizer_state(model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``fsdp``: a whole state of :func:`optimizer_state`, every rank keeping its shard of it."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=_full())

@@ -11,9 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tempering.algorithms.logprobs import forward_logprobs
-from tempering.build import adamw
+from tempering.build import adamw, check_parallel, learner_settings, resolve_algorithm
 from tempering.checkpoint import save_model
-from tempering.config import ConfigError
+from tempering.config import ConfigError, load_config
 from tempering.learner import Learner, collate
 from tempering.models.lora import adapters_off, apply_lora, merged_copy
 from tempering.models.tiny import build_model, build_tokenizer
@@ -154,3 +154,9 @@ def test_lora_without_peft_names_the_extra(monkeypatch):
 def test_a_target_that_matches_nothing_is_a_config_error():
     with pytest.raises(ConfigError, match="model.lora.target_modules"):
         apply_lora(_base(), rank=4, alpha=8.0, dropout=0.0, target_modules=["no_such_proj"])
+
+
+def test_fsdp_refuses_lora_adapters_it_would_checkpoint_as_shards():
+    config = load_config(None, ["learner.parallel=fsdp", "model.lora={rank: 4}"])
+    with pytest.raises(ConfigError, match="learner.parallel=fsdp: model.lora"):
+        check_parallel(config, learner_settings(config, resolve_algorithm(config), 0))

@@ -328,13 +328,11 @@ def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
 def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
     """A generator over ``rollout.server``; a ConfigError when it cannot be used or reached."""
     sc = config.rollout.server
-    if config.model.lora is not None and sc.reload != "none":
-        raise ConfigError("rollout.server with model.lora: reloading adapters on a server is not supported; "
-                          "train every weight (model.lora=null) or set rollout.server.reload=none")
     settings = ServerSettings(sc.url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
                               sc.weights_dir, sc.reload)
     try:
-        return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template)
+        return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template,
+                               adapted=model if config.model.lora is not None else None)
     except ServerError as exc:
         raise ConfigError(f"rollout.server.url={sc.url}: {exc}") from None
 

@@ -19,6 +19,13 @@ inference engine. Its wire format is vLLM's, so one client reads both:
   ``*.safetensors`` weights in DIR (a ``save_pretrained`` folder) and moves the policy
   version on by one, or to ``"version"`` when given (so a retried reload is harmless).
   Every completion response carries the ``policy_version`` that sampled it.
+- ``POST /v1/load_lora_adapter`` (vLLM's): ``{"lora_name": NAME, "lora_path": DIR}`` loads
+  the peft adapter in DIR (``adapter_config.json``, ``adapter_model.safetensors``) onto the
+  served model, in place of any adapter loaded before (one at a time), and moves the policy
+  version on as a reload does (``"version"`` too). Requests whose ``model`` is NAME sample
+  with the adapter, others with the base; ``/v1/models`` lists NAME with the base as its
+  ``parent``. Once an adapter is loaded, sampling runs through transformers' modules (the
+  fused decoder reads plain weights) and full reloads are refused.
 
 Concurrent requests are gathered into one sampler call (requests with the same sampling
 settings, up to ``batch_size`` rows): each request draws from a random stream seeded by its
@@ -27,7 +34,7 @@ depend on what it was batched with. A reload waits for the sampler call in progr
 never overlaps one.
 
 Not done: streaming, top-k alternatives in ``logprobs`` (the sampled token's only),
-``echo``, ``best_of``, penalties, LoRA adapter loading, authentication (it binds 127.0.0.1
+``echo``, ``best_of``, penalties, several adapters at once, authentication (it binds 127.0.0.1
 unless told otherwise; put a proxy in front to expose it).
 """
 
@@ -39,6 +46,7 @@ import random
 import threading
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate
@@ -48,6 +56,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from tempering.checkpoint import load_weights_from
+from tempering.models.lora import adapters_off, is_adapted, serve_adapter
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator, RowStreams
 from tempering.rollout.prompts import encode_prompt
@@ -76,6 +85,12 @@ class Job:
     outputs: Optional[list[tuple[list[int], list[float], str]]] = None
     error: Optional[BaseException] = None
     version: int = 0
+    adapter: Optional[str] = None
+    """The LoRA adapter to sample with; None = the base model."""
+
+    def joins(self, other: "Job") -> bool:
+        """Whether this job can share a sampler call with ``other``."""
+        return self.params == other.params and self.adapter == other.adapter
 
 
 Sampling = Callable[[dict, list[list[int]]], Job]
@@ -105,7 +120,7 @@ class Batcher:
         first = self._held.pop(0) if self._held else self._queue.get()
         batch, rows = [first], len(first.rows)
         for job in list(self._held):
-            if job.params == first.params and rows + len(job.rows) <= self.max_rows:
+            if job.joins(first) and rows + len(job.rows) <= self.max_rows:
                 self._held.remove(job)
                 batch.append(job)
                 rows += len(job.rows)
@@ -115,7 +130,7 @@ class Batcher:
                 job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            if job.params == first.params and rows + len(job.rows) <= self.max_rows:
+            if job.joins(first) and rows + len(job.rows) <= self.max_rows:
                 batch.append(job)
                 rows += len(job.rows)
             else:
@@ -129,7 +144,7 @@ class Batcher:
             owners = [k for k, job in enumerate(batch) for _ in job.rows]
             streams = RowStreams([torch.Generator().manual_seed(job.seed) for job in batch], owners)
             try:
-                with self.lock:
+                with self.lock, (nullcontext() if batch[0].adapter else adapters_off(self.sampler.model)):
                     outputs = self.sampler.sample(rows, batch[0].params, streams)
                     version = self.version
             except Exception as exc:  # every waiting request hears of it
@@ -149,12 +164,34 @@ class Batcher:
         if not Path(folder).is_dir():
             raise RequestError(f"model_path {folder!r} is not a folder on the server")
         with self.lock:
+            if is_adapted(self.sampler.model):
+                raise RequestError("a LoRA adapter is loaded on this server: it takes new adapters "
+                                   "(/v1/load_lora_adapter), not full weights; restart it to serve other weights")
             try:
                 load_weights_from(self.sampler.model, Path(folder))
             except (FileNotFoundError, RuntimeError) as exc:
                 raise RequestError(str(exc)) from None
-            self.version = self.version + 1 if version is None else version
-            return self.version
+            return self._advance(version)
+
+    def load_adapter(self, name: str, folder: str, version: Optional[int]) -> int:
+        """Serve the peft adapter saved in ``folder`` as ``name`` (in place of any other);
+        return the new policy version."""
+        if not Path(folder).is_dir():
+            raise RequestError(f"lora_path {folder!r} is not a folder on the server")
+        with self.lock:
+            try:
+                model = serve_adapter(self.sampler.model, Path(folder), name)
+            except (FileNotFoundError, ValueError, RuntimeError) as exc:
+                raise RequestError(f"lora_path {folder!r}: {exc}") from None
+            if model is not self.sampler.model:  # first adapter: sample through the wrapper
+                s = self.sampler
+                self.sampler = HFGenerator(model, s.tokenizer, s.chat_template, s.batch_size, s.bf16, share=s.share)
+            return self._advance(version)
+
+    def _advance(self, version: Optional[int]) -> int:
+        """The policy version after new weights: the next one, or ``version`` when the client names it."""
+        self.version = self.version + 1 if version is None else version
+        return self.version
 
 
 def _number(body: dict, key: str, default: Any, kind: type, low: float, high: float = float("inf")) -> Any:
@@ -210,15 +247,18 @@ class Server:
         self.tokenizer = sampler.tokenizer
         self.vocab = len(self.tokenizer)
         self.batcher = Batcher(sampler, batch_size, gather_s)
+        self.adapter: Optional[str] = None  # the LoRA adapter's name, once one is loaded
 
     def models(self) -> dict:
-        return {"object": "list", "data": [{
-            "id": self.name, "object": "model", "owned_by": "tempering", "created": 0,
-            "max_model_len": self.sampler.context_length, "policy_version": self.batcher.version}]}
+        about = {"object": "model", "owned_by": "tempering", "created": 0,
+                 "max_model_len": self.sampler.context_length, "policy_version": self.batcher.version}
+        adapters = [] if self.adapter is None else [{"id": self.adapter, "parent": self.name, **about}]
+        return {"object": "list", "data": [{"id": self.name, **about}, *adapters]}
 
     def _check_model(self, body: dict) -> None:
-        if body.get("model") not in (None, self.name):
-            raise RequestError(f"the model {body['model']!r} does not exist; this server serves {self.name!r}", 404)
+        if body.get("model") not in (None, self.name, self.adapter):
+            raise RequestError(f"the model {body['model']!r} does not exist; this server serves "
+                               f"{', '.join(repr(m['id']) for m in self.models()['data'])}", 404)
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
         if any(not p for p in prompts):
@@ -230,17 +270,21 @@ class Server:
         """Sample ``prompts`` as ``body`` asks (the endpoints' default way of sampling)."""
         self.check_prompts(prompts)
         params, n, seed = sampling_request(body, [len(p) for p in prompts], self.sampler.context_length)
-        return self.run(prompts, params, n, seed)
+        adapter = self.adapter if self.adapter is not None and body.get("model") == self.adapter else None
+        return self.run(prompts, params, n, seed, adapter)
 
-    def run(self, prompts: list[list[int]], params: SamplingParams, n: int, seed: int) -> Job:
-        """``n`` samples of each prompt, through the batcher."""
-        return self.batcher.submit(Job([p for p in prompts for _ in range(n)], params, seed, sum(map(len, prompts))))
+    def run(self, prompts: list[list[int]], params: SamplingParams, n: int, seed: int,
+            adapter: Optional[str] = None) -> Job:
+        """``n`` samples of each prompt, through the batcher (with the LoRA ``adapter``, if named)."""
+        return self.batcher.submit(Job([p for p in prompts for _ in range(n)], params, seed, sum(map(len, prompts)),
+                                       adapter=adapter))
 
     def route(self, method: str, path: str) -> Optional[Callable]:
         """The endpoint answering ``method path``: a GET's takes nothing, a POST's the JSON body."""
         routes = {"GET": {"/v1/models": self.models, "/health": self.health},
                   "POST": {"/v1/completions": self.completions, "/v1/chat/completions": self.chat,
-                           "/update_weights_from_disk": self.update_weights}}
+                           "/update_weights_from_disk": self.update_weights,
+                           "/v1/load_lora_adapter": self.load_lora_adapter}}
         return routes.get(method, {}).get(path)
 
     def health(self) -> dict:
@@ -301,13 +345,28 @@ class Server:
 
     def update_weights(self, body: dict) -> dict:
         folder = body.get("model_path")
-        version = body.get("version")
         if not isinstance(folder, str) or not folder:
             raise RequestError("'model_path' must name a folder of safetensors weights")
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-            raise RequestError(f"'version' must be an integer, got {version!r}")
-        version = self.batcher.reload(folder, version)
+        version = self.batcher.reload(folder, _version(body))
         return {"success": True, "message": f"loaded {folder}", "policy_version": version}
+
+    def load_lora_adapter(self, body: dict) -> dict:
+        name, folder = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or name == self.name:
+            raise RequestError(f"'lora_name' must name the adapter, other than the base model {self.name!r}")
+        if not isinstance(folder, str) or not folder:
+            raise RequestError("'lora_path' must name a folder holding a peft adapter")
+        version = self.batcher.load_adapter(name, folder, _version(body))
+        self.adapter = name
+        return {"success": True, "message": f"loaded the LoRA adapter {name!r} from {folder}", "policy_version": version}
+
+
+def _version(body: dict) -> Optional[int]:
+    """The policy version a weight update asks for, if it names one."""
+    version = body.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise RequestError(f"'version' must be an integer, got {version!r}")
+    return version
 
 
 class OpenAIHTTPServer(ThreadingHTTPServer):

@@ -21,6 +21,7 @@ from tempering.algorithms import token_logprobs
 from tempering.build import server_generator
 from tempering.config import ConfigError, TrainConfig
 from tempering.learner import collate
+from tempering.models.lora import apply_lora
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator, RowStreams
 from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
@@ -114,6 +115,40 @@ def test_multi_turn_episodes_through_the_server_keep_exact_tokens(served):
     assert sum(len(r.turns) for r in rollouts) > 2 * len(rollouts)
     check_bookkeeping(rollouts, tokenizer)
     assert logprob_gap(model, rollouts, tokenizer.pad_token_id) < 1e-5
+
+
+def test_a_loaded_lora_adapter_samples_the_learners_log_probs_under_its_name(tiny_policy, tmp_path):
+    model, tokenizer = tiny_policy
+    http = start(HFGenerator(copy.deepcopy(model), tokenizer), "mini", batch_size=64)  # its own: adapters stay
+    try:
+        learner = apply_lora(copy.deepcopy(model), rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for name, param in learner.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.2)  # a fresh adapter computes the base; this one does not
+        generator = ServerGenerator(ServerSettings(http.url, weights_dir=str(tmp_path)), tokenizer, model.config,
+                                    adapted=learner)
+        problems = [Problem(task="add", id=str(i), prompt=p, answer="") for i, p in enumerate(PROMPTS)]
+        params = SamplingParams(max_new_tokens=12)
+        before = [r for g in generator.generate(problems, 2, params) for r in g.rollouts]
+        generator.load_weights({k: v.clone() for k, v in learner.state_dict().items()})
+        assert generator.served_version == 1 and generator.model == "tempering-lora"
+        assert sorted((tmp_path / "adapter").iterdir()) == [tmp_path / "adapter" / "adapter_config.json",
+                                                            tmp_path / "adapter" / "adapter_model.safetensors"]
+        listed = {m["id"]: m for m in generator._request("GET", "/v1/models", None)["data"]}
+        assert listed["tempering-lora"]["parent"] == "mini" and listed["tempering-lora"]["policy_version"] == 1
+        after = [r for g in generator.generate(problems, 2, params) for r in g.rollouts]
+        pad = tokenizer.pad_token_id
+        assert logprob_gap(model, before, pad) < 1e-5
+        assert logprob_gap(learner, after, pad) < 1e-5
+        assert logprob_gap(model, after, pad) > 1e-2, "the adapter changed the served log-probs"
+        base = ServerGenerator(ServerSettings(http.url, model="mini"), tokenizer, model.config)
+        assert logprob_gap(model, [r for g in base.generate(problems, 2, params) for r in g.rollouts], pad) < 1e-5
+        with pytest.raises(ServerError, match="a LoRA adapter is loaded on this server"):
+            base.load_weights({k: v.clone() for k, v in model.state_dict().items()})
+    finally:
+        http.shutdown()
 
 
 class DropFirst(ThreadingHTTPServer):

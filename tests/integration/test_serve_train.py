@@ -5,6 +5,7 @@ are the server's on every sampled token.
 With a learning rate the weights move every step, so a reload that did not happen (or
 loaded the wrong weights) shows as a mismatch from step 2 on; with lr=0 the meter measures
 the two implementations of one policy alone, for the built-in sampler and for the server.
+A LoRA run syncs its adapters alone, which the server loads onto its base.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from contextlib import contextmanager
 
 import pytest
 
@@ -25,9 +27,9 @@ def _pretrain_config(model_dir) -> dict:
     return json.loads((model_dir / "pretrain.json").read_text())["config"]
 
 
-@pytest.fixture(scope="module")
-def server_url(tiny_model_dir, tempering_cache):
-    """``temper serve`` on the miniature model, on a free port of 127.0.0.1."""
+@contextmanager
+def serving(tiny_model_dir, tempering_cache):
+    """``temper serve`` on the miniature model, on a free port of 127.0.0.1: its URL."""
     env = {**os.environ, "TEMPERING_CACHE": str(tempering_cache), "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "tempering.cli", "serve", str(tiny_model_dir), "threads=1",
                                 "--port", "0", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -41,13 +43,31 @@ def server_url(tiny_model_dir, tempering_cache):
         process.wait(timeout=30)
 
 
-def served_version(url: str) -> int:
+@pytest.fixture(scope="module")
+def server_url(tiny_model_dir, tempering_cache):
+    with serving(tiny_model_dir, tempering_cache) as url:
+        yield url
+
+
+@pytest.fixture
+def fresh_server_url(tiny_model_dir, tempering_cache):
+    """A server of the test's own (one that has loaded adapters takes no full weights)."""
+    with serving(tiny_model_dir, tempering_cache) as url:
+        yield url
+
+
+def served_models(url: str) -> list[dict]:
     with urllib.request.urlopen(url + "/v1/models", timeout=30) as reply:
-        return json.loads(reply.read())["data"][0]["policy_version"]
+        return json.loads(reply.read())["data"]
 
 
-def run(tiny_model_dir, run_dir, lr: float, server: dict | None) -> list[dict]:
+def served_version(url: str) -> int:
+    return served_models(url)[0]["policy_version"]
+
+
+def run(tiny_model_dir, run_dir, lr: float, server: dict | None, lora: dict | None = None) -> list[dict]:
     config = TrainConfig.model_validate({
+        "model": {"lora": lora},
         "steps": 3, "threads": 1, "run_dir": str(run_dir), "pretrain": _pretrain_config(tiny_model_dir),
         "tasks": [{"name": "add", "options": {"digits": [2]}}],
         "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16, "server": server},
@@ -77,6 +97,21 @@ def test_training_on_a_served_model_reloads_it_every_step_and_matches_its_log_pr
 def test_with_lr_0_the_mismatch_is_zero_in_fp32(tiny_model_dir, server_url, tmp_path, sampler):
     records = run(tiny_model_dir, tmp_path / "run", 0.0, {"url": server_url} if sampler == "server" else None)
     assert len(records) == 3
+    for record in records:
+        assert record["mismatch/abs_logp"] < 1e-5
+        assert record["mismatch/k3"] < 1e-5
+        assert record["mismatch/outside_clip"] == 0.0
+
+
+def test_a_lora_run_syncs_its_adapters_to_the_server_every_step(tiny_model_dir, fresh_server_url, tmp_path):
+    records = run(tiny_model_dir, tmp_path / "run", 2e-2, {"url": fresh_server_url, "weights_dir": str(tmp_path / "w")},
+                  lora={"rank": 4})
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    assert served_version(fresh_server_url) == 4, "the starting adapters, then one load per step"
+    assert [m["id"] for m in served_models(fresh_server_url)] == [str(tiny_model_dir), "tempering-lora"]
+    assert sorted(f.name for f in (tmp_path / "w" / "adapter").iterdir()) == ["adapter_config.json",
+                                                                               "adapter_model.safetensors"]
+    assert max(r["grad_norm"] for r in records) > 0, "the adapters moved"
     for record in records:
         assert record["mismatch/abs_logp"] < 1e-5
         assert record["mismatch/k3"] < 1e-5

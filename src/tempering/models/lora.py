@@ -12,7 +12,9 @@ A and B matrices train; the base weights are frozen. What that changes elsewhere
 - checkpoints hold the merged model (a plain model ``from_pretrained`` loads) or only the
   adapters (:func:`saved_form`); either way the adapter weights themselves travel in
   ``trainer.pt`` (:func:`adapter_state`), so a resumed run continues from them exactly and
-  never has to undo a merge.
+  never has to undo a merge;
+- an inference server samples with the learner's adapters when they are written as peft's
+  files (:func:`save_adapters`) and loaded onto its plain base (:func:`serve_adapter`).
 
 Not done here: several adapters at once, QLoRA (quantized bases), DoRA and other peft methods.
 """
@@ -20,7 +22,9 @@ Not done here: several adapters at once, QLoRA (quantized bases), DoRA and other
 from __future__ import annotations
 
 import copy
+import os
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, ContextManager, Optional, Sequence
 
 import torch
@@ -97,3 +101,32 @@ def saved_form(model: Any, merged: bool) -> Any:
     if not is_adapted(model):
         return model
     return merged_copy(model) if merged else model
+
+
+def save_adapters(model: Any, weights: dict[str, torch.Tensor], folder: Path) -> None:
+    """Write the adapters held in ``weights`` (a state dict of the adapted ``model``, perhaps
+    newer than ``model`` itself) to ``folder`` as peft's ``save_pretrained`` does, so that a
+    server (``temper serve``, vLLM) loads them as a LoRA adapter."""
+    from safetensors.torch import save_file
+
+    state = _peft().get_peft_model_state_dict(model, state_dict=weights, save_embedding_layers=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.peft_config[model.active_adapter].save_pretrained(str(folder))
+    partial = folder / "adapter_model.safetensors.partial"
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(partial))
+    os.replace(partial, folder / "adapter_model.safetensors")  # a reader never sees half a file
+
+
+def serve_adapter(model: Any, folder: Path, name: str) -> Any:
+    """``model`` with the adapter saved in ``folder`` loaded as ``name`` and active, in place
+    of any adapter it had (one at a time); a plain model is wrapped the first time (the
+    returned model is then a new wrapper around it). A folder that is not a peft adapter of
+    this model raises ValueError, FileNotFoundError or RuntimeError."""
+    peft = _peft()
+    if not is_adapted(model):
+        return peft.PeftModel.from_pretrained(model, str(folder), adapter_name=name)
+    for old in list(model.peft_config):
+        model.delete_adapter(old)
+    model.load_adapter(str(folder), adapter_name=name)
+    model.set_adapter(name)
+    return model

@@ -26,8 +26,14 @@ with ``VLLM_SERVER_DEV_MODE=1``). The server's policy version after the reload i
 and every completion reply that states its version must state that one: rollouts are
 sampled by the weights last loaded, and stamped with the learner version those were.
 
-Not done: LoRA adapter loading (``model.lora`` runs need a merged-weights reload, which
-this does not write), weight transfer over NCCL, streaming, several servers.
+A run with LoRA adapters (``adapted``: the learner's peft model) syncs the adapters alone:
+peft's two files in ``weights_dir/adapter``, loaded with vLLM's ``POST /v1/load_lora_adapter``
+(``temper serve``; vLLM started with ``--enable-lora`` and
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) under ``adapter_name``, which later requests name
+as their ``model``, whichever ``reload`` is set (but ``none``). The server's base must be the
+learner's base.
+
+Not done: weight transfer over NCCL, streaming, several servers.
 """
 
 from __future__ import annotations
@@ -78,6 +84,8 @@ class ServerSettings:
     weights_dir: Optional[str] = None
     """Where new weights are written for the server to load; None = a temporary folder."""
     reload: str = "update_weights_from_disk"
+    adapter_name: str = "tempering-lora"
+    """The name LoRA adapters are loaded under (runs with adapters only)."""
 
 
 def parse_choice(choice: dict) -> tuple[list[int], list[float], str]:
@@ -102,15 +110,16 @@ def parse_choice(choice: dict) -> tuple[list[int], list[float], str]:
 
 class ServerGenerator:
     """Samples on an OpenAI-compatible server (see the module docstring); ``tokenizer`` must
-    be the served model's, and ``model_config`` (written beside reloaded weights) its config."""
+    be the served model's, and ``model_config`` (written beside reloaded weights) its config;
+    ``adapted``, a peft model, when only its LoRA adapters are synced."""
 
     def __init__(self, settings: ServerSettings, tokenizer: Any, model_config: Any = None,
-                 chat_template: Optional[bool] = None):
+                 chat_template: Optional[bool] = None, adapted: Any = None):
         if settings.reload not in RELOADS:
             raise ValueError(f"reload {settings.reload!r}; known: {', '.join(RELOADS)}")
         self.settings = settings
         self.url = settings.url.rstrip("/")
-        self.tokenizer, self.model_config = tokenizer, model_config
+        self.tokenizer, self.model_config, self.adapted = tokenizer, model_config, adapted
         self.chat_template = use_chat_template(tokenizer, chat_template)
         listed = self._request("GET", "/v1/models", None)["data"]
         if not listed:
@@ -177,6 +186,9 @@ class ServerGenerator:
         policy version must then be the next one."""
         if not weights or self.settings.reload == "none":
             return
+        if self.adapted is not None:
+            self._load_adapter(weights)
+            return
         from safetensors.torch import save_file
 
         folder = self._folder()
@@ -190,6 +202,23 @@ class ServerGenerator:
             self.served_version = expected
             return
         reply = self._post("/update_weights_from_disk", {"model_path": str(folder), "version": expected})
+        self._loaded(reply, folder, expected)
+
+    def _load_adapter(self, weights: dict[str, torch.Tensor]) -> None:
+        """Write the adapters in ``weights`` and have the server sample with them from now on."""
+        from tempering.models.lora import save_adapters
+
+        folder = self._folder() / "adapter"
+        save_adapters(self.adapted, weights, folder)
+        name, expected = self.settings.adapter_name, (self.served_version or 0) + 1
+        reply = self._request("POST", "/v1/load_lora_adapter", {
+            "lora_name": name, "lora_path": str(folder), "load_inplace": True, "version": expected},
+            plain=True)  # load_inplace: replace an adapter of that name; vLLM answers in plain text
+        self.model = name
+        self._loaded(reply, folder, expected)
+
+    def _loaded(self, reply: dict, folder: Path, expected: int) -> None:
+        """Check the server's answer to loading ``folder``: success, at version ``expected``."""
         if reply.get("success") is False:
             raise ServerError(f"{self.url} could not load the weights in {folder}: {reply.get('message')}")
         version = reply.get("policy_version", expected)
@@ -220,12 +249,13 @@ class ServerGenerator:
     def _post(self, path: str, body: dict) -> dict:
         return self._request("POST", path, body)
 
-    def _request(self, method: str, path: str, body: Optional[dict]) -> dict:
-        """The reply's JSON, retried as the module docstring says; a ServerError otherwise."""
+    def _request(self, method: str, path: str, body: Optional[dict], plain: bool = False) -> dict:
+        """The reply's JSON, retried as the module docstring says; a ServerError otherwise.
+        A ``plain`` text reply is read as ``{"message": text}``."""
         s = self.settings
         for attempt in range(s.retries + 1):
             try:
-                return self._once(method, path, body)
+                return self._once(method, path, body, plain)
             except _Transient as exc:
                 if attempt == s.retries:
                     raise ServerError(f"{method} {self.url}{path}: no answer after {s.retries + 1} tries ({exc}); "
@@ -233,13 +263,14 @@ class ServerGenerator:
                 time.sleep(s.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
-    def _once(self, method: str, path: str, body: Optional[dict]) -> dict:
+    def _once(self, method: str, path: str, body: Optional[dict], plain: bool = False) -> dict:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as response:
-                return json.loads(response.read())
+                raw = response.read()
+            return _reply(raw, plain)
         except urllib.error.HTTPError as exc:
             if exc.code == 429 or exc.code >= 500:
                 raise _Transient(f"status {exc.code}") from None
@@ -248,6 +279,20 @@ class ServerGenerator:
             raise _Transient(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from None
         except json.JSONDecodeError:
             raise _Transient("the reply is not JSON") from None
+
+
+def _reply(data: bytes, plain: bool) -> dict:
+    """A reply body as JSON, or as ``{"message": text}`` where ``plain`` text is expected.
+
+    >>> _reply(b"Success: LoRA adapter 'a' added successfully.", plain=True)
+    {'message': "Success: LoRA adapter 'a' added successfully."}
+    """
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError:
+        if plain:
+            return {"message": data.decode(errors="replace")}
+        raise
 
 
 def _message(error: urllib.error.HTTPError) -> str:

@@ -59,7 +59,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from tempering.envs.recording import Call, Recording, RecordingServer
-from tempering.envs.runner import split_generate
+from tempering.envs.runner import WrappingGenerator, split_generate
 from tempering.registry import resolve
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
@@ -196,22 +196,15 @@ def episode_rollouts(problem: Problem, calls: list[Call], text: str, version: in
                     turns=[Turn(c.text, 0, len(c.completion_ids), c.finish_reason)]) for c in calls]
 
 
-class AgentGenerator:
+class AgentGenerator(WrappingGenerator):
     """Plays the problems of the tasks in ``agents`` (task name -> settings) with their agents
     against a recording endpoint over ``sampler``; other problems go to ``inner`` (a generator
     over the same sampler)."""
 
     def __init__(self, inner: Any, sampler: HFGenerator, agents: dict[str, AgentSettings]):
-        self.inner, self.sampler, self.agents = inner, sampler, agents
-        self.tokenizer = sampler.tokenizer
-        self.batch_size = sampler.batch_size
+        super().__init__(inner, sampler)
+        self.agents = agents
         self._http: Optional[OpenAIHTTPServer] = None
-
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self.inner.load_weights(weights)
-
-    def encode_prompt(self, prompt) -> list[int]:
-        return self.sampler.encode_prompt(prompt)
 
     def generate(self, problems: list[Problem], group_size: int, params: SamplingParams,
                  policy_version: int = 0, generator: Optional[torch.Generator] = None) -> list[Group]:

@@ -119,21 +119,30 @@ class Episode:
                        policy_version=policy_version, loss_mask=self.mask, turns=self.turns)
 
 
-class EpisodeGenerator:
+class WrappingGenerator:
+    """A generator that plays some tasks itself with ``sampler`` and hands the rest to ``inner``
+    (a generator over the same sampler, which takes the weights); tokenizer, batch size and
+    prompt encoding are the sampler's."""
+
+    def __init__(self, inner: Any, sampler: Any):
+        self.inner, self.sampler = inner, sampler
+        self.tokenizer, self.batch_size = sampler.tokenizer, sampler.batch_size
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.inner.load_weights(weights)
+
+    def encode_prompt(self, prompt) -> list[int]:
+        return self.sampler.encode_prompt(prompt)
+
+
+class EpisodeGenerator(WrappingGenerator):
     """Plays problems of the tasks in ``envs`` (task name -> :class:`EnvSpec`) as episodes
     with ``sampler``; other problems go to ``sampler.generate`` unchanged."""
 
     def __init__(self, sampler: TokenSampler, envs: dict[str, EnvSpec]):
-        self.sampler, self.envs = sampler, envs
-        self.tokenizer = sampler.tokenizer
-        self.batch_size = sampler.batch_size
+        super().__init__(sampler, sampler)
+        self.envs = envs
         self._chat_turns: dict[str, ChatTurns] = {}
-
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self.sampler.load_weights(weights)
-
-    def encode_prompt(self, prompt) -> list[int]:
-        return self.sampler.encode_prompt(prompt)
 
     def generate(self, problems: list[Problem], group_size: int, params: SamplingParams,
                  policy_version: int = 0, generator: Optional[torch.Generator] = None) -> list[Group]:

@@ -6,7 +6,10 @@ inside the same jail. A language is offered only when its tools exist on this ma
 where the jail can see them: beneath /usr or the Python installation (a compiler under
 /root or /opt is not mounted there). Java takes a JDK whose files all lie beneath /usr:
 distribution JDKs that link their security configuration into /etc (Debian's openjdk)
-cannot start in the jail, which mounts only a few /etc files.
+cannot start in the jail, which mounts only a few /etc files. In ``landlock`` mode a started
+tool must also be reachable by every user (no jail remounts it): pytest, which starts the
+environment's Python, fails to start there when that environment lies under a private
+home such as /root.
 """
 
 from __future__ import annotations

@@ -14,9 +14,11 @@ import time
 
 import pytest
 from sandbox_fusion import (RunCodeRequest, SubmitRequest, SummaryMapping, TestConfig,
-                            get_prompt_by_id, get_prompts, run_code, run_code_async,
-                            run_concurrent, run_concurrent_pure, run_jupyter, set_sandbox_endpoint,
-                            submit, submit_async, submit_safe, summary_run_code_result)
+                            get_prompt_by_id, get_prompt_by_id_async, get_prompts,
+                            get_prompts_async, run_code, run_code_async, run_concurrent,
+                            run_concurrent_pure, run_jupyter, run_jupyter_async, set_dataset_endpoint,
+                            set_endpoint, set_sandbox_endpoint, submit, submit_async, submit_safe,
+                            submit_safe_async, summary_run_code_result)
 from sandbox_fusion import config as fusion_config
 from sandbox_fusion.models import GetPromptByIdRequest, GetPromptsRequest, RunJupyterRequest
 
@@ -158,6 +160,9 @@ def test_files_in_and_fetch_files_out(endpoint):
     assert (answer.status, answer.run_result.stdout) == ("Success", f"{len(blob)}\n"), answer
     assert {name: base64.b64decode(data) for name, data in answer.files.items()} == {
         "out/result.txt": b"42", "blob.bin": blob}
+    big = _run(endpoint, code="open('big.bin', 'wb').write(bytes(9 << 20))", language="python",
+               fetch_files=["big.bin"])
+    assert (big.status, big.files) == ("Success", {}) and "left out: big.bin" in big.message
     header = _run(endpoint, language="cpp", files={"answer.h": _b64(b"#define ANSWER 42\n")},
                   code='#include <cstdio>\n#include "answer.h"\nint main() { std::printf("%d", ANSWER); }')
     assert (header.status, header.run_result.stdout) == ("Success", "42")
@@ -176,30 +181,48 @@ def test_run_concurrent_helpers_and_the_async_client(endpoint):
     assert [a.run_result.stdout for a in asyncio.run(all_async())] == [f"{i * 2}\n" for i in range(20)]
 
 
-def test_set_sandbox_endpoint(endpoint, monkeypatch):
-    monkeypatch.setattr(fusion_config, "SANDBOX_ENDPOINT", fusion_config.SANDBOX_ENDPOINT)
+def test_set_endpoint_calls(endpoint, monkeypatch):
+    for name in ("SANDBOX_ENDPOINT", "DATASET_ENDPOINT"):
+        monkeypatch.setattr(fusion_config, name, getattr(fusion_config, name))
+    request = RunCodeRequest(code="print('set')", language="python")
+    prompts = GetPromptsRequest(dataset="mbpp", config=TestConfig())
+    set_endpoint(endpoint)
+    assert run_code(request).run_result.stdout == "set\n"
+    with pytest.raises(Exception, match="501"):
+        get_prompts(prompts)
+    set_endpoint("http://127.0.0.1:9")  # nothing listens there
     set_sandbox_endpoint(endpoint)
-    assert run_code(RunCodeRequest(code="print('set')", language="python")).run_result.stdout == "set\n"
+    assert run_code(request).run_result.stdout == "set\n"
+    set_dataset_endpoint(endpoint)
+    with pytest.raises(Exception, match="501"):
+        get_prompts(prompts)
 
 
 def test_evaluation_endpoints_are_absent_with_a_clear_error(endpoint):
     config = TestConfig(provided_data={"id": 0, "content": "x", "test": "assert True"})
     submission = SubmitRequest(dataset="humaneval_python", id=0, completion="x", config=config)
-    with pytest.raises(Exception, match="501.*not offered here"):
-        submit(submission, endpoint=endpoint, max_attempts=1)
-    with pytest.raises(Exception, match="501.*not offered here"):
-        asyncio.run(submit_async(submission, endpoint=endpoint, max_attempts=1))
-    with pytest.raises(Exception, match="501.*Jupyter"):
-        run_jupyter(RunJupyterRequest(cells=["1 + 1"]), endpoint=endpoint, max_attempts=1)
-    with pytest.raises(Exception, match="501.*no datasets"):
-        get_prompts(GetPromptsRequest(dataset="humaneval_python", config=config), endpoint=endpoint)
-    with pytest.raises(Exception, match="501.*no datasets"):
-        get_prompt_by_id(GetPromptByIdRequest(dataset="humaneval_python", id=0, config=config),
-                         endpoint=endpoint)
+    prompts = GetPromptsRequest(dataset="humaneval_python", config=config)
+    prompt = GetPromptByIdRequest(dataset="humaneval_python", id=0, config=config)
+    jupyter = RunJupyterRequest(cells=["1 + 1"])
+    calls = {
+        "not offered here": [lambda: submit(submission, endpoint=endpoint, max_attempts=1),
+                             lambda: asyncio.run(submit_async(submission, endpoint=endpoint, max_attempts=1))],
+        "Jupyter": [lambda: run_jupyter(jupyter, endpoint=endpoint, max_attempts=1),
+                    lambda: asyncio.run(run_jupyter_async(jupyter, endpoint=endpoint, max_attempts=1))],
+        "no datasets": [lambda: get_prompts(prompts, endpoint=endpoint),
+                        lambda: asyncio.run(get_prompts_async(prompts, endpoint=endpoint)),
+                        lambda: get_prompt_by_id(prompt, endpoint=endpoint),
+                        lambda: asyncio.run(get_prompt_by_id_async(prompt, endpoint=endpoint))],
+    }
+    for words, attempts in calls.items():
+        for call in attempts:
+            with pytest.raises(Exception, match=f"501.*{words}"):
+                call()
     # submit_safe turns every error into a rejection on the client's side (it logs a warning):
     # here that is the 501 above, never a verdict of this service.
-    rejected = submit_safe(submission, endpoint=endpoint, max_attempts=1)
-    assert (rejected.accepted, rejected.tests) == (False, [])
+    for rejected in (submit_safe(submission, endpoint=endpoint, max_attempts=1),
+                     asyncio.run(submit_safe_async(submission, endpoint=endpoint, max_attempts=1))):
+        assert (rejected.accepted, rejected.tests) == (False, [])
 
 
 def test_requests_the_official_server_refuses_are_refused_naming_the_field(endpoint):

@@ -93,8 +93,9 @@ class SandboxClient(SandboxAPI):
         return json.loads(text)
 
     def _warn_full(self, path: str, status: int, text: str) -> None:
-        if not self._warned:
-            self._warned = True
+        with self._lock:
+            warned, self._warned = self._warned, True
+        if not warned:
             LOG.warning("the sandbox service at %s is full (%s answered %d: %s); requests wait "
                         "and are sent again, which slows every reward that needs it: give it more "
                         "--workers, or more services", self.url, path, status, text[:200])

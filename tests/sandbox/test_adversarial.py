@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from sandbox_helpers import SECRET, fd_targets, open_fds, sandbox_processes
-from tempering.sandbox import CallCase, Limits, RunRequest, StdioCase, Tests, TestSpec
+from tempering.sandbox import CallCase, Executor, Limits, RunRequest, StdioCase, Tests, TestSpec
 
 BASELINE = {}
 
@@ -316,6 +316,57 @@ def test_claim8_program_verdicts_are_marked_weaker(executor):
     forged = "import os\nos.write(3, b'{\"done\": true}\\n')\nos._exit(0)\nassert False"
     result = executor.test(TestSpec("python", forged, Tests("program"), 2.0, 256))
     assert result.verdict == "program"
+
+
+# Positive controls: what honest programs use keeps working under every isolation mode.
+def _copy(source, target):
+    return f"data = open({source!r}).read()\nwith open({target!r}, 'w') as out:\n    out.write(data)"
+
+
+# Each program copies its stdin ("line\n") to stdout or stderr, naming one end by path.
+STDIO_BY_PATH = {
+    "read-dev-stdin": ("python", _copy("/dev/stdin", 1), "stdout"),
+    "read-proc-self-fd-0": ("python", _copy("/proc/self/fd/0", 1), "stdout"),
+    "write-dev-stdout": ("python", _copy(0, "/dev/stdout"), "stdout"),
+    "write-proc-self-fd-1": ("python", _copy(0, "/proc/self/fd/1"), "stdout"),
+    "write-dev-stderr": ("python", _copy(0, "/dev/stderr"), "stderr"),
+    "write-proc-self-fd-2": ("python", _copy(0, "/proc/self/fd/2"), "stderr"),
+    "bash-cat-dev-stdin": ("bash", "cat /dev/stdin", "stdout"),
+    "bash-tee-dev-stderr": ("bash", "tee /dev/stderr > /dev/null", "stderr"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STDIO_BY_PATH))
+def test_control_standard_streams_open_by_path(executor, name):
+    language, code, stream = STDIO_BY_PATH[name]
+    result = executor.run(RunRequest(code, language, stdin="line\n", limits=Limits(timeout_s=2.0)))
+    expected = {"stdout": "", "stderr": "", stream: "line\n"}
+    assert (result.status, result.stdout, result.stderr) == ("ok", expected["stdout"], expected["stderr"]), result
+
+
+@pytest.fixture
+def unisolated():
+    """A pool in mode ``none``: no namespaces, uid or Landlock, only limits and seccomp."""
+    with Executor(workers=1, isolation="none") as pool:
+        yield pool
+
+
+def test_control_standard_streams_open_by_path_unisolated(unisolated):
+    requests = [RunRequest(code, language, stdin="line\n") for language, code, _ in STDIO_BY_PATH.values()]
+    outputs = {name: (result.status, getattr(result, stream)) for (name, (_, _, stream)), result
+               in zip(STDIO_BY_PATH.items(), unisolated.run_many(requests))}
+    assert outputs == {name: ("ok", "line\n") for name in STDIO_BY_PATH}, outputs
+
+
+@pytest.mark.parametrize("language, code", [
+    ("python", "a, b = map(int, open('/dev/stdin').read().split())\nprint(a + b)"),
+    ("bash", "read a b < /dev/stdin\necho $((a + b))"),
+], ids=["python", "bash"])
+def test_control_stdio_tests_pass_reading_dev_stdin(executor, language, code):
+    """The harness path a code reward takes: stdio cases judged by the parent."""
+    cases = (StdioCase("2 3\n", "5\n"), StdioCase("4 4\n", "8\n"))
+    result = executor.test(TestSpec(language, code, Tests("stdio", cases), 2.0, 256))
+    assert (result.status, result.passed) == ("passed", 2), result
 
 
 def test_zz_nothing_left_behind(executor):

@@ -224,6 +224,19 @@ def drop_privileges(uid: int, gid: int, keep_read_search: bool = False) -> None:
         _check(_libc.capset(header, data), "capset")
 
 
+def hand_over_stdio(uid: int, gid: int) -> None:
+    """Make ``uid`` the owner of the pipes on descriptors 0-2, before dropping to it.
+
+    The worker made them as root, mode 0600. The descriptors work either way, but opening
+    one again by path (/dev/stdin, /proc/self/fd/1) checks the pipe's owner, so without
+    this a program could read ``sys.stdin`` but not ``open("/dev/stdin")``. The mode stays
+    0600 and the pipes are fresh for each run; another slot's uid cannot reach them, since
+    following a process's fd links needs ptrace access to it (the same uid).
+    """
+    for fd in (0, 1, 2):
+        os.fchown(fd, uid, gid)
+
+
 def reachable_by_others(path: str) -> bool:
     """Whether any uid may walk to ``path`` and list it: every directory on the way has
     the others-execute bit, and ``path`` the others-read bit.

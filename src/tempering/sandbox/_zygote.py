@@ -177,6 +177,7 @@ class Worker:
             if self.mode == "landlock":
                 ruleset = _landlock.ruleset(_landlock_read_paths(), _jail.host_devices(), self.scratch)
             if self.mode in ("jail", "landlock"):
+                _jail.hand_over_stdio(self.uid, self.gid)
                 _jail.drop_privileges(self.uid, self.gid, self.keep_read_search and "argv" not in run)
             _jail.prctl(_jail.PR_SET_NO_NEW_PRIVS, 1)
             if self.mode == "landlock":

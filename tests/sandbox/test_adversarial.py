@@ -10,6 +10,8 @@ import resource
 import shutil
 import socket
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -226,13 +228,13 @@ DAEMONS = {
 }
 
 
-def _marker_processes():
+def _marker_processes(marker=b"tempering-daemon-marker"):
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                if b"tempering-daemon-marker" in handle.read():
-                    found.append(entry)
+                if marker in handle.read():
+                    found.append(int(entry))
         except OSError:
             continue
     return found
@@ -270,6 +272,44 @@ def test_claim7_concurrent_jobs_do_not_share_scratch(executor):
     reader = RunRequest("import os, time\ntime.sleep(0.2)\nprint(os.path.exists('shared'))")
     results = executor.run_many([writer, reader])
     assert results[0].stdout == "wrote\n" and results[1].stdout == "False\n", results
+
+
+# Looks for the waiting job in its own /proc (by its marker) and takes its host pid too.
+STREAM_THIEF = """import os
+victims = {victims}
+try:
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        if b'tempering-stdin-victim' in open(f'/proc/{{pid}}/cmdline', 'rb').read():
+            victims.add(int(pid))
+except OSError:
+    pass
+opened = []
+for pid in victims:
+    for fd in (0, 1, 2):
+        for flags in (os.O_RDONLY, os.O_WRONLY):
+            try:
+                os.open(f'/proc/{{pid}}/fd/{{fd}}', flags | os.O_NONBLOCK)
+            except OSError:
+                continue
+            opened.append((pid, fd, flags))
+print('OPENED' if opened else 'refused', opened)"""
+
+
+def test_claim7_standard_streams_stay_private_to_their_slot(executor):
+    """A job in one slot waits with unread stdin; a job in the other slot tries to open
+    that job's standard streams by path."""
+    victim = RunRequest("exec -a tempering-stdin-victim sleep 2", "bash", stdin="private\n",
+                        limits=Limits(timeout_s=5.0))
+    with ThreadPoolExecutor(1) as background:
+        running = background.submit(executor.run, victim)
+        for _ in range(1000):
+            victims = set(_marker_processes(b"tempering-stdin-victim"))
+            if victims or running.done():
+                break
+            time.sleep(0.005)
+        result = run(executor, STREAM_THIEF.format(victims=victims or "set()"))
+        assert victims and running.result().status == "ok", (victims, running.result())
+    assert result.stdout == "refused []\n", result
 
 
 # 8. No passing verdict without computing the right outputs.

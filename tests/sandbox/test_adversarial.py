@@ -338,6 +338,16 @@ def test_claim8_no_forged_pass(executor, name):
     assert result.passed == 0 and result.status == "failed", result
 
 
+def test_claim8_worker_memory_and_descriptors_out_of_reach(executor):
+    """The worker holds the reply and the socket to the parent: writing its memory or
+    taking its descriptors through /proc would forge any verdict."""
+    code = ("import os\nworker = os.getppid()\nfor path, mode in ((f'/proc/{worker}/mem', 'r+b'), (f'/proc/{worker}/fd/0', 'rb')):\n"
+            "    try:\n        open(path, mode)\n        print('OPENED', path)\n    except OSError:\n        print('refused')\n"
+            "try:\n    print('OPENED', os.listdir(f'/proc/{worker}/fd'))\nexcept OSError:\n    print('refused')")
+    result = run(executor, code)
+    assert result.stdout == "refused\n" * 3, result
+
+
 def test_claim8_honest_solution_passes(executor):
     result = executor.test(_call_spec("def add(a, b):\n    return a + b"))
     assert result.status == "passed" and result.passed == 2, result

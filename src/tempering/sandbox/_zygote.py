@@ -420,6 +420,9 @@ def _enter_namespaces(control_fd: int) -> None:
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
+    # No job may read or write this process's memory or take its descriptors through
+    # /proc: in bwrap mode programs run under the worker's own uid, which would allow it.
+    _jail.prctl(_jail.PR_SET_DUMPABLE, 0)
     sock = socket.socket(fileno=settings["fd"])
     _runner.warm_up()
     if settings["mode"] == "jail":

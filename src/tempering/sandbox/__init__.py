@@ -14,9 +14,11 @@ default isolation (``namespaces``, as root) the sandbox claims that a program ca
 
 1. **escape to the host**: it runs as an unprivileged per-slot uid with no capabilities,
    ``no_new_privs`` set and a seccomp filter that refuses ptrace, mount, unshare/setns,
-   namespace flags to clone, bpf, io_uring, kernel modules, keys, reboot and clock changes;
-   setuid files do not raise privilege (``nosuid``) and its PID namespace hides the host's
-   processes.
+   namespace flags to clone, bpf, io_uring, kernel modules, keys, reboot and clock changes
+   (to root too, so this does not rest on the missing capabilities) and kills a program
+   that makes a syscall through another architecture's convention (x86-64: x32, i386);
+   running a setuid-root binary raises no privilege (``no_new_privs``; the jail's mounts
+   are also ``nosuid``) and its PID namespace hides the host's processes.
 2. **reach any network**, the host's loopback included: it lives in an empty network
    namespace and may open no socket but ``AF_UNIX``.
 3. **read host files or the caller's environment**: its root is a fresh read-only tree

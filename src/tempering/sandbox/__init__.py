@@ -89,11 +89,12 @@ Not covered
 - ``program`` verdicts (tests that cannot be split into calls) rely on a message from
   inside the sandbox and could be forged; results mark them ``verdict="program"``.
 - ``bwrap`` mode (for callers that are not root; refused as root) starts one bubblewrap
-  sandbox per job: slower, no per-slot uid (the process cap is per user; the worker
-  shares the program's uid, but as the sandbox's PID 1, not dumpable and ignoring
-  SIGINT, it can be neither signalled nor read), and no inode cap on the scratch tmpfs
-  (filling it with empty files runs into the time limit instead). ``none`` mode (explicit opt-in) isolates nothing beyond rlimits and seccomp
-  and is for trusted code only.
+  sandbox per job: slower, no per-slot uid (the process cap is per user; the program
+  shares its worker's uid, but the worker is the sandbox's PID 1, not dumpable and deaf
+  to SIGINT, so the program can neither signal nor read it), and no inode cap on the
+  scratch tmpfs (filling it with empty files runs into the time limit instead). ``none``
+  mode (explicit opt-in) isolates nothing beyond rlimits and seccomp and is for trusted
+  code only.
 
 Entry points: :class:`Executor` (local pool), :class:`SandboxClient` (the HTTP service,
 same methods), :func:`humaneval_spec` (HumanEval problems as test specs), and the

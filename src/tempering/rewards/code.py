@@ -4,8 +4,9 @@ A problem carries its tests in ``problem.meta["tests"]``: a :class:`~tempering.s
 or its JSON form (``{"kind": "stdio", "cases": [{"stdin": "1 2\\n", "stdout": "3\\n"}]}`` or
 ``{"kind": "call", "entry_point": "add", "cases": [{"args": [1, 2], "expected": 3}]}``),
 and optionally ``meta["code_prefix"]`` (e.g. a HumanEval prompt the completion continues),
-``meta["language"]``, and ``meta["code_fenced"] = False`` when the whole completion is the
-program (no fenced block expected). Verdicts come from the sandbox's trusted parent, never from the
+``meta["language"]``, ``meta["code_fenced"] = False`` when the whole completion is the
+program (no fenced block expected), and ``meta["credit"]`` to override the reward's ``credit``
+for that problem (a task's ``partial`` option). Verdicts come from the sandbox's trusted parent, never from the
 program; see :mod:`tempering.sandbox` for the threat model.
 
 A ``program`` verdict (tests that could not be split into calls, such as five HumanEval
@@ -129,15 +130,15 @@ class CodeReward:
             indices = list(runnable)
             for i, outcome in zip(indices, self.sandbox().test_many([runnable[i] for i in indices])):
                 if outcome.status != "error":
-                    results[i] = self._result(outcome)
+                    results[i] = self._result(outcome, problems[i].meta.get("credit", self.credit))
                     del runnable[i]
         for i in runnable:
             results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error="sandbox_error")
         return results
 
-    def _result(self, outcome) -> RewardResult:
+    def _result(self, outcome, credit: str) -> RewardResult:
         fraction = outcome.passed / outcome.total if outcome.total else float(outcome.status == "passed")
-        value = fraction if self.credit == "fraction" else float(outcome.status == "passed")
+        value = fraction if credit == "fraction" else float(outcome.status == "passed")
         forgeable = outcome.verdict == "program"
         if forgeable:
             value *= self.forgeable_credit

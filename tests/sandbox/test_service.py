@@ -59,8 +59,8 @@ def test_cli_test_single_and_batch(tmp_path):
     single = tmp_path / "spec.json"
     single.write_text(json.dumps(spec))
     out = json.loads(cli("test", str(single), "--json").stdout)
-    assert set(out) == {"status", "passed", "total", "cases"}
-    assert (out["status"], out["passed"], out["total"]) == ("passed", 2, 2)
+    assert set(out) == {"status", "passed", "total", "cases", "tampering"}
+    assert (out["status"], out["passed"], out["total"], out["tampering"]) == ("passed", 2, 2, [])
     assert all(set(case) == {"status", "wall_s"} for case in out["cases"])
     stdio = dict(spec, tests={"kind": "stdio", "cases": [{"stdin": "1", "stdout": "1"}]}, code="print(input())")
     batch = tmp_path / "specs.jsonl"

@@ -11,7 +11,9 @@ complete learner step (forward, backward, AdamW update) and reports its peak RSS
 The parent watches each child and stops it once its RSS passes the budget; a side's
 longest fitting length is the longest whose peak stayed within the budget. The same peaks
 give the longest lengths within smaller budgets (3, 4 and 6 GB), also reported. Lengths above
-the model's position limit are skipped.
+the model's position limit are skipped. A child that ends any other way without a measurement
+(TRL missing or failing to import, a crash) ends the bench with exit status 1 and the child's
+error on stderr, and no JSON: a side that did not run has no longest length.
 
 Children run with glibc's ``MALLOC_MMAP_THRESHOLD_`` at 1 MiB (both sides alike; ``--default-malloc``
 leaves it alone), so that freed large buffers go back to the system at once. With the default
@@ -132,24 +134,32 @@ def child(side: str, model_path: str, length: int, bf16: bool) -> None:
     print(json.dumps({**result, "wall_s": time.perf_counter() - start}))
 
 
+class ChildFailed(RuntimeError):
+    """A measuring child that ended without a measurement, other than by passing the budget."""
+
+
 def measure(side: str, model_path: str, length: int, bf16: bool, budget_kb: int, default_malloc: bool) -> dict:
-    """Run one child; stop it if its RSS passes the budget."""
+    """Run one child; stop it if its RSS passes the budget. A child that fails any other way
+    raises ChildFailed with the end of its stderr: its side has no length to report."""
     command = [sys.executable, __file__, "--child", side, str(length), "--model", model_path] + (["--bf16"] if bf16
                                                                                                   else [])
     env = dict(os.environ) if default_malloc else {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    over = False
-    while process.poll() is None:
-        if _status("VmRSS", str(process.pid)) > budget_kb:
-            over = True
-            process.kill()
-            break
-        time.sleep(0.1)
-    output = process.communicate()[0]
-    if over:
-        return {"peak_mb": None, "over_budget": True}
-    if process.returncode != 0:
-        return {"peak_mb": None, "error": f"exit status {process.returncode}"}
+    with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: a chatty child never blocks on it
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+        over = False
+        while process.poll() is None:
+            if _status("VmRSS", str(process.pid)) > budget_kb:
+                over = True
+                process.kill()
+                break
+            time.sleep(0.1)
+        output = process.communicate()[0]
+        if over:
+            return {"peak_mb": None, "over_budget": True}
+        if process.returncode != 0:
+            errors.seek(0)
+            raise ChildFailed(f"the {side} side failed at {length} tokens (exit status {process.returncode}):\n"
+                              + errors.read()[-3000:])
     result = json.loads(output.strip().splitlines()[-1])
     return {"peak_mb": result["peak_kb"] / 1024, "before_step_mb": result["before_kb"] / 1024,
             "wall_s": result["wall_s"]}
@@ -202,4 +212,7 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1:]), indent=2))
+    try:
+        print(json.dumps(main(sys.argv[1:]), indent=2))
+    except ChildFailed as failure:
+        sys.exit(f"bench/memory.py: {failure}\nno result: a side that cannot run has no longest length")

@@ -175,6 +175,8 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--default-malloc", action="store_true", help="leave glibc's mmap threshold dynamic")
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "LENGTH"), help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
+    if any(int(n) <= PROMPT for n in options.lengths.split(",")):
+        parser.error(f"--lengths: each length must be over the {PROMPT}-token prompt, so that it trains a completion")
     if options.child:
         child(options.child[0], options.model, int(options.child[1]), options.bf16)
         sys.exit(0)

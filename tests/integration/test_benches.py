@@ -27,8 +27,8 @@ QUICK = {
                    lambda out: out["steps"] == 1 and set(out["results"]) == {"grpo"}),
     "generation": (["--quick", "--model", "{model}", "--threads", "1", "--workloads", "group", "--precisions", "fp32"],
                    lambda out: out["batch_1"]["tempering_tok_s"] > 0 and out["batch_1"]["generate_tok_s"] > 0),
-    "memory": (["--model", "{model}", "--lengths", "64", "--sides", "tempering", "--budget-gb", "4"],
-               lambda out: out["max_len_tempering"] == 64 and out["peak_mb"]["tempering"]["64"] > 0),
+    "memory": (["--model", "{model}", "--lengths", "128", "--sides", "tempering", "--budget-gb", "4"],
+               lambda out: out["max_len_tempering"] == 128 and out["peak_mb"]["tempering"]["128"] > 0),
     "quickstart": (["steps=1", "model.path={model}", *SMALL],
                    lambda out: out["steps"] == 1 and out["seconds_per_step"]["total"] > 0),
 }
@@ -84,11 +84,11 @@ def broken_trl(tmp_path) -> dict:
 
 
 def test_memory_bench_with_a_crashing_trl_side_fails_and_prints_no_length(tiny_model_dir, broken_trl):
-    result = run_bench("memory", "--model", str(tiny_model_dir), "--lengths", "64", "--sides", "trl",
+    result = run_bench("memory", "--model", str(tiny_model_dir), "--lengths", "128", "--sides", "trl",
                        "--budget-gb", "4", env=broken_trl)
     assert result.returncode != 0
     assert result.stdout == ""
-    assert "trl side failed at 64 tokens" in result.stderr and "Invalid version: 'N/A'" in result.stderr
+    assert "trl side failed at 128 tokens" in result.stderr and "Invalid version: 'N/A'" in result.stderr
 
 
 def test_vs_trl_with_trl_unimportable_fails_before_any_run_and_names_the_extra(broken_trl):

@@ -6,6 +6,7 @@ installed package, a standard-library module or a package that libraries probe f
 installed and crashed reading its version, and a bench believed the same of itself.
 """
 
+import functools
 import importlib.metadata
 import pkgutil
 import sys
@@ -25,11 +26,13 @@ PROBED = {
 """Packages that tempering or the libraries it runs import or look for, installed here or not."""
 
 
-def importable_names() -> set[str]:
-    """Top-level names importable in this environment, from outside the repository."""
-    outside = [entry for entry in sys.path if entry and not Path(entry).resolve().is_relative_to(ROOT)]
-    return (set(importlib.metadata.packages_distributions()) | set(sys.stdlib_module_names)
-            | set(sys.builtin_module_names) | {module.name for module in pkgutil.iter_modules(outside)})
+@functools.cache
+def importable_names() -> frozenset[str]:
+    """Top-level names importable in this environment, other than the scripts themselves."""
+    elsewhere = [entry for entry in sys.path
+                 if entry and Path(entry).resolve() not in {ROOT / folder for folder in SCRIPT_FOLDERS}]
+    return frozenset(set(importlib.metadata.packages_distributions()) | set(sys.stdlib_module_names)
+                     | set(sys.builtin_module_names) | {module.name for module in pkgutil.iter_modules(elsewhere)})
 
 
 def script_modules() -> list[Path]:

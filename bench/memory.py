@@ -165,18 +165,26 @@ def measure(side: str, model_path: str, length: int, bf16: bool, budget_kb: int,
             "wall_s": result["wall_s"]}
 
 
+def length_list(text: str) -> list[int]:
+    """``"512,1024"`` -> ``[512, 1024]``; a length not over the prompt is an error (it trains nothing)."""
+    lengths = [int(n) for n in text.split(",")]
+    if min(lengths) <= PROMPT:
+        raise argparse.ArgumentTypeError(f"each length must be over the {PROMPT}-token prompt, so that it trains "
+                                         f"a completion: {text}")
+    return lengths
+
+
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:smollm2")
     parser.add_argument("--budget-gb", type=float, default=8.0)
-    parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
+    parser.add_argument("--lengths", type=length_list, default="512,1024,2048,4096,8192",
+                        help=f"comma-separated token counts, each over the {PROMPT}-token prompt")
     parser.add_argument("--sides", default="tempering,trl")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--default-malloc", action="store_true", help="leave glibc's mmap threshold dynamic")
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "LENGTH"), help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
-    if any(int(n) <= PROMPT for n in options.lengths.split(",")):
-        parser.error(f"--lengths: each length must be over the {PROMPT}-token prompt, so that it trains a completion")
     if options.child:
         child(options.child[0], options.model, int(options.child[1]), options.bf16)
         sys.exit(0)
@@ -190,7 +198,7 @@ def main(argv: list[str]) -> dict:
     config = (AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name) if path.endswith(".gguf")
               else AutoConfig.from_pretrained(path))
     limit = config.max_position_embeddings
-    lengths = [n for n in map(int, options.lengths.split(",")) if n <= limit]
+    lengths = [n for n in options.lengths if n <= limit]
     budget_kb = int(options.budget_gb * 1024 * 1024)
     peaks: dict = {}
     details: dict = {}

@@ -203,7 +203,7 @@ def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) ->
     return LearnerSettings(
         loss=algorithm["loss"], aggregation=algorithm["aggregation"],
         clip_low=ac.clip_low, clip_high=ac.clip_high, dual_clip=ac.dual_clip, entropy_coef=ac.entropy_coef,
-        kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator, kl_in_reward=ac.kl_in_reward,
+        kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator, kl_clamp=ac.kl_clamp, kl_in_reward=ac.kl_in_reward,
         kl_target=ac.kl_target, kl_horizon=ac.kl_horizon,
         critic=ac.critic if needs_values(algorithm["advantage"]) else None,
         value_coef=ac.value_coef, value_clip=ac.value_clip,

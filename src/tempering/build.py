@@ -385,7 +385,8 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
                               "statistics; set rewards.normalize.mode=none (and task_normalize) or reward_workers=1")
         rollout, reward = ray_workers(config)
     return Pipeline(mixture, rollout, reward, config.rollout.prompts_per_step, pc.mode, pc.max_staleness,
-                    pc.buffer_rounds, shares_policy=shares)
+                    pc.buffer_rounds, shares_policy=shares, max_outage_rounds=config.rewards.max_outage_rounds,
+                    outage_backoff_s=config.rewards.outage_backoff_s)
 
 
 def normalizes(config: TrainConfig) -> bool:

@@ -229,13 +229,16 @@ class MonitorConfig(Strict):
 
 
 class RewardsConfig(Strict):
-    """Options of the rewards the tasks name, normalization and monitors."""
+    """Options of the rewards the tasks name, normalization, monitors, and what an outage of a
+    grader (every rollout of a round dropped: a sandbox service or remote reward down) costs."""
 
     options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="reward name -> its keyword options, e.g. {length: {max_tokens: 48}, model: {path: DIR}}")
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="normalization for every task")
     task_normalize: dict[str, NormalizeConfig] = Field(default_factory=dict, description="task name -> normalization replacing rewards.normalize for it")
     monitors: MonitorConfig = Field(default_factory=MonitorConfig)
+    max_outage_rounds: int = Field(4, ge=0, le=1000, description="sampling rounds in a row whose every rollout the rewards dropped that are waited out and sampled again (logged as outage_rounds); one more stops the run with exit 2, naming the reward and its error, and a checkpoint to --resume from; 0 = stop at the first")
+    outage_backoff_s: float = Field(5.0, ge=0, description="wait before sampling again after an outage round, in seconds, doubling with each further one in a row (each wait at most 600 s); 0 = sample again at once")
 
 
 class SchedulerConfig(Strict):

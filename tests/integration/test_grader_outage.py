@@ -2,7 +2,8 @@
 127.0.0.1, grades a code task (``rewards.options.code.url``) and is stopped under a real
 ``temper train``. Within ``rewards.max_outage_rounds`` the run waits, samples again and
 survives once the service is back; past it the run stops with exit 2, a message naming the
-reward and its error, and a checkpoint that ``--resume`` continues from.
+reward and its error, and a checkpoint that ``--resume`` continues from. A service that is
+down before a run starts is refused at once, by ``temper train`` and ``temper eval``.
 
 The tiny model writes no real programs: its completions are run as they are
 (``code_fenced: false``) and fail their tests, which is enough, since what is tested is the
@@ -184,3 +185,18 @@ def test_an_outage_past_the_budget_stops_with_exit_2_and_a_checkpoint_to_resume_
         _stop(service)
     assert [r["step"] for r in _records(run)] == list(range(1, 13))
     assert (run / "summary.json").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_sandbox_service_down_at_start_is_refused_with_exit_2_naming_its_url(tmp_path, port, code_config, command):
+    url = f"http://127.0.0.1:{port}"  # nothing listens there
+    config = code_config(url)
+    started = time.monotonic()
+    result = Temper(command, str(config), "--quiet", *(["--run-dir", str(tmp_path / "run")] if command == "train" else []))
+    assert result.finish() == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"temper {command}: rewards.options.code: ") and url in message, result.stderr
+    assert "temper sandbox serve" in message
+    assert not (tmp_path / "run").exists(), "refused before a run folder was made"
+    assert time.monotonic() - started < 60

@@ -200,3 +200,27 @@ def test_a_sandbox_service_down_at_start_is_refused_with_exit_2_naming_its_url(t
     assert "temper sandbox serve" in message
     assert not (tmp_path / "run").exists(), "refused before a run folder was made"
     assert time.monotonic() - started < 60
+
+
+def test_a_service_gone_mid_run_makes_grader_faults_naming_why_and_is_not_asked_again(port):
+    from tempering.rewards.code import CodeReward
+    from tempering.types import Problem, Rollout
+
+    url = f"http://127.0.0.1:{port}"
+    problem = Problem(task="code", id="0", prompt="", answer="", meta={
+        "code_fenced": False, "tests": {"kind": "call", "entry_point": "f", "cases": [{"args": [1], "expected": 2}]}})
+    rollouts = [Rollout(problem, [1], [2], [0.0], text, "stop", 0) for text in ("def f(x):\n    return x + 1\n", "x")]
+    service = _serve(port)
+    try:
+        reward = CodeReward(url=url)
+        assert [r.score for r in reward.score_batch([problem] * 2, rollouts)] == [1.0, 0.0]
+    finally:
+        _stop(service)
+
+    results = reward.score_batch([problem] * 2, rollouts)  # raised SandboxHTTPError before
+    assert [r.error for r in results] == [f"SandboxHTTPError: cannot reach the sandbox at 127.0.0.1:{port}: "
+                                          "[Errno 111] Connection refused"] * 2
+    later = CodeReward(url=url)  # a run's evaluation builds its own: it is not refused mid-run
+    assert all(r.error for r in later.score_batch([problem], rollouts[:1]))
+    reward.close()
+    later.close()

@@ -145,7 +145,8 @@ class AlgorithmConfig(Strict):
     dual_clip: float = Field(3.0, gt=1, description="dual_clip's bound c: with a negative advantage the loss is at most -A * c")
     entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus subtracted from the loss; 0 = none")
     kl_coef: float = Field(0.0, ge=0, description="weight of KL to the frozen initial policy; 0 = no reference model")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator")
+    kl_estimator: Literal["k1", "k2", "k3", "abs", "k1+", "k3+"] = Field("k3", description="KL estimator per token, with delta = log p_ref - log p: k1 = -delta, k2 = delta^2 / 2, k3 = e^delta - delta - 1, abs = |delta|; k1+ and k3+ have the value of k1 or k3 and the gradient of k2 (unbiased as a loss term)")
+    kl_clamp: float = Field(0.0, ge=0, description="bound each token's KL estimate to [-kl_clamp, kl_clamp]; past it a plain estimator gives no gradient, k1+ and k3+ keep k2's; 0 = no bound (verl bounds k3 at 10)")
     kl_in_reward: bool = Field(False, description="subtract kl_coef * KL per token from the reward instead of adding it to the loss")
     kl_target: float = Field(0.0, ge=0, description="adapt kl_coef towards this KL per token; 0 = fixed coefficient")
     kl_horizon: int = Field(100, ge=1, description="adaptive KL: a 20% deviation from the target changes kl_coef by 0.2/kl_horizon per step")
@@ -228,13 +229,16 @@ class MonitorConfig(Strict):
 
 
 class RewardsConfig(Strict):
-    """Options of the rewards the tasks name, normalization and monitors."""
+    """Options of the rewards the tasks name, normalization, monitors, and what an outage of a
+    grader (every rollout of a round dropped: a sandbox service or remote reward down) costs."""
 
     options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="reward name -> its keyword options, e.g. {length: {max_tokens: 48}, model: {path: DIR}}")
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="normalization for every task")
     task_normalize: dict[str, NormalizeConfig] = Field(default_factory=dict, description="task name -> normalization replacing rewards.normalize for it")
     monitors: MonitorConfig = Field(default_factory=MonitorConfig)
+    max_outage_rounds: int = Field(4, ge=0, le=1000, description="sampling rounds in a row whose every rollout the rewards dropped that are waited out and sampled again (logged as outage_rounds); one more stops the run with exit 2, naming the reward and its error, and a checkpoint to --resume from; 0 = stop at the first")
+    outage_backoff_s: float = Field(5.0, ge=0, description="wait before sampling again after an outage round, in seconds, doubling with each further one in a row (each wait at most 600 s); 0 = sample again at once")
 
 
 class SchedulerConfig(Strict):

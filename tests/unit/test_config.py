@@ -55,7 +55,7 @@ def test_the_resolved_config_round_trips(tmp_path):
     (["rollout.temperature=abc"], ["rollout.temperature='abc'", "valid number"]),
     (["learner.lr=-1"], ["learner.lr=-1", "greater than or equal to 0", "peak learning rate"]),
     (["rollout.top_p=1.5"], ["rollout.top_p=1.5", "less than or equal to 1"]),
-    (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator='k4'", "'k1', 'k2' or 'k3'"]),
+    (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator='k4'", "'k1', 'k2', 'k3', 'abs', 'k1+' or 'k3+'"]),
     (["learner.schedule=step"], ["learner.schedule='step'", "'constant', 'linear' or 'cosine'"]),
 ])
 def test_bad_keys_and_values_are_named_with_what_is_allowed(overrides, expected):

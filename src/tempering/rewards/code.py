@@ -22,7 +22,13 @@ program's source looks like.
 
 A sandbox fault (``TestResult.status == "error"``) says nothing about the program: it is
 retried, and if it persists the rollout's result carries ``error="sandbox_error"`` so the
-loop drops it from the batch and counts it, instead of scoring a right answer as wrong.
+loop drops it from the batch and counts it, instead of scoring a right answer as wrong. A
+sandbox service (``url``) that cannot be reached or answers with an error is such a fault
+too, its error naming why. The first reward built for a ``url`` in a process (a run's or an
+evaluation's, before any model work) asks the service for ``/health`` and is refused with a
+``ValueError`` naming the URL when nothing answers; rewards built later for the same URL
+(a run's evaluations) do not ask again, so a service that goes away mid-run costs grader
+errors there, not the run.
 
 Not done here: compiling once per problem, partial credit by test weight.
 """
@@ -35,11 +41,16 @@ import warnings
 from typing import Literal, Optional, Sequence
 
 from tempering.rewards.base import RewardResult, register_reward
+from tempering.sandbox.client import SandboxClient, SandboxHTTPError
 from tempering.sandbox.spec import TAMPERING, Tests, TestSpec
 from tempering.types import Problem, Rollout
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _ALIASES = {"py": "python", "python3": "python", "c++": "cpp", "js": "javascript", "sh": "bash"}
+HEALTH_TIMEOUT_S = 10.0
+"""How long the start-up check waits for a sandbox service's ``/health``."""
+_ANSWERED: set[str] = set()
+"""Sandbox URLs whose service answered the start-up check in this process."""
 
 
 def extract_code(completion: str, language: str = "python") -> Optional[str]:
@@ -59,6 +70,20 @@ def extract_code(completion: str, language: str = "python") -> Optional[str]:
         if tag in (language, ""):
             return body
     return blocks[-1][1] if blocks else None
+
+
+def check_service(url: str, token: str = "") -> None:
+    """A ``ValueError`` naming ``url`` unless a sandbox service answers its ``/health`` there
+    (asked once per URL and process, see the module docstring)."""
+    if url in _ANSWERED:
+        return
+    try:
+        with SandboxClient(url, token or None, timeout_s=HEALTH_TIMEOUT_S) as client:
+            client.health()
+    except SandboxHTTPError as exc:
+        raise ValueError(f"no sandbox service answers at url {url} ({exc}); start one there "
+                         "(temper sandbox serve --port PORT) or set url to one that runs") from None
+    _ANSWERED.add(url)
 
 
 def problem_tests(problem: Problem) -> Tests:
@@ -100,6 +125,8 @@ class CodeReward:
         self._connect = (url, token, workers, isolation)
         self._sandbox = None
         self._lock = threading.Lock()
+        if url:
+            check_service(url, token)
 
     def sandbox(self):
         """The executor or client, started on first use (so building a config costs nothing)."""
@@ -107,8 +134,6 @@ class CodeReward:
             if self._sandbox is None:
                 url, token, workers, isolation = self._connect
                 if url:
-                    from tempering.sandbox import SandboxClient
-
                     self._sandbox = SandboxClient(url, token or None)
                 else:
                     from tempering.sandbox import Executor
@@ -136,16 +161,22 @@ class CodeReward:
                 results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"no_code": 1})
             else:
                 runnable[i] = self.spec(problem, code)
+        error = "sandbox_error"
         for _ in range(self.retries + 1):
             if not runnable:
                 break
             indices = list(runnable)
-            for i, outcome in zip(indices, self.sandbox().test_many([runnable[i] for i in indices])):
+            try:
+                outcomes = self.sandbox().test_many([runnable[i] for i in indices])
+            except SandboxHTTPError as exc:  # the service is down or refused the batch
+                error = f"{type(exc).__name__}: {exc}"
+                continue
+            for i, outcome in zip(indices, outcomes):
                 if outcome.status != "error":
                     results[i] = self._result(outcome, problems[i].meta.get("credit", self.credit))
                     del runnable[i]
         for i in runnable:
-            results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error="sandbox_error")
+            results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error=error)
         return results
 
     def _result(self, outcome, credit: str) -> RewardResult:

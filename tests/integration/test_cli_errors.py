@@ -41,6 +41,14 @@ def _temper(args, cwd, cache):
     (["pretrain", "pretrain.hidden_size=abc"], "pretrain.hidden_size='abc'"),
     (["eval", "rewards.options={exact_match: {nosuch: 1}}"],
      "rewards.options.exact_match: reward 'exact_match' has no option 'nosuch'"),
+    # overrides after a flag are overrides too, in every command that takes them
+    (["train", "steps=1", "--quiet", "rollout.group_size=abc"], "rollout.group_size='abc': Input should be a valid"),
+    (["train", "--run-dir", "r", "steps=1", "--quiet", "nosuch.key=1"], "nosuch: unknown key"),
+    (["sft", "data.jsonl", "--quiet", "steps=abc"], "steps='abc': Input should be a valid integer"),
+    (["pretrain", "steps=1", "--force", "pretrain.hidden_size=abc"], "pretrain.hidden_size='abc'"),
+    (["explain", "steps=1", "--probe", "0", "seed=abc"], "seed='abc': Input should be a valid integer"),
+    (["eval", "builtin:tiny", "--n", "2", "steps=abc"], "steps='abc': Input should be a valid integer"),
+    (["serve", "M", "--port", "0", "threads=abc"], "threads='abc': Input should be a valid integer"),
 ])
 def test_a_bad_config_exits_2_with_a_short_message_and_no_traceback(tmp_path, args, expected):
     cache, cwd = tmp_path / "cache", tmp_path / "cwd"

@@ -67,6 +67,23 @@ def test_a_bad_config_exits_2_with_a_short_message_and_no_traceback(tmp_path, ar
     assert not any(cwd.iterdir()), "no run folder was made"
 
 
+@pytest.mark.parametrize("command", ["train", "pretrain"])
+@pytest.mark.parametrize("cache, reason", [
+    ("/proc/nope/cache", "No such file or directory"),
+    ("{tmp}/file/cache", "Not a directory"),
+])
+def test_an_unwritable_model_cache_exits_2_naming_the_variable_and_the_path(tmp_path, command, cache, reason):
+    (tmp_path / "file").write_text("not a folder")
+    cache = cache.format(tmp=tmp_path)
+
+    result = _temper([command, "steps=1", "threads=1"], tmp_path, cache)
+
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"TEMPERING_CACHE={cache}" in result.stderr and reason in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"], "no run folder was made"
+
+
 DATA = {
     "one.jsonl": b'{"question": "1+1=", "answer": 2}\n',
     "latin1.jsonl": b'{"question": "1+1=", "answer": 2}\n\n{"question": "caf\xe9?", "answer": 2}\n',

@@ -44,6 +44,20 @@ def test_a_new_run_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
     assert (tmp_path / "summary.json").read_text() == "{}" and not (tmp_path / "config.yaml").exists()
 
 
+@pytest.mark.parametrize("run_dir, reason", [
+    ("/proc/nope/run", "cannot make the run folder /proc/nope/run: no such file or directory"),
+    ("{tmp}/file/run", "{tmp}/file is a file, not a folder"),
+])
+def test_a_run_folder_that_cannot_be_made_is_reported_with_its_real_cause(tmp_path, tiny_model_dir, capsys,
+                                                                           run_dir, reason):
+    (tmp_path / "file").write_text("not a folder")
+    run_dir, reason = run_dir.format(tmp=tmp_path), reason.format(tmp=tmp_path)
+    code, err = _main(capsys, "--run-dir", run_dir, f"model.path={tiny_model_dir}", "steps=1", *ARGS)
+    assert code == 2 and "Traceback" not in err
+    assert run_dir in err and reason in err
+    assert "disk is full" not in err and "Free space" not in err
+
+
 def test_resume_skips_a_damaged_newest_checkpoint_and_says_so(tmp_path, tiny_model_dir, capsys):
     run = tmp_path / "run"
     code, _ = _main(capsys, "--run-dir", str(run), f"model.path={tiny_model_dir}", "steps=3", *ARGS)

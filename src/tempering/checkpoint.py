@@ -375,7 +375,10 @@ def usable(run_dir: Path, report: Callable[[str], None] = lambda line: print(lin
 def resume_point(run_dir: Path) -> Optional[Path]:
     """The checkpoint ``--resume`` continues from; None for a run that wrote none (it starts over).
 
-    A run whose checkpoints are all damaged is refused rather than silently started over."""
+    Leftovers of interrupted writes and deletions are removed first, whether the run continues
+    or starts over (the caller holds the run's lock, so none is being written). A run whose
+    checkpoints are all damaged is refused rather than silently started over."""
+    clean_partial(run_dir)
     found = usable(run_dir)
     if found is None and list_checkpoints(run_dir):
         raise ConfigError(f"{run_dir}: no checkpoint is intact (see above); to start the run over, "

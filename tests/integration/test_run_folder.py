@@ -111,6 +111,19 @@ def test_a_full_disk_while_logging_names_the_disk_not_a_traceback(tmp_path, tiny
     assert "no space left on device (the disk is full)" in err and "--resume" in err
 
 
+def test_a_resume_that_starts_over_removes_the_half_written_first_checkpoint(tmp_path, tiny_model_dir, capsys):
+    run = tmp_path / "run"
+    first = _start("--run-dir", str(run), f"model.path={tiny_model_dir}", "steps=2", *ARGS, kill_at="checkpoint:1")
+    assert first.wait(timeout=600) == -signal.SIGKILL
+    assert [p.name.startswith(".tmp-step-00000001-") for p in (run / "checkpoints").iterdir()] == [True]
+
+    code, err = _main(capsys, "--resume", str(run))
+
+    assert code == 0, err
+    assert _steps(run) == [1, 2], "no checkpoint was complete: the run started over"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
+
+
 def _start(*args: str, kill_at: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("TEMPERING_KILL_AT", None)

@@ -42,7 +42,7 @@ from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
-from tempering.rollout.prompts import prompt_limit, screen_datasets
+from tempering.rollout.prompts import longest_token, prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
 from tempering.sinks import check_sinks
 from tempering.tasks import Task, build_task
@@ -510,8 +510,8 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     policy = sampling_copy(model, parallel)
     eval_generator = local_generator(config, policy, tokenizer, config.eval.batch_size)  # the learner's weights
     rc = config.rollout
-    screen_datasets(tasks, eval_generator.encode_prompt,
-                    prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)
+    screen_datasets(tasks, eval_generator.encode_prompt, prompt_limit(model.config, rc.max_prompt_tokens,
+                    rc.max_new_tokens), rc.long_prompts, longest_token(tokenizer))
     teacher = load_teacher(config, tokenizer, progress)
     run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
     learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)

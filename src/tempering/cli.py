@@ -305,16 +305,34 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Arguments in any order around the flags: a ``nargs="*"`` positional takes only the run of
+    items before the first flag, so ``temper train steps=1 --quiet seed=3`` would leave
+    ``seed=3`` unrecognized; the items left over join the positional list that the command
+    names in its ``items_into`` default, after the ones before the flag. Unknown flags, and
+    items left over in a command without such a list, are still refused."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, rest = self.parse_known_args(args, namespace)
+        into = getattr(parsed, "items_into", None)
+        if rest and (into is None or any(item.startswith("-") for item in rest)):
+            self.error(f"unrecognized arguments: {' '.join(rest)}")
+        if rest:
+            getattr(parsed, into).extend(rest)
+        return parsed
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "config_and_overrides", nargs="*", metavar="[CONFIG] [key=value ...]",
         help="a YAML config (default: the built-in quickstart) and dotted overrides, e.g. rollout.group_size=8",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    parser.set_defaults(items_into="config_and_overrides")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="temper", description="RL post-training with verifiable rewards")
+    parser = _Parser(prog="temper", description="RL post-training with verifiable rewards")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser("train", help="RL-train a model (default: the quickstart job)")
@@ -330,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--quiet", action="store_true", help="no progress bars or tables")
     sft.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
     sft.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
-    sft.set_defaults(func=cmd_sft)
+    sft.set_defaults(func=cmd_sft, items_into="items")
 
     pretrain = sub.add_parser("pretrain", help="pre-train the built-in tiny model into the cache")
     _add_config_args(pretrain)
@@ -344,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--probe", type=int, default=8, metavar="N",
                          help="greedy-answer N held-out problems per task to catch a task the model scores 0 on "
                               "and answers cut off (default 8; 0 = no probe)")
-    explain.set_defaults(func=cmd_explain)
+    explain.set_defaults(func=cmd_explain, items_into="config_and_overrides")
 
     evaluate = sub.add_parser(
         "eval", help="held-out accuracy of a model: greedy, and with --n samples per problem pass@k, maj@k, best-of-k")
@@ -366,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", metavar="OUT", help="write the full result as JSON to OUT (- for stdout, "
                           "the table then going to stderr)")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
-    evaluate.set_defaults(func=cmd_eval)
+    evaluate.set_defaults(func=cmd_eval, items_into="inputs")
 
     report = sub.add_parser("report", help="one self-contained HTML page of plots, rollouts and config of one or more runs")
     report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders; several are overlaid, one colour each")
@@ -381,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port, printed)")
     serve.add_argument("--name", help="the model's name in the API (default: MODEL as given)")
     serve.add_argument("--quiet", action="store_true", help="no progress bars")
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=cmd_serve, items_into="inputs")
 
     add_sandbox_parser(sub)
     add_rm_parser(sub)

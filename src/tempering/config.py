@@ -183,7 +183,7 @@ class LearnerConfig(Strict):
     logprob_chunk: int = Field(1024, ge=0, description="compute log-probs this many tokens at a time from hidden states, so the full tokens x vocab logits never exist; 0 = the model's whole logits at once (always, for models whose logits are more than the output layer's product, e.g. Gemma 2's soft-capped ones)")
     skip_zero_advantage: bool = Field(True, description="leave rows whose advantages are all 0 (groups with equal rewards) out of the forward and backward passes when that cannot change the update: a built-in loss, no entropy bonus, no KL term in the loss, no critic; logged as skipped_rows")
     gradient_checkpointing: bool = Field(False, description="keep only each layer's input and recompute the rest in the backward pass: about a third more compute, far less memory")
-    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="how learner processes started by torchrun (WORLD_SIZE > 1) split a step: ddp: each holds the whole model, gradients summed after the step's backward passes; fsdp: parameters, gradients and optimizer state sharded with FSDP2, for models that do not fit one device (no KL reference copy or critic; log-probs from the model's logits)")
+    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="how learner processes started by torchrun (WORLD_SIZE > 1) split a step: ddp: each holds the whole model, gradients summed after the step's backward passes; fsdp: the learner's parameters, gradients and optimizer state sharded across them with FSDP2, while the leader samples with a whole copy gathered after each step, so the model must still fit one device whole (no KL reference copy or critic; log-probs from the model's logits)")
 
 
 class EvalConfig(Strict):

@@ -105,7 +105,6 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     if found is not None:
         state = restore(found, run)
         first_step, eval_before, timings = state["step"], state["eval_before"], state["timings"]
-        checkpoint.clean_partial(run.run_dir)
     else:
         save_resolved(config, run.run_dir / "config.yaml")
     truncate_metrics(run.run_dir / "metrics.jsonl", first_step)

@@ -45,6 +45,21 @@ def test_the_command_exits_2_with_the_message(tmp_path, capsys):
     assert not (tmp_path / "rm").exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["/proc/nope/x.jsonl"], "cannot write /proc/nope/x.jsonl: No such file or directory"),
+    (["{tmp}"], "cannot write {tmp}: Is a directory"),
+    (["{tmp}/p.jsonl", "--count", "-1"], "--count -1: write at least 1 pair"),
+    (["{tmp}/p.jsonl", "--count", "0"], "--count 0: write at least 1 pair"),
+    (["{tmp}/p.jsonl", "--digits", "0"], "--digits 0: digits must be a non-empty list of sizes 1..6, got [0]"),
+])
+def test_pairs_refuses_a_bad_file_or_count_with_exit_2(tmp_path, capsys, argv, message):
+    args = build_parser().parse_args(["rm", "pairs", *(a.format(tmp=tmp_path) for a in argv)])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err == f"temper rm pairs: {message.format(tmp=tmp_path)}\n"
+    assert not (tmp_path / "p.jsonl").exists()
+
+
 def test_procedural_pairs_prefer_the_correct_worked_solution():
     rows = arithmetic_pairs(30, seed=1)
     assert len(rows) == 30

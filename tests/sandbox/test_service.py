@@ -77,6 +77,14 @@ def test_cli_usage_errors_exit_2(tmp_path):
     assert "without a token" in cli("serve", "--host", "0.0.0.0", check_status=2).stderr
 
 
+@pytest.mark.parametrize("workers", ["-1", "0", "65", "1000"])
+def test_cli_run_refuses_a_worker_count_out_of_bounds_naming_them(tmp_path, workers):
+    program = tmp_path / "p.py"
+    program.write_text("print(1)")
+    err = cli("run", str(program), "--workers", workers, "--isolation", "none", check_status=2).stderr
+    assert "Traceback" not in err and "--workers" in err and "between 1 and 64" in err
+
+
 @pytest.fixture(scope="module")
 def served(bench_module):
     """``temper sandbox serve`` with a token, as a subprocess on 127.0.0.1."""

@@ -119,8 +119,10 @@ class Job:
         return sum(len(row) + self.params.max_new_tokens for row in self.rows)
 
     def sampled(self) -> list[Sampled]:
+        """The rows as sampled (no alternatives, where none were asked for, but one empty list a token)."""
+        alternatives = self.alternatives or [[[] for _ in ids] for ids, _, _ in self.outputs]
         return [Sampled(row, ids, logprobs, reason, alts) for row, (ids, logprobs, reason), alts
-                in zip(self.rows, self.outputs, self.alternatives or [[]] * len(self.rows))]
+                in zip(self.rows, self.outputs, alternatives)]
 
 
 Sampling = Callable[[dict, list[list[int]]], Job]
@@ -359,8 +361,7 @@ class Server:
                 choice["prompt_token_ids"] = sampled.prompt
             own = None
             if top is not None:
-                alternatives = sampled.alternatives or [[] for _ in sampled.ids]
-                own = wire.completion_logprobs(sampled.ids, sampled.logprobs, alternatives,
+                own = wire.completion_logprobs(sampled.ids, sampled.logprobs, sampled.alternatives,
                                                len(prompt_text) if echo else 0)
                 choice["logprobs"] = (own if not echo else _joined(
                     wire.completion_logprobs(sampled.prompt, prompt_lps, prompt_alts), own))

@@ -104,5 +104,6 @@ def test_chat_generation_scores_what_direct_chat_requests_give(server_url, offli
         "model": "mini", "messages": [{"role": "user", "content": doc["working"]}], "max_tokens": 12,
         "temperature": 0, "stop": [":"]})["choices"][0]["message"]["content"] for doc in docs]
     expected = sum(text == doc["keyword"] for text, doc in zip(direct, docs)) / len(docs)
+    assert expected > 0.5, "the stop string decides the score: its text must not be in the answers"
     assert run["results"]["tempering_arith_gen"]["exact_match,none"] == pytest.approx(expected)
     assert [s["resps"][0][0] for s in sorted(run["samples"]["tempering_arith_gen"], key=lambda s: s["doc_id"])] == direct

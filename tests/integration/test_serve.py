@@ -244,8 +244,8 @@ def test_a_bad_weights_folder_is_a_400_and_leaves_the_served_weights(served, tmp
     weights["model.norm.weight"] = torch.ones(7)  # wrong shape
     reshaped.mkdir()
     save_file(weights, str(reshaped / "model.safetensors"))
-    for folder, reason in [(tmp_path / "missing", "is not a folder"), (garbage, "not a readable safetensors file"),
-                           (reshaped, "model.norm.weight (7,)")]:
+    for folder, reason in [(garbage, "not a readable safetensors file"), (reshaped, "model.norm.weight (7,)"),
+                           (tmp_path / "missing", "is not a folder")]:
         status, answer = post_status(http.url + "/update_weights_from_disk", {"model_path": str(folder)})
         assert status == 400, answer
         assert reason in answer["error"]["message"] and answer["error"]["param"] == "model_path"
@@ -303,6 +303,8 @@ def test_requests_are_dealt_over_several_servers_and_each_reloads(tiny_policy, t
             return generator, generator.generate(problems, 3, params, generator=torch.Generator().manual_seed(0))
 
         both, dealt = groups(ServerSettings(urls, weights_dir=str(tmp_path)))
+        config = TrainConfig.model_validate({"rollout": {"server": {"url": list(urls)}}})
+        assert server_generator(config, model, tokenizer).urls == list(urls)
         alone = [groups(ServerSettings(url))[1] for url in urls]
         for k, group in enumerate(dealt):
             assert [r.completion_ids for r in group.rollouts] == [r.completion_ids for r in alone[k % 2][k].rollouts]
@@ -313,3 +315,20 @@ def test_requests_are_dealt_over_several_servers_and_each_reloads(tiny_policy, t
     finally:
         for server in servers:
             server.shutdown()
+
+
+def test_the_client_sends_the_api_key_a_server_wants(tiny_policy, monkeypatch):
+    model, tokenizer = tiny_policy
+    http = start(HFGenerator(model, tokenizer), "mini", batch_size=8, api_key="k3y")
+    try:
+        monkeypatch.delenv("TEMPER_SERVE_API_KEY", raising=False)
+        with pytest.raises(ServerError, match="status 401"):
+            ServerGenerator(ServerSettings(http.url), tokenizer)
+        keyed = ServerGenerator(ServerSettings(http.url, api_key="k3y"), tokenizer)
+        prompt = [tokenizer("47+38\n")["input_ids"]]
+        got = keyed.sample(prompt, SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(1))
+        monkeypatch.setenv("TEMPER_SERVE_API_KEY", "k3y")
+        from_env = ServerGenerator(ServerSettings(http.url), tokenizer)
+        assert from_env.sample(prompt, SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(1)) == got
+    finally:
+        http.shutdown()

@@ -115,6 +115,10 @@ def test_logprobs_carry_the_top_alternatives_under_the_sampled_distribution(clie
     assert len(content) == len(chat.choices[0].model_extra["token_ids"])
     assert all(len(entry.top_logprobs) == 2 for entry in content)
     assert all(entry.top_logprobs[0].logprob >= entry.logprob - 1e-6 for entry in content)
+    bare = client.chat.completions.create(model="mini", messages=[{"role": "user", "content": "57+46"}],
+                                          max_tokens=5, seed=3, logprobs=True)
+    assert [entry.logprob for entry in bare.choices[0].logprobs.content] == [entry.logprob for entry in content]
+    assert all(entry.top_logprobs == [] for entry in bare.choices[0].logprobs.content)
 
 
 def test_echo_with_max_tokens_0_gives_the_prompts_log_probs(client, tiny_policy, server_url):

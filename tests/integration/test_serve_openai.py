@@ -215,11 +215,20 @@ def test_tokenize_and_detokenize_round_trip(server_url, tiny_policy):
         assert json.loads(reply.read())["eos_token"] == tokenizer.eos_token
 
 
-def test_off_loopback_an_api_key_is_required(tiny_model_dir, tempering_cache):
-    done = subprocess.run([sys.executable, "-m", "tempering.cli", "serve", str(tiny_model_dir), "--host", "0.0.0.0"],
-                          capture_output=True, text=True, timeout=120,
-                          env={**{k: v for k, v in os.environ.items() if k != "TEMPER_SERVE_API_KEY"}, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 2 and "--api-key" in done.stderr, done.stderr
+@pytest.mark.parametrize("options, message", [
+    (["--host", "0.0.0.0"], "--host 0.0.0.0: off a loopback address temper serve wants an API key"),
+    (["--port", "99999"], "--port 99999: a port is 0..65535"),
+    (["--max-request-tokens", "0"], "--max-request-tokens 0 --max-queued-tokens 2097152: each must be at least 1"),
+    (["--max-request-tokens", "5000", "--max-queued-tokens", "4000"], "no more than the queue's"),
+])
+def test_bad_serve_options_exit_2_naming_them(tiny_model_dir, options, message):
+    env = {**{k: v for k, v in os.environ.items() if k != "TEMPER_SERVE_API_KEY"}, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "tempering.cli", "serve", str(tiny_model_dir), *options],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_off_loopback_the_api_key_is_required_of_every_request(tiny_model_dir, tempering_cache):
     with serving(tiny_model_dir, tempering_cache, "--host", "0.0.0.0", "--api-key", "s3cret") as url:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()

@@ -201,8 +201,21 @@ class NormalizeConfig(Strict):
     smoothing: float = Field(0.0, ge=0, lt=1, description="shrink each reward this far towards the domain's running mean; 0 = off")
 
 
+class MonitorActions(Strict):
+    """What each reward-hacking monitor does while it alerts (``tempering.rewards.monitors``):
+    warn: log a warning when the alert starts; zero: the rollouts it flags get reward 0 before
+    the learner sees them (only monitors that flag rollouts); stop: zero them, then end the run
+    after this step's checkpoint with exit status 2, naming the monitor and an example rollout."""
+
+    heldout_gap: Literal["warn", "stop"] = Field("warn", description="a trend over evaluations; it flags no rollout, so warn or stop")
+    length_growth: Literal["warn", "stop"] = Field("warn", description="a trend over steps; it flags no rollout, so warn or stop")
+    harness: Literal["warn", "zero", "stop"] = Field("warn", description="flags the completions that touched the grading harness")
+    same_completion: Literal["warn", "zero", "stop"] = Field("warn", description="flags the completions given to too many distinct prompts")
+    dominance: Literal["warn", "stop"] = Field("warn", description="a share of the step's reward; it flags no rollout, so warn or stop")
+
+
 class MonitorConfig(Strict):
-    """Thresholds of the reward-hacking monitors; they only log (warning + monitor/* metrics)."""
+    """Thresholds and actions of the reward-hacking monitors (warnings and monitor/* metrics by default)."""
 
     window: int = Field(20, ge=1, description="steps per window when comparing recent length and reward with the window before")
     heldout_gap: float = Field(0.15, ge=0, description="alert when train reward rose this much more than eval accuracy since the first evaluation (needs eval.every)")
@@ -211,6 +224,7 @@ class MonitorConfig(Strict):
     harness: float = Field(0.0, ge=0, le=1, description="alert when more than this share of completions touch the grading harness")
     same_completion: float = Field(0.3, ge=0, le=1, description="alert when one completion is given to more than this share of distinct prompts")
     dominance: float = Field(0.6, ge=0, le=1, description="alert when a component other than the task metric holds more than this share of the weighted reward")
+    actions: MonitorActions = Field(default_factory=MonitorActions, description="monitor name -> warn, zero or stop, done while it alerts")
 
 
 class RewardsConfig(Strict):

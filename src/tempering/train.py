@@ -137,11 +137,16 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
             metrics.write(record)  # before the checkpoint: a resumed run never lacks a step's record
             samples.write(step + 1, groups)
             every = config.checkpoint.every
-            if every and ((step + 1) % every == 0 or step + 1 == config.steps):
+            stopping = run.monitors.stopping  # a monitor whose action is stop alerted this step
+            if stopping or (every and ((step + 1) % every == 0 or step + 1 == config.steps)):
                 t0 = time.perf_counter()
                 save_checkpoint(run, step + 1, eval_before, timings)
                 checkpoint_s = time.perf_counter() - t0
             view.update(record)
+            if stopping:
+                raise ConfigError(f"{stopping}\nThe checkpoint of step {step + 1} is saved: fix the reward, or change "
+                                  f"rewards.monitors.actions in {run.run_dir / 'config.yaml'}, then continue with "
+                                  f"`temper train --resume {run.run_dir}`")
     finally:
         view.close()
         metrics.close()
@@ -192,6 +197,7 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
     if config.pipeline.mode == "async":
         record["wait_s"] = time.perf_counter() - t0
     record.update(shape_overlong(groups, ac, config.rollout.max_new_tokens))
+    record.update(run.monitors.screen(groups))  # zero or stop: flagged rollouts' rewards to 0
     t1 = time.perf_counter()
     groups, record["capped_groups"] = cap_domain_tokens(groups, config.scheduler.max_domain_token_share)
     batch = make_batch(groups, run.algorithm["advantage"], run.tokenizer.pad_token_id, learner, ac.gamma, ac.lam,

@@ -1,7 +1,14 @@
 """The ``code`` reward in the real sandbox: stdio and call tests, both credit modes, and
-hostile programs that try to pass without computing anything."""
+hostile programs that try to pass without computing anything; and verl's SandboxFusion
+reward functions (``verl_sandbox_fusion``, vendored unchanged) scoring through
+``temper sandbox serve`` as they would through SandboxFusion."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from verl_sandbox_fusion import compute_score
+from verl_sandbox_fusion.utils import check_correctness
 
 from tempering.rewards.code import CodeReward
 from tempering.types import Problem, Rollout
@@ -50,3 +57,59 @@ def test_stdio_tests_and_a_completion_without_code(reward):
     results = _score(reward, STDIO_TESTS, [right, wrong, "I cannot write code"])
     assert [r.score for r in results] == [1.0, 0.5, 0.0]
     assert results[2].diagnostics == {"no_code": 1}
+
+
+# verl's SandboxFusion reward functions (vendored unchanged, see verl_sandbox_fusion/README.md)
+# against `temper sandbox serve`, at verl's defaults (memory_limit_mb 1024, timeout 10).
+ADD_STDIO = {"inputs": ["1 2\n", "5 5\n", "20 22\n"], "outputs": ["3\n", "10\n", "42\n"]}
+ADD_CALL = {"fn_name": "add", "inputs": ["1\n2", "-1\n1", "20\n22"], "outputs": ["3", "0", "42"]}
+ADD_ASSERTS = {"assert_case": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}
+RIGHT_STDIO = _fenced("a, b = map(int, input().split())\nprint(a + b)")
+RIGHT_ADD = _fenced("def add(a, b):\n    return a + b")
+WRONG_ADD = _fenced("def add(a, b):\n    return a - b")
+
+
+@pytest.fixture(scope="module")
+def verl_url(bench_module):
+    bench = bench_module("sandbox_load")
+    process, url = bench.start_server(workers=2)
+    yield f"{url}/run_code"
+    assert bench.stop_server(process) == 0
+
+
+@pytest.mark.parametrize("completion, test_cases, memory_limit_mb, expected", [
+    (RIGHT_STDIO, ADD_STDIO, 1024, 1.0),
+    (_fenced("print(0)"), ADD_STDIO, 1024, 0.0),
+    (_fenced("raise SystemExit(input())"), ADD_STDIO, 1024, 0.0),
+    (_fenced("import ctypes\nctypes.string_at(0)"), ADD_STDIO, 1024, 0.0),
+    (RIGHT_ADD, ADD_CALL, 1024, 1.0),
+    (WRONG_ADD, ADD_CALL, 1024, 0.0),
+    (RIGHT_ADD, ADD_ASSERTS, 1024, 1.0),
+    (WRONG_ADD, ADD_ASSERTS, 1024, 0.0),
+    (RIGHT_STDIO, ADD_STDIO, -1, 1.0),  # SandboxFusion's own default: the service's limit
+])
+def test_verl_scores_as_against_sandboxfusion(verl_url, completion, test_cases, memory_limit_mb, expected):
+    score, metadata = compute_score(verl_url, None, memory_limit_mb, completion, json.dumps(test_cases))
+    assert score == expected, metadata
+    assert not any(case.get("api_request_error") for case in metadata), metadata
+
+
+def test_verl_checks_cpp_and_tells_runtime_errors_from_wrong_answers(verl_url):
+    cpp = "#include <iostream>\nint main() { int a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }"
+    results, _ = check_correctness(verl_url, ADD_STDIO, cpp, language="cpp")
+    assert results == [True, True, True]
+    results, metadata = check_correctness(verl_url, ADD_STDIO, "int main() { return }", language="cpp")
+    assert results == [-4, -4, -4] and metadata[0]["status"] == "compile_error"
+    python = "import sys\na, b = map(int, input().split())\nsys.exit(a) if a == 5 else print(a + b)"
+    results, metadata = check_correctness(verl_url, ADD_STDIO, python)
+    assert results == [True, -2, True] and metadata[1]["exit_code"] == 5
+
+
+def test_verl_scores_right_under_a_full_queue(verl_url):
+    """120 requests at once on a 2-worker service: each waits its turn, none is lost."""
+    cases = {"inputs": [f"{i} {i}\n" for i in range(20)], "outputs": [f"{2 * i}\n" for i in range(20)]}
+    completions = [RIGHT_STDIO, _fenced("print(-1)")] * 3
+    with ThreadPoolExecutor(len(completions)) as pool:
+        scored = list(pool.map(lambda c: compute_score(verl_url, None, 1024, c, cases), completions))
+    assert [score for score, _ in scored] == [1.0, 0.0] * 3
+    assert not any(case.get("api_request_error") for _, metadata in scored for case in metadata)

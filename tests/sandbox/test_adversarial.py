@@ -1,20 +1,27 @@
 """Hostile programs against each threat-model claim of ``tempering.sandbox``.
 
 One test per claim, parametrized over the programs that attack it; the claim numbers
-match the module docstring. Every program runs in the real sandbox. The last test checks
-that the whole suite left no processes, files, descriptors or memory behind.
+match the module docstring. Every program runs in the real sandbox. Positive controls
+check that what honest programs use (their standard streams by path, stdio tests) still
+works. The last test checks that the whole suite left no processes, files, descriptors
+or memory behind.
 """
 
 import os
+import platform
 import resource
 import shutil
 import socket
+import stat
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 
+import pyseccomp
 import pytest
 
 from sandbox_helpers import SECRET, fd_targets, open_fds, sandbox_processes
-from tempering.sandbox import CallCase, Limits, RunRequest, StdioCase, Tests, TestSpec
+from tempering.sandbox import CallCase, Executor, Limits, RunRequest, StdioCase, Tests, TestSpec
 
 BASELINE = {}
 
@@ -23,6 +30,13 @@ def run(executor, code, language="python", timeout_s=2.0, memory_mb=256, **limit
     request = RunRequest(textwrap.dedent(code), language,
                          limits=Limits(timeout_s=timeout_s, memory_mb=memory_mb, **limits))
     return executor.run(request)
+
+
+@pytest.fixture
+def unisolated():
+    """A pool in mode ``none``: no namespaces, uid or Landlock, only limits and seccomp."""
+    with Executor(workers=1, isolation="none") as pool:
+        yield pool
 
 
 def test_baseline(executor):
@@ -52,6 +66,121 @@ def test_claim1_no_escape(executor, name):
     result = run(executor, ESCAPES[name])
     assert "ESCAPED" not in result.stdout, result
     assert "refused" in result.stdout, result
+
+
+# Privileged kernel interfaces, called by syscall number. Past the filter and the kernel's
+# own capability checks, these arguments would get another answer (another errno, or a
+# harmless success such as a clock read or a key in the caller's own process keyring):
+# the expected errno shows that the refusal came first, and should both layers fail,
+# nothing on the host changes. name: (syscall, setup, arguments, expected errno)
+PRIVILEGED_CALLS = {
+    "init_module": ("init_module", "image = ctypes.create_string_buffer(b'\\x7fELF' + bytes(60))",
+                    "image, ctypes.c_ulong(64), b''", "EPERM"),
+    "finit_module": ("finit_module", "fd = os.open('/dev/null', os.O_RDONLY)", "fd, b'', 0", "EPERM"),
+    "delete_module": ("delete_module", "", "b'tempering_absent', 0", "EPERM"),
+    "add_key": ("add_key", "", "b'user', b'tempering', b'x', ctypes.c_size_t(1), -2", "EPERM"),
+    "keyctl-join-session": ("keyctl", "", "1, b'tempering'", "EPERM"),
+    "request_key": ("request_key", "", "b'user', b'tempering-absent', None, 0", "EPERM"),
+    "reboot-wrong-magic": ("reboot", "", "ctypes.c_long(0xfee1dead), 0, ctypes.c_long(0x4321fedc), None", "EPERM"),
+    "settimeofday": ("settimeofday", "tv = (ctypes.c_long * 2)(0, -1)", "tv, None", "EPERM"),
+    "clock_settime": ("clock_settime", "ts = (ctypes.c_long * 2)(0, -1)", "0, ts", "EPERM"),
+    "adjtimex-read": ("adjtimex", "tx = ctypes.create_string_buffer(512)", "tx", "EPERM"),
+    "clock_adjtime-read": ("clock_adjtime", "tx = ctypes.create_string_buffer(512)", "0, tx", "EPERM"),
+    "setns": ("setns", "", "-1, 0", "EPERM"),
+    "clone-new-user": ("clone", "", "ctypes.c_ulong(0x10000000 | 0x200 | 17), 0, 0, 0, 0", "EPERM"),
+    "clone3": ("clone3", "", "None, 0", "ENOSYS"),
+}
+
+
+def _syscall_program(name):
+    syscall, setup, arguments, _ = PRIVILEGED_CALLS[name]
+    number = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, syscall)
+    return (f"{LIBC}import errno\n{setup}\nr = libc.syscall(ctypes.c_long({number}), {arguments})\n"
+            "print('ok' if r >= 0 else errno.errorcode[ctypes.get_errno()])")
+
+
+@pytest.mark.parametrize("name", sorted(PRIVILEGED_CALLS))
+def test_claim1_privileged_kernel_interfaces_refused(executor, name):
+    result = run(executor, _syscall_program(name))
+    assert result.stdout == PRIVILEGED_CALLS[name][3] + "\n", result
+
+
+def test_claim1_the_filter_alone_refuses_them(unisolated):
+    """As root with every capability but no jail (mode ``none`` keeps only the limits and
+    the seccomp filter), each call above still fails the same way: the claim does not rest
+    on the capabilities the slot's uid lacks."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: only a root program holds the capabilities these calls check")
+    names = sorted(PRIVILEGED_CALLS)
+    results = unisolated.run_many([RunRequest(_syscall_program(name)) for name in names])
+    assert {name: r.stdout for name, r in zip(names, results)} == {
+        name: PRIVILEGED_CALLS[name][3] + "\n" for name in names}
+
+
+# getpid through another architecture's syscall convention, which rules written for the
+# native one would not match: the filter kills the program instead. The i386 call is
+# machine code: mov eax, 20; int 0x80; ret.
+FOREIGN_ABIS = {
+    "x32": LIBC + "libc.syscall(ctypes.c_long(0x40000000 | 39))\nprint('ran')",
+    "i386-int-0x80": LIBC + "import mmap\ncode = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+                     "code.write(b'\\xb8\\x14\\x00\\x00\\x00\\xcd\\x80\\xc3')\n"
+                     "ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(code)))()\nprint('ran')",
+}
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x32 and int 0x80 are x86-64 conventions")
+@pytest.mark.parametrize("name", sorted(FOREIGN_ABIS))
+def test_claim1_foreign_syscall_conventions_kill(executor, name):
+    result = run(executor, FOREIGN_ABIS[name])
+    assert (result.signal, result.stdout) == ("SIGSYS", ""), result
+
+
+# Setuid-root binaries the jail shows (its /usr is the host's). A library preloaded into
+# each reports, from inside the started binary, its uids, whether the loader ran it as
+# privileged (AT_SECURE), its capabilities and whether setuid(0) works. A binary that did
+# gain root would ignore the preload (the loader's secure mode) and report nothing.
+SETUID_ROOT = [path for path in ("/usr/bin/su", "/usr/bin/passwd", "/usr/bin/mount", "/usr/bin/newgrp")
+               if os.path.exists(path) and os.stat(path).st_uid == 0 and os.stat(path).st_mode & stat.S_ISUID]
+PRIVILEGE_PROBE = r"""
+#define _GNU_SOURCE
+#include <linux/capability.h>
+#include <stdio.h>
+#include <sys/auxv.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+__attribute__((constructor)) static void report(void) {
+    uid_t ruid, euid, suid;
+    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct caps[2] = {{0}};
+    getresuid(&ruid, &euid, &suid);
+    syscall(SYS_capget, &header, caps);
+    const char *setuid_root = setuid(0) == 0 ? "ok" : "refused";
+    printf("uids=%u,%u,%u secure=%lu caps=%x,%x setuid(0)=%s\n", ruid, euid, suid,
+           getauxval(AT_SECURE), caps[0].effective, caps[1].effective, setuid_root);
+    fflush(stdout);
+    _exit(0);
+}
+"""
+SETUID_ATTACK = """import os, subprocess
+open('probe.c', 'w').write({probe!r})
+subprocess.run(['cc', '-shared', '-fPIC', '-o', 'probe.so', 'probe.c'], check=True)
+print(os.getuid())
+for path in {binaries!r}:
+    done = subprocess.run([path], env=dict(os.environ, LD_PRELOAD=os.path.abspath('probe.so')),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    print(path, done.stdout.strip())"""
+
+
+@pytest.mark.skipif(not SETUID_ROOT or shutil.which("cc") is None,
+                    reason="needs a setuid-root binary in /usr/bin and a C compiler")
+def test_claim1_setuid_binaries_raise_no_privilege(executor):
+    result = run(executor, SETUID_ATTACK.format(probe=PRIVILEGE_PROBE, binaries=SETUID_ROOT),
+                 timeout_s=30.0, memory_mb=1024)
+    assert result.status == "ok", result
+    uid, *reports = result.stdout.splitlines()
+    unprivileged = f"uids={uid},{uid},{uid} secure=0 caps=0,0 setuid(0)=refused"
+    assert uid != "0" and reports == [f"{path} {unprivileged}" for path in SETUID_ROOT], result
 
 
 # 2. No network, the host's loopback included.
@@ -226,13 +355,13 @@ DAEMONS = {
 }
 
 
-def _marker_processes():
+def _marker_processes(marker=b"tempering-daemon-marker"):
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                if b"tempering-daemon-marker" in handle.read():
-                    found.append(entry)
+                if marker in handle.read():
+                    found.append(int(entry))
         except OSError:
             continue
     return found
@@ -265,11 +394,57 @@ def test_claim7_no_effect_on_other_jobs(executor, name):
     assert [r.stdout for r in results[1::2]] + [results[4].stdout] == ["45\n"] * 3, results
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL", "SIGSTOP", "SIGTERM"])
+def test_claim7_worker_ignores_its_jobs_signals(executor, signal_name):
+    code = (f"import os, signal, time\ntry:\n    os.kill(os.getppid(), signal.{signal_name})\n"
+            "except OSError:\n    pass\ntime.sleep(0.2)\nprint('finished')")
+    result = run(executor, code)
+    assert (result.status, result.stdout) == ("ok", "finished\n"), result
+
+
 def test_claim7_concurrent_jobs_do_not_share_scratch(executor):
     writer = RunRequest("import time\nopen('shared', 'w').write('x')\ntime.sleep(0.5)\nprint('wrote')")
     reader = RunRequest("import os, time\ntime.sleep(0.2)\nprint(os.path.exists('shared'))")
     results = executor.run_many([writer, reader])
     assert results[0].stdout == "wrote\n" and results[1].stdout == "False\n", results
+
+
+# Looks for the waiting job in its own /proc (by its marker) and takes its host pid too.
+STREAM_THIEF = """import os
+victims = {victims}
+try:
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        if b'tempering-stdin-victim' in open(f'/proc/{{pid}}/cmdline', 'rb').read():
+            victims.add(int(pid))
+except OSError:
+    pass
+opened = []
+for pid in victims:
+    for fd in (0, 1, 2):
+        for flags in (os.O_RDONLY, os.O_WRONLY):
+            try:
+                os.open(f'/proc/{{pid}}/fd/{{fd}}', flags | os.O_NONBLOCK)
+            except OSError:
+                continue
+            opened.append((pid, fd, flags))
+print('OPENED' if opened else 'refused', opened)"""
+
+
+def test_claim7_standard_streams_stay_private_to_their_slot(executor):
+    """A job in one slot waits with unread stdin; a job in the other slot tries to open
+    that job's standard streams by path."""
+    victim = RunRequest("exec -a tempering-stdin-victim sleep 2", "bash", stdin="private\n",
+                        limits=Limits(timeout_s=5.0))
+    with ThreadPoolExecutor(1) as background:
+        running = background.submit(executor.run, victim)
+        for _ in range(1000):
+            victims = set(_marker_processes(b"tempering-stdin-victim"))
+            if victims or running.done():
+                break
+            time.sleep(0.005)
+        result = run(executor, STREAM_THIEF.format(victims=victims or "set()"))
+        assert victims and running.result().status == "ok", (victims, running.result())
+    assert result.stdout == "refused []\n", result
 
 
 # 8. No passing verdict without computing the right outputs.
@@ -298,6 +473,28 @@ def test_claim8_no_forged_pass(executor, name):
     assert result.passed == 0 and result.status == "failed", result
 
 
+MEMORY_THIEF = """import os
+for pid in sorted({1, os.getppid()}):
+    for path, mode in ((f'/proc/{pid}/mem', 'r+b'), (f'/proc/{pid}/fd/0', 'rb')):
+        try:
+            open(path, mode)
+            print('OPENED', path)
+        except OSError:
+            print('refused')
+    try:
+        print('OPENED', os.listdir(f'/proc/{pid}/fd'))
+    except OSError:
+        print('refused')"""
+
+
+def test_claim8_worker_memory_and_descriptors_out_of_reach(executor):
+    """The worker (the program's parent) holds the reply and the socket to the parent;
+    PID 1 of its namespace runs outside the seccomp filter. Writing either's memory or
+    taking its descriptors through /proc would forge a verdict or shed the filter."""
+    result = run(executor, MEMORY_THIEF)
+    assert set(result.stdout.splitlines()) == {"refused"}, result
+
+
 def test_claim8_honest_solution_passes(executor):
     result = executor.test(_call_spec("def add(a, b):\n    return a + b"))
     assert result.status == "passed" and result.passed == 2, result
@@ -316,6 +513,50 @@ def test_claim8_program_verdicts_are_marked_weaker(executor):
     forged = "import os\nos.write(3, b'{\"done\": true}\\n')\nos._exit(0)\nassert False"
     result = executor.test(TestSpec("python", forged, Tests("program"), 2.0, 256))
     assert result.verdict == "program"
+
+
+# Positive controls: what honest programs use keeps working under every isolation mode.
+def _copy(source, target):
+    return f"data = open({source!r}).read()\nwith open({target!r}, 'w') as out:\n    out.write(data)"
+
+
+# Each program copies its stdin ("line\n") to stdout or stderr, naming one end by path.
+STDIO_BY_PATH = {
+    "read-dev-stdin": ("python", _copy("/dev/stdin", 1), "stdout"),
+    "read-proc-self-fd-0": ("python", _copy("/proc/self/fd/0", 1), "stdout"),
+    "write-dev-stdout": ("python", _copy(0, "/dev/stdout"), "stdout"),
+    "write-proc-self-fd-1": ("python", _copy(0, "/proc/self/fd/1"), "stdout"),
+    "write-dev-stderr": ("python", _copy(0, "/dev/stderr"), "stderr"),
+    "write-proc-self-fd-2": ("python", _copy(0, "/proc/self/fd/2"), "stderr"),
+    "bash-cat-dev-stdin": ("bash", "cat /dev/stdin", "stdout"),
+    "bash-tee-dev-stderr": ("bash", "tee /dev/stderr > /dev/null", "stderr"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STDIO_BY_PATH))
+def test_control_standard_streams_open_by_path(executor, name):
+    language, code, stream = STDIO_BY_PATH[name]
+    result = executor.run(RunRequest(code, language, stdin="line\n", limits=Limits(timeout_s=2.0)))
+    expected = {"stdout": "", "stderr": "", stream: "line\n"}
+    assert (result.status, result.stdout, result.stderr) == ("ok", expected["stdout"], expected["stderr"]), result
+
+
+def test_control_standard_streams_open_by_path_unisolated(unisolated):
+    requests = [RunRequest(code, language, stdin="line\n") for language, code, _ in STDIO_BY_PATH.values()]
+    outputs = {name: (result.status, getattr(result, stream)) for (name, (_, _, stream)), result
+               in zip(STDIO_BY_PATH.items(), unisolated.run_many(requests))}
+    assert outputs == {name: ("ok", "line\n") for name in STDIO_BY_PATH}, outputs
+
+
+@pytest.mark.parametrize("language, code", [
+    ("python", "a, b = map(int, open('/dev/stdin').read().split())\nprint(a + b)"),
+    ("bash", "read a b < /dev/stdin\necho $((a + b))"),
+], ids=["python", "bash"])
+def test_control_stdio_tests_pass_reading_dev_stdin(executor, language, code):
+    """The harness path a code reward takes: stdio cases judged by the parent."""
+    cases = (StdioCase("2 3\n", "5\n"), StdioCase("4 4\n", "8\n"))
+    result = executor.test(TestSpec(language, code, Tests("stdio", cases), 2.0, 256))
+    assert (result.status, result.passed) == ("passed", 2), result
 
 
 def test_zz_nothing_left_behind(executor):

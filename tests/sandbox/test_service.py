@@ -4,6 +4,7 @@ Servers are started by these tests on 127.0.0.1 only: the ``serve`` command as a
 subprocess (as users run it) and, where a test needs to look inside, an in-process server.
 """
 
+import contextlib
 import http.client
 import json
 import os
@@ -18,17 +19,17 @@ import pytest
 from sandbox_helpers import sandbox_processes
 from tempering.sandbox import CallCase, Limits, RunRequest, SandboxClient, Tests, TestSpec
 from tempering.sandbox.client import SandboxHTTPError
-from tempering.sandbox.server import SandboxHTTPServer
+from tempering.sandbox.server import FifoSemaphore, QueueTimeout, SandboxHTTPServer
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = {"status", "exit_code", "signal", "stdout", "stderr", "wall_s", "cpu_s"}
 TOKEN = "test-token-7c1e"
 
 
-def cli(*args, check_status=0):
+def cli(*args, check_status=0, timeout=120):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     done = subprocess.run([sys.executable, "-m", "tempering.sandbox.cli", "sandbox", *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env=env, timeout=timeout)
     assert done.returncode == check_status, done.stderr
     return done
 
@@ -58,8 +59,8 @@ def test_cli_test_single_and_batch(tmp_path):
     single = tmp_path / "spec.json"
     single.write_text(json.dumps(spec))
     out = json.loads(cli("test", str(single), "--json").stdout)
-    assert set(out) == {"status", "passed", "total", "cases"}
-    assert (out["status"], out["passed"], out["total"]) == ("passed", 2, 2)
+    assert set(out) == {"status", "passed", "total", "cases", "tampering"}
+    assert (out["status"], out["passed"], out["total"], out["tampering"]) == ("passed", 2, 2, [])
     assert all(set(case) == {"status", "wall_s"} for case in out["cases"])
     stdio = dict(spec, tests={"kind": "stdio", "cases": [{"stdin": "1", "stdout": "1"}]}, code="print(input())")
     batch = tmp_path / "specs.jsonl"
@@ -118,6 +119,33 @@ def _announce_huge_body(url, headers):
     return status
 
 
+def test_the_token_may_be_in_the_path_or_the_query(served):
+    """SandboxFusion's client takes an endpoint and appends /run_code; verl posts to a URL:
+    neither sends headers, so the token can travel in the URL."""
+    body = json.dumps({"code": "print(5)", "language": "python"})
+    for path in (f"/{TOKEN}/run_code", f"/run_code?token={TOKEN}"):
+        status, text = _post(served, path, body)
+        assert status == 200 and json.loads(text)["run_result"]["stdout"] == "5\n", (path, text)
+    for path in ("/wrong/run_code", "/run_code?token=wrong", f"/{TOKEN}x/run_code"):
+        assert _post(served, path, body)[0] == 401, path
+    assert _post(served, f"/{TOKEN}/run_tests", json.dumps(_call_body()))[0] == 200
+
+
+def test_health_says_what_the_service_takes(served):
+    with SandboxClient(served) as client:
+        health = client.health()
+    assert (health["workers"], health["max_queue"], health["memory_mb"]) == (2, 64, 512)
+    assert {"python", "cpp"} <= set(health["languages"])
+
+
+def test_serve_refuses_arguments_out_of_range():
+    assert "between 0 and 65535" in cli("serve", "--port", "99999", check_status=2).stderr
+    assert "--workers must be between 1 and 64, got 0" in cli("serve", "--workers", "0",
+                                                             check_status=2, timeout=30).stderr
+    assert "between 1 and" in cli("serve", "--max-queue", "0", check_status=2).stderr
+    assert "between 16 and 65536" in cli("serve", "--memory-mb", "-1", check_status=2).stderr
+
+
 def test_service_refuses_bad_requests(served):
     assert _post(served, "/run_code", b"{}")[0] == 401
     assert _post(served, "/run_code", b"{}", {"Authorization": "Bearer wrong"})[0] == 401
@@ -148,23 +176,93 @@ def test_client_matches_the_local_executor(served, executor):
         SandboxClient(served).run(RunRequest("print(1)"))
 
 
-def test_full_queue_answers_429(executor):
-    server = SandboxHTTPServer(executor, "127.0.0.1", 0, max_queue=1)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    statuses = []
-    body = json.dumps({"code": "import time\ntime.sleep(0.5)", "run_timeout": 2})
+@contextlib.contextmanager
+def in_process_server(executor, **options):
+    server = SandboxHTTPServer(executor, "127.0.0.1", 0, **options)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
 
-    def send():
-        statuses.append(_post(server.url, "/run_code", body)[0])
-    senders = [threading.Thread(target=send) for _ in range(4)]
-    for sender in senders:
-        sender.start()
-    for sender in senders:
-        sender.join()
-    server.shutdown()
-    server.server_close()
-    assert 200 in statuses and 429 in statuses, statuses
+
+def _post_timed(url, path, body):
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    started = time.monotonic()
+    connection.request("POST", path, body=body)
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response.status, time.monotonic() - started, response.headers.get("Retry-After")
+
+
+def test_a_full_queue_waits_up_to_the_run_timeout_then_answers_504(executor):
+    """verl's reward code retries 504 and gives up on 429: a request waits its turn for as long
+    as its own run_timeout, and only then is answered 504 with Retry-After."""
+    body = json.dumps({"code": "import time\ntime.sleep(1)", "run_timeout": 1.6})
+    answers = []
+    with in_process_server(executor, max_queue=1) as server:
+        senders = [threading.Thread(target=lambda: answers.append(_post_timed(server.url, "/run_code", body)))
+                   for _ in range(4)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+    statuses = sorted(status for status, _, _ in answers)
+    assert 200 in statuses and 504 in statuses and set(statuses) == {200, 504}, answers
+    for status, waited, retry_after in answers:
+        if status == 504:
+            assert waited >= 1.6 and retry_after == "1", answers
+
+
+def test_a_full_service_is_a_warning_and_its_answers_are_retried(executor, caplog):
+    slow = RunRequest("import time\ntime.sleep(1)", limits=Limits(timeout_s=1.5))
+    with in_process_server(executor, max_queue=1) as server, SandboxClient(server.url) as client:
+        with caplog.at_level("WARNING", logger="tempering.sandbox"):
+            results = client.run_many([slow] * 3)
+    assert [r.status for r in results] == ["ok"] * 3
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tempering.sandbox"]
+    assert len(warnings) == 1 and "is full" in warnings[0] and "--workers" in warnings[0], warnings
+
+
+def test_a_batch_larger_than_the_queue_is_split_by_the_client(executor):
+    """A batch over max_queue can never be taken whole: the service says so at once (413) and
+    SandboxClient sends batches of at most max_queue, read from /health."""
+    spec = TestSpec("python", "def f(x):\n    return -x", Tests("call", (CallCase([1], -1),), "f"))
+    with in_process_server(executor, max_queue=3) as server, SandboxClient(server.url) as client:
+        assert client.health()["max_queue"] == 3
+        status, text = _post(server.url, "/run_tests", json.dumps([spec.to_dict()] * 10))
+        assert status == 413 and "max_queue of 3" in json.loads(text)["error"], text
+        results = client.test_many([spec] * 10)
+    assert [(r.status, r.passed) for r in results] == [("passed", 1)] * 10
+
+
+def test_fifo_semaphore_lets_no_request_overtake_an_earlier_one():
+    gate = FifoSemaphore(2)
+    gate.acquire(1, None)
+    order = []
+
+    def take(name, count):
+        gate.acquire(count, None)
+        order.append(name)
+    batch = threading.Thread(target=take, args=("batch", 2))
+    batch.start()
+    while not gate._waiting:
+        time.sleep(0.01)
+    single = threading.Thread(target=take, args=("single", 1))
+    single.start()
+    time.sleep(0.2)
+    assert order == []  # one unit is free, but the batch came first and needs two
+    gate.release(1)
+    batch.join(5)
+    assert order == ["batch"]
+    gate.release(2)
+    single.join(5)
+    assert order == ["batch", "single"]
+    with pytest.raises(QueueTimeout):
+        gate.acquire(2, time.monotonic() + 0.05)
 
 
 def test_non_loopback_needs_a_token(executor):

@@ -4,14 +4,21 @@ A problem carries its tests in ``problem.meta["tests"]``: a :class:`~tempering.s
 or its JSON form (``{"kind": "stdio", "cases": [{"stdin": "1 2\\n", "stdout": "3\\n"}]}`` or
 ``{"kind": "call", "entry_point": "add", "cases": [{"args": [1, 2], "expected": 3}]}``),
 and optionally ``meta["code_prefix"]`` (e.g. a HumanEval prompt the completion continues),
-``meta["language"]``, and ``meta["code_fenced"] = False`` when the whole completion is the
-program (no fenced block expected). Verdicts come from the sandbox's trusted parent, never from the
+``meta["language"]``, ``meta["code_fenced"] = False`` when the whole completion is the
+program (no fenced block expected), and ``meta["credit"]`` to override the reward's ``credit``
+for that problem (a task's ``partial`` option). Verdicts come from the sandbox's trusted parent, never from the
 program; see :mod:`tempering.sandbox` for the threat model.
 
-A ``program`` verdict (tests that could not be split into calls, such as five HumanEval
-problems) comes from inside the sandbox and can be forged: such results carry the
+A ``program`` verdict (a user's ``{"kind": "program"}`` tests, which the parent cannot
+split into calls) comes from inside the sandbox and can be forged: such results carry the
 component ``forgeable = 1`` (so a run logs the share of them), and ``forgeable_credit``
-scales their score (1 keeps it, 0 gives them nothing).
+scales their score: 0 by default (they earn nothing), and a reward built with more says so
+in a warning at start-up. Every built-in task's tests are judged by the parent.
+
+What the sandbox's parent saw the program do to its harness (``TestResult.tampering``: fake
+messages on the result channel, an exit before the checks ran) becomes the components
+``tampered/<kind>`` (1 when seen), which the ``harness`` monitor flags, whatever the
+program's source looks like.
 
 A sandbox fault (``TestResult.status == "error"``) says nothing about the program: it is
 retried, and if it persists the rollout's result carries ``error="sandbox_error"`` so the
@@ -24,10 +31,11 @@ from __future__ import annotations
 
 import re
 import threading
+import warnings
 from typing import Literal, Optional, Sequence
 
 from tempering.rewards.base import RewardResult, register_reward
-from tempering.sandbox.spec import Tests, TestSpec
+from tempering.sandbox.spec import TAMPERING, Tests, TestSpec
 from tempering.types import Problem, Rollout
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -70,17 +78,22 @@ class CodeReward:
     cases). ``url``: a ``temper sandbox serve`` address to use instead of a local pool of
     ``workers`` slots (0 = one per core) with ``isolation``. ``retries``: extra rounds for
     rollouts whose run hit a sandbox fault, on top of the executor's own retries.
-    ``forgeable_credit``: the factor on the score of a forgeable (``program``) verdict.
+    ``forgeable_credit``: the factor on the score of a forgeable (``program``) verdict;
+    above 0 it pays for what a program can claim about itself, and start-up warns.
     """
 
     def __init__(self, *, credit: Literal["all", "fraction"] = "all", language: str = "python",
                  timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 0,
                  isolation: str = "auto", url: str = "", token: str = "", retries: int = 1,
-                 forgeable_credit: float = 1.0):
+                 forgeable_credit: float = 0.0):
         if credit not in ("all", "fraction"):
             raise ValueError(f"credit must be 'all' or 'fraction', got {credit!r}")
         if not 0 <= forgeable_credit <= 1:
             raise ValueError(f"forgeable_credit must be in [0, 1], got {forgeable_credit!r}")
+        if forgeable_credit > 0:
+            warnings.warn(f"forgeable_credit={forgeable_credit}: 'program' tests are passed on the program's own "
+                          "word, which a completion can forge (write the done message, exit 0); such passes earn "
+                          "reward. Prefer stdio or call tests, which the parent judges", stacklevel=2)
         self.credit, self.language, self.retries = credit, language, retries
         self.forgeable_credit = forgeable_credit
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
@@ -129,20 +142,21 @@ class CodeReward:
             indices = list(runnable)
             for i, outcome in zip(indices, self.sandbox().test_many([runnable[i] for i in indices])):
                 if outcome.status != "error":
-                    results[i] = self._result(outcome)
+                    results[i] = self._result(outcome, problems[i].meta.get("credit", self.credit))
                     del runnable[i]
         for i in runnable:
             results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error="sandbox_error")
         return results
 
-    def _result(self, outcome) -> RewardResult:
+    def _result(self, outcome, credit: str) -> RewardResult:
         fraction = outcome.passed / outcome.total if outcome.total else float(outcome.status == "passed")
-        value = fraction if self.credit == "fraction" else float(outcome.status == "passed")
+        value = fraction if credit == "fraction" else float(outcome.status == "passed")
         forgeable = outcome.verdict == "program"
         if forgeable:
             value *= self.forgeable_credit
-        return RewardResult(value, {"pass_fraction": fraction, "forgeable": float(forgeable)},
-                            {"status": outcome.status, "verdict": outcome.verdict})
+        components = {"pass_fraction": fraction, "forgeable": float(forgeable)}
+        components.update({f"tampered/{kind}": float(kind in outcome.tampering) for kind in TAMPERING})
+        return RewardResult(value, components, {"status": outcome.status, "verdict": outcome.verdict})
 
     def close(self) -> None:
         if self._sandbox is not None and hasattr(self._sandbox, "close"):

@@ -14,9 +14,11 @@ default isolation (``namespaces``, as root) the sandbox claims that a program ca
 
 1. **escape to the host**: it runs as an unprivileged per-slot uid with no capabilities,
    ``no_new_privs`` set and a seccomp filter that refuses ptrace, mount, unshare/setns,
-   namespace flags to clone, bpf, io_uring, kernel modules, keys, reboot and clock changes;
-   setuid files do not raise privilege (``nosuid``) and its PID namespace hides the host's
-   processes.
+   namespace flags to clone, bpf, io_uring, kernel modules, keys, reboot and clock changes
+   (to root too, so this does not rest on the missing capabilities) and kills a program
+   that makes a syscall through another architecture's convention (x86-64: x32, i386);
+   running a setuid-root binary raises no privilege (``no_new_privs``; the jail's mounts
+   are also ``nosuid``) and its PID namespace hides the host's processes.
 2. **reach any network**, the host's loopback included: it lives in an empty network
    namespace and may open no socket but ``AF_UNIX``.
 3. **read host files or the caller's environment**: its root is a fresh read-only tree
@@ -87,10 +89,12 @@ Not covered
 - ``program`` verdicts (tests that cannot be split into calls) rely on a message from
   inside the sandbox and could be forged; results mark them ``verdict="program"``.
 - ``bwrap`` mode (for callers that are not root; refused as root) starts one bubblewrap
-  sandbox per job: slower, no per-slot uid (the process cap is per user), and no inode
-  cap on the scratch tmpfs (filling it with empty files runs into the time limit
-  instead). ``none`` mode (explicit opt-in) isolates nothing beyond rlimits and seccomp
-  and is for trusted code only.
+  sandbox per job: slower, no per-slot uid (the process cap is per user; the program
+  shares its worker's uid, but the worker is the sandbox's PID 1, not dumpable and deaf
+  to SIGINT, so the program can neither signal nor read it), and no inode cap on the
+  scratch tmpfs (filling it with empty files runs into the time limit instead). ``none``
+  mode (explicit opt-in) isolates nothing beyond rlimits and seccomp and is for trusted
+  code only.
 
 Entry points: :class:`Executor` (local pool), :class:`SandboxClient` (the HTTP service,
 same methods), :func:`humaneval_spec` (HumanEval problems as test specs), and the

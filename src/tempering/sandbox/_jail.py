@@ -30,7 +30,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 38, 22
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 4, 38, 22
 PR_SET_CHILD_SUBREAPER = 36
 SECCOMP_MODE_FILTER = 2
 
@@ -222,6 +222,19 @@ def drop_privileges(uid: int, gid: int, keep_read_search: bool = False) -> None:
         kept = 1 << CAP_DAC_READ_SEARCH
         data = ctypes.create_string_buffer(struct.pack("6I", kept, kept, 0, 0, 0, 0), 24)
         _check(_libc.capset(header, data), "capset")
+
+
+def hand_over_stdio(uid: int, gid: int) -> None:
+    """Make ``uid`` the owner of the pipes on descriptors 0-2, before dropping to it.
+
+    The worker made them as root, mode 0600. The descriptors work either way, but opening
+    one again by path (/dev/stdin, /proc/self/fd/1) checks the pipe's owner, so without
+    this a program could read ``sys.stdin`` but not ``open("/dev/stdin")``. The mode stays
+    0600 and the pipes are fresh for each run; another slot's uid cannot reach them, since
+    following a process's fd links needs ptrace access to it (the same uid).
+    """
+    for fd in (0, 1, 2):
+        os.fchown(fd, uid, gid)
 
 
 def reachable_by_others(path: str) -> bool:

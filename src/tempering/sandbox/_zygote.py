@@ -165,6 +165,7 @@ class Worker:
     def _child(self, run: dict, pipes: dict) -> None:
         """In the forked child: confine this process, then hand it to the program."""
         try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the worker chose
             os.setsid()
             for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr"), (3, "result"), (4, "setup")):
                 os.dup2(pipes[name][1 if name != "stdin" else 0], fd)
@@ -177,6 +178,7 @@ class Worker:
             if self.mode == "landlock":
                 ruleset = _landlock.ruleset(_landlock_read_paths(), _jail.host_devices(), self.scratch)
             if self.mode in ("jail", "landlock"):
+                _jail.hand_over_stdio(self.uid, self.gid)
                 _jail.drop_privileges(self.uid, self.gid, self.keep_read_search and "argv" not in run)
             _jail.prctl(_jail.PR_SET_NO_NEW_PRIVS, 1)
             if self.mode == "landlock":
@@ -419,6 +421,13 @@ def _enter_namespaces(control_fd: int) -> None:
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
+    # No job may read or write this process's memory or take its descriptors through
+    # /proc: in bwrap mode programs run under the worker's own uid, which would allow it.
+    _jail.prctl(_jail.PR_SET_DUMPABLE, 0)
+    if settings["mode"] == "bwrap":
+        # PID 1 of the job's namespace, under the program's uid: of the signals a job can
+        # send it, the kernel delivers only those it handles, and Python handles SIGINT.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=settings["fd"])
     _runner.warm_up()
     if settings["mode"] == "jail":

@@ -19,6 +19,7 @@ from tempering.sandbox.languages import SUFFIXES
 from tempering.sandbox.spec import Limits, RunRequest, SandboxUnavailable, SpecError, TestSpec
 
 TOKEN_VARIABLE = "TEMPER_SANDBOX_TOKEN"
+MAX_WORKERS = 64  # the executor's bound
 
 
 class UsageError(Exception):
@@ -105,11 +106,13 @@ def cmd_test(args) -> int:
 def cmd_serve(args) -> int:
     from tempering.sandbox.server import SandboxHTTPServer
 
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise UsageError(f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}")
     token = args.token or os.environ.get(TOKEN_VARIABLE) or None
     with _executor(args) as executor:
         try:
             server = SandboxHTTPServer(executor, args.host, args.port, token=token,
-                                       max_queue=args.max_queue)
+                                       max_queue=args.max_queue, memory_mb=args.memory_mb)
         except (ValueError, OSError) as err:
             raise UsageError(f"cannot serve on {args.host}:{args.port}: {err}") from err
         stop = threading.Event()
@@ -123,6 +126,19 @@ def cmd_serve(args) -> int:
         server.shutdown()
         server.server_close()
     return 0
+
+
+def _int_in(low: int, high: int):
+    """An argparse type: an integer in [low, high], else a usage error naming the bounds."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+    return parse
 
 
 def _guarded(command):
@@ -163,10 +179,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", parents=[common], help="serve the sandbox over HTTP")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks one)")
-    serve.add_argument("--token", help=f"bearer token clients must send (or ${TOKEN_VARIABLE})")
-    serve.add_argument("--max-queue", type=int, default=None,
-                       help="jobs queued before answering 429 (default 32 per worker)")
+    serve.add_argument("--port", type=_int_in(0, 65535), default=8080,
+                       help="port (default 8080; 0 picks one)")
+    serve.add_argument("--token", help="token clients must send: as 'Authorization: Bearer T', "
+                                       f"in the URL as /T/run_code or ?token=T (or ${TOKEN_VARIABLE})")
+    serve.add_argument("--max-queue", type=_int_in(1, 1 << 20), default=None,
+                       help="jobs held at once, running or waiting, and the largest /run_tests "
+                            "batch (default 32 per worker)")
+    serve.add_argument("--memory-mb", type=_int_in(16, 65536), default=512,
+                       help="address space per process, MiB, for requests that set none "
+                            "(memory_limit_MB -1, and every call of SandboxFusion's client); "
+                            "default 512")
     serve.set_defaults(func=_guarded(cmd_serve))
     return parser
 

@@ -105,9 +105,13 @@ def choose_isolation(requested: str = "auto") -> str:
 
 def _bwrap_prefix(scratch_mb: int) -> list:
     """A bubblewrap sandbox equivalent to the root mode's jail, for one job, for a caller
-    that is not root (so the sandbox's uid maps to an unprivileged host uid)."""
+    that is not root (so the sandbox's uid maps to an unprivileged host uid).
+
+    The worker is the sandbox's PID 1 (``--as-pid-1``): bubblewrap's own init would run
+    under the program's uid, outside the seccomp filter and open to it through
+    /proc/1/mem; as PID 1 the worker gets only the signals it handles from the job."""
     args = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
-            "--die-with-parent", "--new-session",
+            "--die-with-parent", "--new-session", "--as-pid-1",
             "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
             "--dev", "/dev", "--size", str(scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
             "--hostname", "sandbox"]

@@ -2,38 +2,60 @@
 
 Endpoints:
 
-- ``POST /run_code``: SandboxFusion-compatible. Takes ``{code, language, stdin,
-  run_timeout, memory_limit_MB}``, answers ``{status: Success|Failed|SandboxError,
-  message, compile_result, run_result: {status, execution_time, return_code, stdout,
-  stderr, ...}}``. ``run_result.status`` uses SandboxFusion's ``Finished``,
-  ``TimeLimitExceeded`` and ``Error``; the extra keys ``sandbox_status``, ``signal`` and
-  ``cpu_time`` carry this sandbox's finer result for :class:`SandboxClient`.
+- ``POST /run_code``: SandboxFusion's, with its request and answer semantics (see
+  :mod:`tempering.sandbox.fusion`).
 - ``POST /run_tests``: one test spec (as ``temper sandbox test`` reads) or a JSON list of
-  them, run across the pool; answers the result or the list of results.
-- ``GET /health``: liveness, isolation mode, slots and load.
+  at most ``max_queue`` of them, run across the pool; answers the result or the list.
+- ``GET /health``: liveness, isolation mode, slots, load, ``max_queue``, the languages and
+  the memory limit a request gets when it names none. ``GET /v1/ping``: SandboxFusion's
+  liveness check.
+- SandboxFusion's Jupyter and dataset endpoints (``run_jupyter``, ``submit``,
+  ``get_prompts`` and the rest of its online-judge API) answer 501 saying so: this service
+  runs programs, it holds no datasets and no kernels.
 
-Protection: a bearer token when one is set (required to bind beyond loopback), a cap on
-the request body, on open connections and on queued jobs (``429`` with ``Retry-After``
-when the queue is full, ``503`` when connections are). Not done: TLS (put a proxy in
-front), per-client quotas.
+Queue: a request first takes room for its jobs among ``max_queue`` (jobs running or
+waiting), then each job waits its turn, in arrival order, for a slot. ``/run_code`` waits
+for both at most its own ``run_timeout``, then answers 504 with ``Retry-After`` (verl's
+reward code retries 504 and nothing else; the official client retries any error). A batch
+waits for room at most ``BATCH_WAIT_S`` (then 504) and, once in, runs to its end; one
+larger than ``max_queue`` could never fit and is refused at once with 413 naming the limit.
+
+Authentication: with a token set (required to bind beyond loopback), a request carries it
+as ``Authorization: Bearer T``, as the first path segment (``/T/run_code``: the official
+client takes the endpoint ``http://HOST:PORT/T``, verl the URL ``http://HOST:PORT/T/run_code``)
+or as a query (``/run_code?token=T``). A token in a URL can end up in the logs of proxies on
+the way; the header cannot. ``/health`` and ``/v1/ping`` need none.
+
+Protection: a cap on the request body and on open connections (503 when they are all
+taken). Not done: TLS (put a proxy in front), per-client quotas.
 """
 
 from __future__ import annotations
 
+import collections
 import hmac
 import ipaddress
 import json
 import socket
 import threading
+import time
 import traceback
+import urllib.parse
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tempering.sandbox.spec import Limits, RunRequest, SpecError, TestSpec
+from tempering.sandbox import fusion, harness
+from tempering.sandbox.languages import offered
+from tempering.sandbox.spec import SpecError, TestSpec
 
 MAX_BODY_BYTES = 16 << 20
+BATCH_WAIT_S = 30.0
 _NO_BODY = object()  # what _read_json returns once it has answered with an error
-_FUSION_RUN_STATUS = {"ok": "Finished", "timeout": "TimeLimitExceeded"}
+# SandboxFusion endpoints this service does not have (its Jupyter runner and online judge).
+ABSENT = frozenset(("run_jupyter", "submit", "get_prompts", "get_prompt_by_id", "list_datasets",
+                    "list_ids", "get_metrics", "get_metrics_function"))
 
 
 def is_loopback(host: str) -> bool:
@@ -45,53 +67,73 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def run_code_response(result) -> dict:
-    """A RunResult in SandboxFusion's ``/run_code`` response shape."""
-    if result.status == "sandbox_error":
-        status = "SandboxError"
-    else:
-        status = "Success" if result.status == "ok" else "Failed"
-    details = {"status": _FUSION_RUN_STATUS.get(result.status, "Error"),
-               "execution_time": result.wall_s, "return_code": result.exit_code,
-               "stdout": result.stdout, "stderr": result.stderr,
-               "sandbox_status": result.status, "signal": result.signal,
-               "cpu_time": result.cpu_s}
-    compiled = None
-    if result.status == "compile_error":
-        compiled, details = dict(details, status="Error"), None
-    return {"status": status, "message": "" if status == "Success" else result.status,
-            "compile_result": compiled, "run_result": details}
+class QueueTimeout(Exception):
+    """A job found no room or no slot before its deadline."""
 
 
-def run_request_from_fusion(body: dict) -> RunRequest:
-    if not isinstance(body, dict) or not isinstance(body.get("code"), str):
-        raise SpecError("/run_code needs a JSON object with a string 'code'")
-    stdin = body.get("stdin") or ""
-    if not isinstance(stdin, str):
-        raise SpecError("'stdin' must be a string")
-    if not isinstance(body.get("language", "python"), str):
-        raise SpecError("'language' must be a string such as 'python'")
-    limits = Limits(timeout_s=body.get("run_timeout", 5.0),
-                    memory_mb=body.get("memory_limit_MB", 512))
-    return RunRequest(body["code"], body.get("language", "python"), stdin, limits)
+class FifoSemaphore:
+    """``units`` taken and given back in arrival order: a request never overtakes an earlier
+    one, so a batch waiting for room is not starved by a stream of single runs."""
+
+    def __init__(self, units: int):
+        self.units = self.free = units
+        self._waiting = collections.deque()
+        self._changed = threading.Condition()
+        self._closed = False
+
+    @property
+    def used(self) -> int:
+        return self.units - self.free
+
+    def acquire(self, count: int, deadline: float | None) -> None:
+        """Take ``count`` units; QueueTimeout at ``deadline`` (a monotonic time, None: never),
+        RuntimeError once closed."""
+        ticket = object()
+        with self._changed:
+            self._waiting.append(ticket)
+            try:
+                while self._closed or self._waiting[0] is not ticket or self.free < count:
+                    if self._closed:
+                        raise RuntimeError("the sandbox service is stopping")
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise QueueTimeout()
+                    self._changed.wait(left)
+                self.free -= count
+            finally:
+                self._waiting.remove(ticket)
+                self._changed.notify_all()
+
+    def release(self, count: int) -> None:
+        with self._changed:
+            self.free += count
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """Wake every waiter with RuntimeError; later acquires fail at once."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
 
 class SandboxHTTPServer(ThreadingHTTPServer):
-    """One thread per connection, capped; jobs counted against a bounded queue."""
+    """One thread per connection, capped; jobs queued for the executor's slots."""
 
     daemon_threads = True
     request_queue_size = 128
 
     def __init__(self, executor, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  max_queue: int | None = None, max_connections: int = 256,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+                 max_body_bytes: int = MAX_BODY_BYTES, memory_mb: int = 512):
         if not token and not is_loopback(host):
             raise ValueError(f"refusing to serve on {host} without a token: pass --token, or "
                              "bind 127.0.0.1")
         self.executor, self.token, self.max_body_bytes = executor, token, max_body_bytes
         self.max_queue = max_queue or executor.workers * 32
-        self.max_connections = max_connections
-        self.queued = self.connections = 0
+        self.max_connections, self.memory_mb = max_connections, memory_mb
+        self.room, self.slots = FifoSemaphore(self.max_queue), FifoSemaphore(executor.workers)
+        self.batches = ThreadPoolExecutor(executor.workers, thread_name_prefix="sandbox-batch")
+        self.connections = 0
         self.lock = threading.Lock()
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _Handler)
@@ -100,6 +142,10 @@ class SandboxHTTPServer(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    @property
+    def queued(self) -> int:
+        return self.room.used
 
     def process_request(self, request, client_address):
         with self.lock:
@@ -119,16 +165,20 @@ class SandboxHTTPServer(ThreadingHTTPServer):
             with self.lock:
                 self.connections -= 1
 
-    def reserve(self, jobs: int) -> bool:
-        with self.lock:
-            if self.queued + jobs > self.max_queue:
-                return False
-            self.queued += jobs
-            return True
+    def execute(self, job: dict, timeout_s: float, deadline: float | None = None) -> dict:
+        """Run one worker job once a slot is free (QueueTimeout past ``deadline``)."""
+        self.slots.acquire(1, deadline)
+        try:
+            return self.executor.execute(job, timeout_s)
+        finally:
+            self.slots.release(1)
 
-    def release(self, jobs: int) -> None:
-        with self.lock:
-            self.queued -= jobs
+    def server_close(self) -> None:
+        """Stop taking jobs: waiting requests get 503; running ones end with the executor."""
+        self.room.close()
+        self.slots.close()
+        self.batches.shutdown(wait=False, cancel_futures=True)
+        super().server_close()
 
 
 def _refuse(sock, status: HTTPStatus, message: str) -> None:
@@ -159,14 +209,28 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _authorized(self) -> bool:
-        if not self.server.token:
-            return True
+    def _route(self):
+        """``(endpoint, tokens offered)``: from the path (``/ENDPOINT`` or ``/TOKEN/ENDPOINT``),
+        its query and the headers."""
+        parts = urllib.parse.urlsplit(self.path)
+        tokens = urllib.parse.parse_qs(parts.query).get("token", [])
         given = self.headers.get("Authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {self.server.token}".encode()):
+        if given.startswith("Bearer "):
+            tokens.append(given[len("Bearer "):])
+        path = parts.path.strip("/")
+        segments = path.split("/")
+        if len(segments) == 2 and path != "v1/ping":
+            tokens.append(segments[0])
+            path = segments[1]
+        return path, tokens
+
+    def _authorized(self, tokens) -> bool:
+        expected = self.server.token
+        if not expected or any(hmac.compare_digest(t.encode(), expected.encode()) for t in tokens):
             return True
         self.close_connection = True  # the unread body would corrupt the next request
-        self._send(401, {"error": "missing or wrong bearer token"},
+        self._send(401, {"error": "missing or wrong token: send 'Authorization: Bearer TOKEN', "
+                                  "or put it in the URL as /TOKEN/run_code or ?token=TOKEN"},
                    {"WWW-Authenticate": "Bearer"})
         return False
 
@@ -190,57 +254,95 @@ class _Handler(BaseHTTPRequestHandler):
         return _NO_BODY
 
     def do_GET(self):
-        if self.path != "/health":
-            self._send(404, {"error": f"no such endpoint: GET {self.path}"})
-            return
+        endpoint, _ = self._route()
         server = self.server
-        self._send(200, {"status": "ok", "isolation": server.executor.isolation,
-                         "workers": server.executor.workers, "queued": server.queued,
-                         "max_queue": server.max_queue})
+        if endpoint == "v1/ping":
+            self._send(200, "pong")
+        elif endpoint == "health":
+            self._send(200, {"status": "ok", "isolation": server.executor.isolation,
+                             "workers": server.executor.workers, "queued": server.queued,
+                             "running": server.slots.used, "max_queue": server.max_queue,
+                             "memory_mb": server.memory_mb, "languages": offered()})
+        else:
+            self._send(404, {"error": f"no such endpoint: GET {self.path}"})
 
     def do_POST(self):
-        routes = {"/run_code": self._run_code, "/run_tests": self._run_tests}
-        route = routes.get(self.path)
-        if route is None:
+        endpoint, tokens = self._route()
+        routes = {"run_code": self._run_code, "run_tests": self._run_tests}
+        if endpoint not in routes and endpoint not in ABSENT:
             self._send(404, {"error": f"no such endpoint: POST {self.path}"})
             return
-        if not self._authorized():
+        if not self._authorized(tokens):
             return
         body = self._read_json()
-        if body is not _NO_BODY:
-            route(body)
-
-    def _with_queue(self, jobs: int, work):
-        if not self.server.reserve(jobs):
-            self._send(429, {"error": "the sandbox queue is full; retry shortly"},
-                       {"Retry-After": "1"})
+        if body is _NO_BODY:
             return
+        if endpoint in ABSENT:
+            self._send(501, {"error": f"/{endpoint} is SandboxFusion's and not offered here: this "
+                                      "service runs programs (/run_code, /run_tests); it has no "
+                                      "Jupyter kernels and no datasets"})
+            return
+        routes[endpoint](body)
+
+    def _answer(self, jobs: int, deadline: float | None, work) -> None:
+        """Take room for ``jobs``, run ``work()`` -> (status, payload), and answer it."""
+        try:
+            self.server.room.acquire(jobs, deadline)
+        except QueueTimeout:
+            self._send(504, {"error": "the sandbox queue stayed full; retry shortly"}, {"Retry-After": "1"})
+            return
+        except RuntimeError as err:
+            self._send(503, {"error": str(err)}, {"Retry-After": "1"})
+            return
+        headers = None
         try:
             status, payload = work()
+        except QueueTimeout:
+            status, payload = 504, {"error": "no sandbox slot came free in time; retry shortly"}
+            headers = {"Retry-After": "1"}
         except SpecError as err:
             status, payload = 400, {"error": str(err)}
-        except RuntimeError as err:
-            status, payload = 503, {"error": f"the sandbox is unavailable: {err}"}
+        except (RuntimeError, CancelledError) as err:  # the service is stopping
+            status, payload = 503, {"error": f"the sandbox is unavailable: {err or 'stopping'}"}
         except Exception as err:  # a defect here; the client still gets an answer
             traceback.print_exc()
             status, payload = 500, {"error": f"internal error: {type(err).__name__}: {err}"}
         finally:
-            self.server.release(jobs)
-        self._send(status, payload)
+            self.server.room.release(jobs)
+        self._send(status, payload, headers)
 
     def _run_code(self, body):
+        try:
+            request = fusion.parse_request(body, self.server.memory_mb)
+        except SpecError as err:
+            self._send(400, {"error": str(err)})
+            return
+        except fusion.LanguageMissing as err:
+            self._send(200, fusion.answer("Failed", str(err)))
+            return
+        deadline = time.monotonic() + request.run.limits.timeout_s
+
         def work():
-            result = self.server.executor.run(run_request_from_fusion(body))
-            return 200, run_code_response(result)
-        self._with_queue(1, work)
+            job = fusion.build_job(request)
+            reply = self.server.execute(job.job, job.budget_s, deadline)
+            return 200, fusion.response(job, reply)
+        self._answer(1, deadline, work)
 
     def _run_tests(self, body):
         batch = isinstance(body, list)
-        specs_json = body if batch else [body]
+        try:
+            specs = [TestSpec.from_dict(spec) for spec in (body if batch else [body])]
+        except SpecError as err:
+            self._send(400, {"error": str(err)})
+            return
+        if len(specs) > self.server.max_queue:
+            self._send(413, {"error": f"a batch of {len(specs)} specs is over this service's "
+                                      f"max_queue of {self.server.max_queue}: send at most that "
+                                      "many per request (GET /health says it)"})
+            return
 
         def work():
-            specs = [TestSpec.from_dict(spec) for spec in specs_json]
-            results = self.server.executor.test_many(specs)
+            results = list(self.server.batches.map(partial(harness.run_tests, self.server.execute), specs))
             payload = [dict(r.to_dict(), verdict=r.verdict) for r in results]
             return 200, payload if batch else payload[0]
-        self._with_queue(max(1, len(specs_json)), work)
+        self._answer(max(1, len(specs)), time.monotonic() + BATCH_WAIT_S, work)

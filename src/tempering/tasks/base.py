@@ -97,6 +97,7 @@ def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
 
 
 LAZY_TASKS: dict[str, str] = {"rg:": "tempering.tasks.reasoning_gym:build_rg_task",
+                              "code:": "tempering.tasks.code:build_code_task",
                               "humaneval": "tempering.tasks.humaneval:HumanEvalTask",
                               "long_context": "tempering.tasks.long_context:LongContextTask"}
 """Task name, or ``prefix:`` for a family named on the fly (``rg:<type>``) -> ``module:factory``.

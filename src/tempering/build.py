@@ -334,7 +334,7 @@ def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
 def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
     """A generator over ``rollout.server``; a ConfigError when it cannot be used or reached."""
     sc = config.rollout.server
-    settings = ServerSettings(sc.url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
+    settings = ServerSettings(sc.url if isinstance(sc.url, str) else tuple(sc.url), sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
                               sc.weights_dir, sc.reload)
     try:
         return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template,

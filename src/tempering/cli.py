@@ -224,19 +224,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve a model over HTTP until interrupted (``tempering.serve``)."""
+    import os
     import threading
 
     import torch
 
     from tempering.build import load_model
     from tempering.rollout.hf import HFGenerator
+    from tempering.rollout.openai_server import API_KEY_VARIABLE
     from tempering.sandbox.server import is_loopback
-    from tempering.serve import start
+    from tempering.serve import Limits, start
 
     model_path, config_path, overrides = _model_inputs(args.inputs)
-    if not is_loopback(args.host):
-        raise ConfigError(f"--host {args.host}: temper serve has no authentication and binds a loopback address "
-                          "only; put an authenticating proxy in front of it to reach it from elsewhere")
+    api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
+    if not is_loopback(args.host) and api_key is None:
+        raise ConfigError(f"--host {args.host}: off a loopback address temper serve wants an API key that clients "
+                          f"send as 'Authorization: Bearer KEY': pass --api-key KEY (or set ${API_KEY_VARIABLE})")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port}: a port is 0..65535 (0 = any free one)")
+    limits = Limits(*(given if given is not None else default for given, default in
+                      ((args.max_request_tokens, Limits.request_tokens), (args.max_queued_tokens, Limits.queued_tokens))))
+    if not 1 <= limits.request_tokens <= limits.queued_tokens:
+        raise ConfigError(f"--max-request-tokens {limits.request_tokens} --max-queued-tokens {limits.queued_tokens}: "
+                          "each must be at least 1, and a request's no more than the queue's")
     config = load_config(config_path, overrides)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -245,7 +255,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sampler = HFGenerator(model.eval(), tokenizer, config.model.chat_template, rc.batch_size, rc.bf16,
                           share=rc.share_decoding)
     try:
-        http = start(sampler, args.name or model_path or config.model.path, rc.batch_size, args.host, args.port)
+        http = start(sampler, args.name or model_path or config.model.path, rc.batch_size, args.host, args.port,
+                     limits, api_key)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     print(f"temper serve: {resolved} at {http.url} (OpenAI-compatible: {http.url}/v1)", flush=True)
@@ -395,9 +406,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("inputs", nargs="*", metavar="MODEL [CONFIG] [key=value ...]",
                        help="the model (as for temper eval; default: the config's model.path), a YAML config "
                             "(its model and rollout sections) and dotted overrides, in any order")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on, a loopback one (default: 127.0.0.1)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1); "
+                       "another than a loopback one needs --api-key")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port, printed)")
     serve.add_argument("--name", help="the model's name in the API (default: MODEL as given)")
+    serve.add_argument("--api-key", help="bearer token every request must carry (default: $TEMPER_SERVE_API_KEY; "
+                       "none on a loopback address)")
+    serve.add_argument("--max-request-tokens", type=int, metavar="N",
+                       help="token positions one request may ask for (prompts x n x (prompt + max_tokens)); "
+                            "more is refused with 400 (default: 262144)")
+    serve.add_argument("--max-queued-tokens", type=int, metavar="N",
+                       help="token positions queued or sampling, all requests together; a request past it gets 429 "
+                            "(default: 2097152)")
     serve.add_argument("--quiet", action="store_true", help="no progress bars")
     serve.set_defaults(func=cmd_serve, items_into="inputs")
 

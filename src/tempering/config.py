@@ -95,7 +95,7 @@ class ServerConfig(Strict):
     """An OpenAI-compatible inference server that samples the rollouts (``tempering.rollout.openai_server``):
     ``temper serve``, vLLM (with --logprobs-mode processed_logprobs) or SGLang, serving the policy's model."""
 
-    url: str = Field(description="base URL of the server, e.g. http://127.0.0.1:8000")
+    url: Union[str, list[str]] = Field(description="base URL of the server, e.g. http://127.0.0.1:8000, or a list of servers of one model (each at the same weights), over which a step's requests are dealt in turn and to each of which every reload goes; a server started with an API key gets $TEMPER_SERVE_API_KEY as a bearer token")
     model: Optional[str] = Field(None, description="model name sent with each request; null = the first the server lists")
     timeout_s: float = Field(300.0, gt=0, description="seconds one request may take before it is sent again")
     retries: int = Field(3, ge=0, description="times a failed request (no connection, timeout, 429, 5xx) is sent again; 0 = never")

@@ -52,8 +52,9 @@ def cache_staging(target: Path) -> Path:
     except OSError as exc:
         variable = f"TEMPERING_CACHE={os.environ['TEMPERING_CACHE']}" if os.environ.get("TEMPERING_CACHE") else (
             "TEMPERING_CACHE unset")
-        raise ModelLoadError(f"cannot write the model cache {target.parent} ({variable}): {exc.strerror}: "
-                             f"{exc.filename}; set TEMPERING_CACHE to a folder you can write") from None
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ModelLoadError(f"cannot write the model cache {target.parent} ({variable}): {exc.strerror}{where}; "
+                             "set TEMPERING_CACHE to a folder you can write") from None
 
 
 def cache_key(config: PretrainConfig) -> str:

@@ -40,16 +40,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_pairs(args: argparse.Namespace) -> int:
     try:
-        _write_pairs(args)
+        written = _write_pairs(args)
     except PairsError as exc:
         print(f"temper rm pairs: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"pairs": args.count, "file": args.out}))
+    print(json.dumps({"pairs": written, "file": args.out}))
     return 0
 
 
-def _write_pairs(args: argparse.Namespace) -> None:
-    """The pairs file ``temper rm pairs`` asks for; a count, size or path it cannot have is a PairsError."""
+def _write_pairs(args: argparse.Namespace) -> int:
+    """Write the pairs file ``temper rm pairs`` asks for; return how many pairs it holds. A
+    count, operand size or path it cannot have is a PairsError."""
     if args.count < 1:
         raise PairsError(f"--count {args.count}: write at least 1 pair")
     try:
@@ -63,6 +64,7 @@ def _write_pairs(args: argparse.Namespace) -> None:
                 handle.write(json.dumps(row) + "\n")
     except OSError as exc:
         raise PairsError(f"cannot write {args.out}: {exc.strerror}") from None
+    return len(rows)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -23,38 +22,14 @@ import torch
 from tqdm import tqdm
 
 from tempering.config import PretrainConfig
-from tempering.learner import lr_factor
+from tempering.learner.optim import lr_factor
+from tempering.models.cache import cache_root, cache_staging
 from tempering.models.tiny import build_model, build_tokenizer
 from tempering.tasks import build_task
 from tempering.threads import ThreadGovernor
 
 CORPUS_VERSION = 1
 """Bump when the corpus or the model code changes, so stale cache entries are not reused."""
-
-
-def cache_root() -> Path:
-    """``$TEMPERING_CACHE``, else ``$XDG_CACHE_HOME/tempering``, else ``~/.cache/tempering``."""
-    if os.environ.get("TEMPERING_CACHE"):
-        return Path(os.environ["TEMPERING_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tempering"
-
-
-def cache_staging(target: Path) -> Path:
-    """A new hidden folder beside the cache entry ``target``, to write it in and rename into
-    place. A cache that cannot be written is a ModelLoadError naming it, and the variable that
-    moves it, rather than a traceback from ``mkdir``."""
-    from tempering.models.loading import ModelLoadError
-
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    except OSError as exc:
-        variable = f"TEMPERING_CACHE={os.environ['TEMPERING_CACHE']}" if os.environ.get("TEMPERING_CACHE") else (
-            "TEMPERING_CACHE unset")
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise ModelLoadError(f"cannot write the model cache {target.parent} ({variable}): {exc.strerror}{where}; "
-                             "set TEMPERING_CACHE to a folder you can write") from None
 
 
 def cache_key(config: PretrainConfig) -> str:

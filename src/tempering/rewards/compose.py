@@ -28,11 +28,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
 
-from tempering.envs.base import episode_totals
 from tempering.rewards.base import BatchReward, RewardResult, build_reward
 from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer
 from tempering.tasks import Task
-from tempering.types import Group, Problem, Rollout
+from tempering.types import Group, Problem, Rollout, episode_totals
 
 Items = list[tuple[int, int]]  # (group index, rollout index) pairs a reward scores
 

@@ -43,8 +43,9 @@ def load_reward_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[An
     import transformers
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from tempering.build import resolve_model_path
     from tempering.config import PretrainConfig
-    from tempering.models.loading import ModelLoadError, resolve_model_path
+    from tempering.models.loading import ModelLoadError
 
     path = resolve_model_path(path, PretrainConfig(), progress=False)
     kwargs: dict[str, Any] = {"num_labels": 1, "dtype": dtype}

@@ -1,6 +1,6 @@
 """Where step records go: ``metrics.jsonl`` always, and the metric tools people already look at.
 
-``metrics.jsonl`` (:class:`~tempering.reporting.MetricsWriter`) is the run's record; the
+``metrics.jsonl`` (:class:`~tempering.reporting.metrics.MetricsWriter`) is the run's record; the
 sinks named in ``logging.sinks`` get each step's numbers as well (every int or float value
 of the record but ``step``; booleans, strings and lists are left to ``metrics.jsonl``):
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from tempering.config import ConfigError
-from tempering.reporting import MetricsWriter
+from tempering.reporting.metrics import MetricsWriter
 
 
 class Sink(Protocol):

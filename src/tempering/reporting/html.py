@@ -148,7 +148,7 @@ def browser(runs: list[dict]) -> list[dict]:
 def render(data: dict) -> str:
     """The page: the data as JSON in the page (``<`` escaped, so no text in it can close the
     script element), then the inlined style and script."""
-    package = resources.files("tempering.report")
+    package = resources.files("tempering.reporting")
     payload = json.dumps(_finite(data), separators=(",", ":")).replace("<", "\\u003c")
     return PAGE.format(style=(package / "report.css").read_text(encoding="utf-8"),
                        script=(package / "report.js").read_text(encoding="utf-8"), data=payload)

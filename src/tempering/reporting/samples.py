@@ -20,8 +20,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from tempering.envs.base import transcript
-from tempering.types import Group, Rollout
+from tempering.types import Group, Rollout, transcript
 
 
 def chosen(count: int, share: float, seed: int, step: int) -> list[int]:

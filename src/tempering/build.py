@@ -43,7 +43,8 @@ from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
 from tempering.placement import LocalHandle, RayHandle, actor_placement, pool, ray_running
 from tempering.registry import resolve
 from tempering.reporting.sinks import check_sinks
-from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
+from tempering.rewards import (MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, TaskRewards,
+                               resolve_reward)
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.prompts import longest_token, prompt_limit, screen_datasets
@@ -338,11 +339,32 @@ def scheduler_settings(config: Any) -> Settings:
 def build_rewarder(config: TrainConfig, tasks: list[Task]) -> Rewarder:
     """The tasks' rewards with their options and normalization; a bad option is a ConfigError."""
     rc = config.rewards
+    specs = [TaskRewards(t.name, dict(t.rewards), t.metric, t.domain) for t in tasks]
     try:
-        return Rewarder(tasks, rc.options, {name: normalize_settings(n) for name, n in rc.task_normalize.items()},
+        return Rewarder(specs, with_reward_model_path(rc.options),
+                        {name: normalize_settings(n) for name, n in rc.task_normalize.items()},
                         normalize_settings(rc.normalize))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def reward_model_path(path: str) -> str:
+    """A reward model's path as ``tempering.rewards.model`` loads it: ``builtin:tiny`` (the
+    tiny model of the default pre-training, which gets a new head) and run folders resolved
+    like a policy's (:func:`resolve_model_path`), other paths as they are."""
+    return resolve_model_path(path, PretrainConfig(), progress=False)
+
+
+def with_reward_model_path(options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``rewards.options`` with the ``model`` reward's ``path`` resolved (:func:`reward_model_path`);
+    a path that cannot be is a ValueError naming the key."""
+    model = options.get("model") or {}
+    if not isinstance(model.get("path"), str):
+        return options
+    try:
+        return {**options, "model": {**model, "path": reward_model_path(model["path"])}}
+    except ModelLoadError as exc:
+        raise ValueError(f"rewards.options.model.path: {exc}") from None
 
 
 def build_mixture(config: TrainConfig, tasks: list[Task]) -> Mixture:

@@ -67,9 +67,10 @@ def _selectors(rm_path: Optional[str]) -> dict:
     """``{"rm": reward model}`` that ranks samples for best-of-k; empty without one."""
     if rm_path is None:
         return {}
+    from tempering.build import reward_model_path
     from tempering.rewards.model import ModelReward
 
-    return {"rm": ModelReward(path=rm_path, transform="raw")}
+    return {"rm": ModelReward(path=reward_model_path(rm_path), transform="raw")}
 
 
 def evaluate_model(args: argparse.Namespace, model_path: Optional[str], config_path: Optional[str],

@@ -158,10 +158,12 @@ class RMSettings:
 def train_reward_model(pairs: list[Pair], out: Path, settings: RMSettings,
                        progress: Optional[Any] = None) -> dict:
     """Bradley–Terry training; saves model, tokenizer and ``reward_model.json`` into ``out``."""
+    from tempering.build import reward_model_path
+
     start = time.perf_counter()
     torch.manual_seed(settings.seed)
     train, test = split_pairs(pairs, settings.heldout)
-    model, tokenizer = load_reward_model(settings.base)
+    model, tokenizer = load_reward_model(reward_model_path(settings.base))
     before = pairwise_accuracy(model, tokenizer, test, settings.batch_size, settings.max_length)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
     rng = random.Random(settings.seed)

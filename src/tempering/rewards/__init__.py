@@ -14,10 +14,10 @@ model, trained by ``temper rm train``).
 from tempering.rewards.base import (REWARDS, BatchReward, RewardFn, RewardResult, build_reward,
                                     register_reward, resolve_reward, score)
 from tempering.rewards import basic, code, maths, model, process  # noqa: F401  (register the built-ins)
-from tempering.rewards.compose import Rewarder
+from tempering.rewards.compose import Rewarder, TaskRewards
 from tempering.rewards.monitors import MonitorSettings, RewardMonitors
 from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer
 
 __all__ = ["REWARDS", "BatchReward", "MonitorSettings", "NormalizeSettings", "RewardFn", "RewardMonitors",
-           "RewardResult", "Rewarder", "RunningNormalizer", "build_reward", "register_reward",
+           "RewardResult", "Rewarder", "RunningNormalizer", "TaskRewards", "build_reward", "register_reward",
            "resolve_reward", "score"]

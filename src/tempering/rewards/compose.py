@@ -26,14 +26,26 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
 
 from tempering.rewards.base import BatchReward, RewardResult, build_reward
 from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer
-from tempering.tasks import Task
 from tempering.types import Group, Problem, Rollout, episode_totals
 
 Items = list[tuple[int, int]]  # (group index, rollout index) pairs a reward scores
+
+
+@dataclass(frozen=True)
+class TaskRewards:
+    """What the composer needs of one task: its rewards with weights, the reward that counts
+    as correct, and the domain its statistics are kept under (the builder makes these from the
+    tasks, so rewards never import them)."""
+
+    name: str
+    rewards: Mapping[str, float]
+    metric: str
+    domain: str = ""
 
 
 class Rewarder:
@@ -44,7 +56,7 @@ class Rewarder:
     normalization). ``threads``: rewards scored at the same time.
     """
 
-    def __init__(self, tasks: Sequence[Task], options: Optional[dict[str, dict[str, Any]]] = None,
+    def __init__(self, tasks: Sequence[TaskRewards], options: Optional[dict[str, dict[str, Any]]] = None,
                  normalize: Optional[dict[str, NormalizeSettings]] = None,
                  default_normalize: Optional[NormalizeSettings] = None, threads: int = 4):
         options = options or {}

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from tempering.config import PretrainConfig
-from tempering.learner.optim import lr_factor
+from tempering.learner.optim import guarded_step, lr_factor
 from tempering.models.cache import cache_root, cache_staging
 from tempering.models.tiny import build_model, build_tokenizer
 from tempering.tasks import build_task
@@ -112,11 +112,9 @@ def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threa
             loss = model(input_ids=input_ids_BT, labels=labels_BT).loss
         tokens += int((labels_BT != -100).sum())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        guarded_step(optimizer, losses[-1], grad_clip=1.0)
+        schedule.step()
         if governor:
             governor.update()
         bar.set_postfix(loss=f"{losses[-1]:.3f}")

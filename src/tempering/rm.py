@@ -33,6 +33,7 @@ from typing import Any, Optional
 
 import torch
 
+from tempering.learner.optim import guarded_step
 from tempering.rewards.model import load_reward_model, reward_text, sequence_scores
 
 
@@ -177,11 +178,9 @@ def train_reward_model(pairs: list[Pair], out: Path, settings: RMSettings,
             model.train()
             chosen, rejected = _scores(model, tokenizer, order[begin:begin + settings.batch_size], settings.max_length)
             loss = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
-            optimizer.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
             losses.append(loss.item())
+            guarded_step(optimizer, losses[-1], grad_clip=1.0)
             step += 1
             if progress is not None:
                 progress(step, loss.item())

@@ -24,7 +24,6 @@ lengths beyond one row (a record longer than ``sft.max_length`` is refused or sk
 from __future__ import annotations
 
 import json
-import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from tempering import checkpoint, faults
 from tempering.build import load_model, logprob_chunk, saves_merged, with_lora
 from tempering.config import ConfigError, TrainConfig, save_resolved
 from tempering.learner.forward import forward_logprobs
-from tempering.learner.optim import adamw, lr_factor
+from tempering.learner.optim import adamw, guarded_step, lr_factor
 from tempering.learner.packing import plan_micro_batches
 from tempering.learner.plan import Layout
 from tempering.models.compat import enable_checkpointing
@@ -113,16 +112,11 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, examples: list[Exampl
     model.train()
     count = answer_tokens(examples)
     loss = answer_nll(model, examples, passes, backward_scale=1.0 / count) / count
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, grad_clip if grad_clip > 0 else float("inf")))
     faults.point("learn")
-    finite = math.isfinite(loss) and math.isfinite(grad_norm)
-    if finite:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    grad_norm, stepped = guarded_step(optimizer, loss, grad_clip)
     model.eval()
     return {"loss": loss, "grad_norm": grad_norm, "answer_tokens": count,
-            "tokens": sum(len(e.ids) for e in examples), "skipped_updates": 0 if finite else 1}
+            "tokens": sum(len(e.ids) for e in examples), "skipped_updates": 0 if stepped else 1}
 
 
 @dataclass

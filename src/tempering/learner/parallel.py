@@ -186,12 +186,6 @@ def idle_pass(model: Any, device: torch.device, grad: bool) -> None:
         (logits.sum() * 0.0).backward()
 
 
-def scalar(value: Any) -> float:
-    """A float of a tensor that may be a DTensor (``fsdp``'s gradient norm)."""
-    full = getattr(value, "full_tensor", None)
-    return float(full() if full is not None else value)
-
-
 def full_state(model: Any) -> dict[str, torch.Tensor]:
     """A copy of the model's whole weights on every rank (``fsdp`` gathers the shards: every
     rank must call it)."""

@@ -58,7 +58,6 @@ there; values handed back for advantages (:meth:`Learner.values`,
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -72,8 +71,8 @@ from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import MISMATCH_KEYS, KLCoefficient, mismatch
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
 from tempering.learner.forward import can_share_prompts, forward_logprobs, plain_head
-from tempering.learner.parallel import (DataParallel, gather_into, idle_pass, load_optimizer_state, optimizer_state,
-                                        scalar)
+from tempering.learner.optim import guarded_step
+from tempering.learner.parallel import DataParallel, gather_into, idle_pass, load_optimizer_state, optimizer_state
 from tempering.learner.plan import MicroBatch, PlanChoices, UpdatePlan, computed_batch, plan_update
 from tempering.models.attention import upcast_attention
 from tempering.models.compat import enable_checkpointing
@@ -403,18 +402,12 @@ class Learner:
             weight = micro.num_tokens / max(computed_tokens, 1)
             for key, value in self._micro_step(micro, part, tokens, sequences, prox_from_forward, measure).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "loss" else value * weight)
-        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
         if self.parallel is not None:
             totals = self.parallel.sum_metrics(totals)
-            self.parallel.sum_gradients(parameters)
-        clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
-        totals["grad_norm"] = scalar(torch.nn.utils.clip_grad_norm_(parameters, clip))
+            self.parallel.sum_gradients(p for group in self.optimizer.param_groups for p in group["params"])
         faults.point("learn")
-        finite = math.isfinite(totals["grad_norm"]) and math.isfinite(totals["loss"])
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        totals["skipped_updates"] = 0.0 if finite else 1.0
+        totals["grad_norm"], stepped = guarded_step(self.optimizer, totals["loss"], self.settings.grad_clip)
+        totals["skipped_updates"] = 0.0 if stepped else 1.0
         return totals
 
     def _aligned(self, parts: list[MicroBatch]) -> list[Optional[MicroBatch]]:

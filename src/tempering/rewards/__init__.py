@@ -9,6 +9,10 @@ reward is a plain function ``(problem, completion) -> float`` or a batch-scoring
 Built in: ``exact_match``, ``match``, ``math`` (outcome); ``code`` (unit tests in the
 sandbox); ``steps``, ``repetition``, ``format``, ``length`` (process); ``model`` (a reward
 model, trained by ``temper rm train``).
+
+Not here: the tasks themselves (the builder gives the :class:`Rewarder` each task's
+:class:`TaskRewards`), the environments (their per-turn rewards arrive on a rollout's turns),
+running programs (``tempering.sandbox``) and training a reward model (``tempering.rm``).
 """
 
 from tempering.rewards.base import (REWARDS, BatchReward, RewardFn, RewardResult, build_reward,

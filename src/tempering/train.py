@@ -73,8 +73,8 @@ def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner
     values_BT = learner.values(batch) if learner is not None else None
     penalty_BT = learner.reward_penalty(batch) if learner is not None else None
     teacher_BT = learner.teacher_logprobs(batch) if learner is not None else None
-    domains = {d: i for i, d in enumerate(dict.fromkeys(r.problem.domain or r.problem.task for r in rollouts))}
-    domain_B = torch.tensor([domains[r.problem.domain or r.problem.task] for r in rollouts])
+    domains = {d: i for i, d in enumerate(dict.fromkeys(r.problem.domain_key for r in rollouts))}
+    domain_B = torch.tensor([domains[r.problem.domain_key] for r in rollouts])
     batch.advantages_BT = estimator(AdvantageInputs(
         rewards_B, group_B, batch.loss_mask_BT, values_BT, penalty_BT, gamma=gamma, lam=lam, domain_B=domain_B,
         logprobs_BT=batch.old_logprobs_BT, teacher_logprobs_BT=teacher_BT, task_weight=task_weight))

@@ -41,6 +41,16 @@ Messages = list[dict[str, str]]
 Prompt = Union[str, Messages]
 
 
+def domain_of(task: str, domain: str = "") -> str:
+    """The domain a task's statistics are kept under: the one it names, else the task's own
+    name (each task is its own domain unless told otherwise).
+
+    >>> domain_of("add"), domain_of("add", "arithmetic")
+    ('add', 'arithmetic')
+    """
+    return domain or task
+
+
 @dataclass(frozen=True)
 class Problem:
     """One question a task asks, with everything needed to grade it.
@@ -60,6 +70,11 @@ class Problem:
     def key(self) -> str:
         """Identifier unique across tasks."""
         return f"{self.task}/{self.id}"
+
+    @property
+    def domain_key(self) -> str:
+        """The domain the problem counts under (:func:`domain_of` its task and ``domain``)."""
+        return domain_of(self.task, self.domain)
 
 
 @dataclass

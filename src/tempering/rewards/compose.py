@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from tempering.rewards.base import BatchReward, RewardResult, build_reward
 from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer
-from tempering.types import Group, Problem, Rollout, episode_totals
+from tempering.types import Group, Problem, Rollout, domain_of, episode_totals
 
 Items = list[tuple[int, int]]  # (group index, rollout index) pairs a reward scores
 
@@ -73,7 +73,7 @@ class Rewarder:
                 self.rewards[name] = build_reward(name, options.get(name))
             except ValueError as exc:
                 raise ValueError(f"rewards.options.{name}: {exc}") from None
-        domains = {t.name: t.domain or t.name for t in tasks}
+        domains = {t.name: domain_of(t.name, t.domain) for t in tasks}
         for name in normalize or {}:
             if name not in domains:
                 raise ValueError(f"rewards.task_normalize.{name}: no such task (tasks: {', '.join(domains)})")
@@ -159,7 +159,7 @@ class Rewarder:
                 for key, value in rollout.reward_components.items():
                     sums[f"reward/{key}"] += value
                 kept.append(rollout)
-                kept_by_domain.setdefault(group.problem.domain or group.problem.task, []).append(rollout)
+                kept_by_domain.setdefault(group.problem.domain_key, []).append(rollout)
             group.rollouts = kept
         groups[:] = [group for group in groups if group.rollouts]
         count = max(sum(len(g.rollouts) for g in groups), 1)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -23,7 +21,7 @@ from tqdm import tqdm
 
 from tempering.config import PretrainConfig
 from tempering.learner.optim import guarded_step, lr_factor
-from tempering.models.cache import cache_root, cache_staging
+from tempering.models.cache import cache_root, write_entry
 from tempering.models.tiny import build_model, build_tokenizer
 from tempering.tasks import build_task
 from tempering.threads import ThreadGovernor
@@ -141,17 +139,5 @@ def ensure_pretrained(config: PretrainConfig, progress: bool = True, force: bool
     target = cached_model_dir(config)
     if target.exists() and not force:
         return target
-    staging = cache_staging(target)
-    try:
-        pretrain(config, staging, progress=progress, threads=threads)
-        if force and target.exists():
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(staging, target)
-        except OSError:
-            if not target.exists():
-                raise
-            # Another process finished the same entry first; its model is as good as ours.
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return write_entry(target, lambda folder: pretrain(config, folder, progress=progress, threads=threads),
+                       replace=force)

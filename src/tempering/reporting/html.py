@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tempering.config import ConfigError
+from tempering.reporting.metrics import read_jsonl
 
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Reward", "mean reward of the step's rollouts, overall and per domain", (r"reward", r"domain/.+/reward")),
@@ -82,19 +83,6 @@ def load_run(path: Path) -> dict[str, Any]:
             "samples": read_jsonl(path / "samples.jsonl") if (path / "samples.jsonl").is_file() else [],
             "config": (path / "config.yaml").read_text(encoding="utf-8") if (path / "config.yaml").is_file() else "",
             "summary": json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else None}
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of a file's lines; a torn last line (a killed run) is left out."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def run_names(paths: list[str]) -> list[str]:

@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "sandbox": FOUNDATIONS,
     "checkpoint": FOUNDATIONS | {"models"},
     # the middle, in the order of the flow: sampling, rewards, episodes, tasks, what comes next
-    "rollout": FOUNDATIONS | {"models"},
+    "rollout": FOUNDATIONS | {"models", "sandbox"},
     "rewards": FOUNDATIONS | {"algorithms", "models", "sandbox"},
     "envs": FOUNDATIONS | {"rollout", "rewards", "sandbox"},
     "tasks": FOUNDATIONS | {"envs", "rewards", "rollout", "sandbox"},

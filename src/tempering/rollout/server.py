@@ -79,6 +79,7 @@ from tempering.rollout.openai_api import (RequestError, Sampled, Streamed, Wire,
                                           error_body, event_stream, flag, logprobs_asked, refuse_unsupported,
                                           sampling_request, usage)
 from tempering.rollout.prompts import chat_ids, encode_prompt
+from tempering.sandbox.server import http_url
 
 MAX_BODY_BYTES = 64 << 20
 
@@ -486,8 +487,7 @@ class OpenAIHTTPServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return http_url(self.server_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

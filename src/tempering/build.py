@@ -40,7 +40,7 @@ from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import ModelLoadError
 from tempering.models.lora import apply_lora
 from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
-from tempering.placement import LocalHandle, RayHandle, actor_placement, pool, ray_running
+from tempering.placement import LocalHandle, RayHandle, actor_placement, pool, ray_running, start_ray
 from tempering.registry import resolve
 from tempering.reporting.sinks import check_sinks
 from tempering.rewards import (MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, TaskRewards,
@@ -469,14 +469,8 @@ def normalizes(config: TrainConfig) -> bool:
 
 
 def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("pipeline.backend=ray needs Ray: pip install 'tempering[ray]'") from None
-    if not ray.is_initialized():
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, started here
-        ray.init(address=config.pipeline.ray_address, include_dashboard=False, log_to_driver=False,
-                 namespace="tempering", ignore_reinit_error=True)
+    """The rollout and reward actors ``pipeline`` asks for, each built from the config inside its actor."""
+    start_ray(config.pipeline.ray_address)
     pc = config.pipeline
     data = config.model_dump(mode="json")
     tag = f"{os.getpid()}-{id(config):x}"

@@ -7,8 +7,8 @@ call that was in flight, up to ``restart_limit`` times.
 
 Several workers of a kind share a round through a :class:`WorkerPool`: problems (or groups)
 are cut into contiguous shares, one per worker, called at once; weights go to every worker.
-On Ray, a placement group can reserve every actor's CPUs and GPUs before any starts
-(:func:`actor_placement`).
+On Ray (joined or started by :func:`start_ray`), a placement group can reserve every actor's
+CPUs and GPUs before any starts (:func:`actor_placement`).
 
 Not here: which worker is built from the config (``tempering.build``), and what a round is
 (``tempering.pipeline``).
@@ -17,6 +17,7 @@ Not here: which worker is built from the config (``tempering.build``), and what 
 from __future__ import annotations
 
 import itertools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional
 
@@ -185,6 +186,19 @@ class _ActorShell:
         if method == "ping" or (method == "close" and not hasattr(self.worker, "close")):
             return None
         return getattr(self.worker, method)(*args)
+
+
+def start_ray(address: Optional[str]) -> None:
+    """Connect to the Ray cluster at ``address``, or start a private local one here (None), unless
+    this process is connected already; a ConfigError when Ray is not installed."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("pipeline.backend=ray needs Ray: pip install 'tempering[ray]'") from None
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, started here
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, namespace="tempering",
+                 ignore_reinit_error=True)
 
 
 def ray_running() -> bool:

@@ -22,10 +22,9 @@ import time
 
 import torch
 
+from tempering.build import build_learner, load_policy, resolve_algorithm
 from tempering.config import load_config
-from tempering.learner import collate
-from tempering.models.loading import load_policy
-from tempering.build import build_learner, resolve_algorithm
+from tempering.learner.step import collate
 from tempering.types import Problem, Rollout
 
 SHAPES = {"tiny": ("builtin:tiny", 64, (24, 48)), "smollm2": ("builtin:smollm2", 16, (96, 160))}

@@ -70,10 +70,9 @@ def _sequence(vocab: int, length: int) -> torch.Tensor:
 
 
 def tempering_step(model_path: str, length: int, bf16: bool) -> dict:
-    from tempering.algorithms.logprobs import forward_logprobs
+    from tempering.build import build_learner, load_policy, resolve_algorithm
     from tempering.config import load_config
-    from tempering.models.loading import load_policy
-    from tempering.build import build_learner, resolve_algorithm
+    from tempering.learner.forward import forward_logprobs
     from tempering.types import Batch
 
     config = load_config(None, [f"model.path={model_path}", "learner.gradient_checkpointing=true",
@@ -98,8 +97,8 @@ def trl_step(model_path: str, length: int, bf16: bool) -> dict:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from tempering.build import load_policy
     from tempering.config import PretrainConfig
-    from tempering.models.loading import load_policy
 
     model, tokenizer, _ = load_policy(model_path, "float32", PretrainConfig(), progress=False)
     with tempfile.TemporaryDirectory() as out:
@@ -191,8 +190,8 @@ def main(argv: list[str]) -> dict:
 
     from transformers import AutoConfig
 
+    from tempering.build import resolve_model_path
     from tempering.config import PretrainConfig
-    from tempering.models.loading import resolve_model_path
 
     path = resolve_model_path(options.model, PretrainConfig(), progress=False)
     config = (AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name) if path.endswith(".gguf")

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
+from tempering.build import resolve_model_path
 from tempering.config import builtin_config, load_config
-from tempering.models.loading import resolve_model_path
 from tempering.train import train
 
 

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
+from tempering.build import load_policy
 from tempering.config import PretrainConfig, load_config
-from tempering.evaluate import evaluate
-from tempering.models.loading import load_policy
+from tempering.eval.greedy import evaluate
 from tempering.rewards.base import as_result, resolve_reward
 from tempering.rollout.hf import HFGenerator
 from tempering.tasks import build_task

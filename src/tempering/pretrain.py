@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -23,38 +20,14 @@ import torch
 from tqdm import tqdm
 
 from tempering.config import PretrainConfig
-from tempering.learner import lr_factor
+from tempering.learner.optim import guarded_step, lr_factor
+from tempering.models.cache import cache_root, write_entry
 from tempering.models.tiny import build_model, build_tokenizer
 from tempering.tasks import build_task
 from tempering.threads import ThreadGovernor
 
 CORPUS_VERSION = 1
 """Bump when the corpus or the model code changes, so stale cache entries are not reused."""
-
-
-def cache_root() -> Path:
-    """``$TEMPERING_CACHE``, else ``$XDG_CACHE_HOME/tempering``, else ``~/.cache/tempering``."""
-    if os.environ.get("TEMPERING_CACHE"):
-        return Path(os.environ["TEMPERING_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tempering"
-
-
-def cache_staging(target: Path) -> Path:
-    """A new hidden folder beside the cache entry ``target``, to write it in and rename into
-    place. A cache that cannot be written is a ModelLoadError naming it, and the variable that
-    moves it, rather than a traceback from ``mkdir``."""
-    from tempering.models.loading import ModelLoadError
-
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    except OSError as exc:
-        variable = f"TEMPERING_CACHE={os.environ['TEMPERING_CACHE']}" if os.environ.get("TEMPERING_CACHE") else (
-            "TEMPERING_CACHE unset")
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise ModelLoadError(f"cannot write the model cache {target.parent} ({variable}): {exc.strerror}{where}; "
-                             "set TEMPERING_CACHE to a folder you can write") from None
 
 
 def cache_key(config: PretrainConfig) -> str:
@@ -137,11 +110,9 @@ def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threa
             loss = model(input_ids=input_ids_BT, labels=labels_BT).loss
         tokens += int((labels_BT != -100).sum())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        guarded_step(optimizer, losses[-1], grad_clip=1.0)
+        schedule.step()
         if governor:
             governor.update()
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
@@ -168,17 +139,5 @@ def ensure_pretrained(config: PretrainConfig, progress: bool = True, force: bool
     target = cached_model_dir(config)
     if target.exists() and not force:
         return target
-    staging = cache_staging(target)
-    try:
-        pretrain(config, staging, progress=progress, threads=threads)
-        if force and target.exists():
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(staging, target)
-        except OSError:
-            if not target.exists():
-                raise
-            # Another process finished the same entry first; its model is as good as ours.
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return write_entry(target, lambda folder: pretrain(config, folder, progress=progress, threads=threads),
+                       replace=force)

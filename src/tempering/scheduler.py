@@ -312,10 +312,6 @@ class StaticMixture(Mixture):
         super().__init__(tasks, weights, seed, "static", settings)
 
 
-def _domain(group: Group) -> str:
-    return group.problem.domain or group.problem.task
-
-
 def cap_domain_tokens(groups: list[Group], max_share: float) -> tuple[list[Group], int]:
     """Drop a domain's last groups while it holds more than ``max_share`` of the completion
     tokens (and more than one group); return the kept groups, in order, and the number dropped.
@@ -335,12 +331,12 @@ def cap_domain_tokens(groups: list[Group], max_share: float) -> tuple[list[Group
     while True:
         total: dict[str, int] = {}
         for group, count in zip(kept, tokens):
-            total[_domain(group)] = total.get(_domain(group), 0) + count
+            total[group.problem.domain_key] = total.get(group.problem.domain_key, 0) + count
         over = [d for d, t in total.items() if t > max_share * sum(total.values())
-                and sum(_domain(g) == d for g in kept) > 1]
+                and sum(g.problem.domain_key == d for g in kept) > 1]
         if not over:
             return kept, len(groups) - len(kept)
-        last = max(i for i, g in enumerate(kept) if _domain(g) == over[0])
+        last = max(i for i, g in enumerate(kept) if g.problem.domain_key == over[0])
         del kept[last], tokens[last]
 
 
@@ -354,7 +350,7 @@ def domain_token_weights_B(groups: Sequence[Group]) -> torch.Tensor:
     >>> domain_token_weights_B([g("a", 10), g("a", 10), g("b", 40)])
     tensor([2.0000, 2.0000, 0.5000])
     """
-    domains_B = [_domain(g) for g in groups for _ in g.rollouts]
+    domains_B = [g.problem.domain_key for g in groups for _ in g.rollouts]
     tokens_B = torch.tensor([float(len(r.completion_ids)) for g in groups for r in g.rollouts])
     rollouts, tokens = Counter(domains_B), Counter()
     for domain, count in zip(domains_B, tokens_B.tolist()):

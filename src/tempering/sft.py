@@ -1,12 +1,12 @@
 """``temper sft``: supervised fine-tuning on answer tokens, into a run folder like ``temper train``'s.
 
 load the model (with LoRA adapters when ``model.lora`` is set) -> encode and split the records
-(``tempering.sft_data``) -> held-out loss -> steps of about ``sft.batch_tokens`` tokens, each
+(``tempering.tasks.sft_records``) -> held-out loss -> steps of about ``sft.batch_tokens`` tokens, each
 the token-mean negative log-likelihood of its answer tokens -> checkpoints -> held-out loss
 -> save.
 
 Records are packed several to a row with position ids that restart at each record, so none
-attends to another (``tempering.packing``, through ``tempering.algorithms.logprobs``, the
+attends to another (``tempering.learner.packing``, through ``tempering.learner.forward``, the
 learner's own log-probs); the loss is the same as with one padded row each, up to
 floating-point summation order.
 
@@ -14,7 +14,7 @@ The run folder is ``temper train``'s: ``config.yaml``, ``metrics.jsonl`` (a reco
 ``summary.json`` (``heldout_loss_before`` and ``heldout_loss_after``), ``checkpoint-final/``
 and ``checkpoints/step-N/`` in ``tempering.checkpoint``'s format, so the final model is a
 ``model.path`` for ``temper train`` and ``temper eval``. ``--resume`` continues exactly: the
-steps are a pure function of the seed (``tempering.sft_data.plan_steps``), and the optimizer,
+steps are a pure function of the seed (``tempering.tasks.sft_records.plan_steps``), and the optimizer,
 schedule, RNG and any adapter weights are in the checkpoint.
 
 Not done here: evaluating task accuracy (run ``temper eval`` on the checkpoint), sequence
@@ -24,7 +24,6 @@ lengths beyond one row (a record longer than ``sft.max_length`` is refused or sk
 from __future__ import annotations
 
 import json
-import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -35,18 +34,18 @@ import torch
 from tqdm import tqdm
 
 from tempering import checkpoint, faults
-from tempering.algorithms.logprobs import forward_logprobs
-from tempering.build import adamw, load_model, logprob_chunk, saves_merged, with_lora
+from tempering.build import load_model, logprob_chunk, saves_merged, with_lora
 from tempering.config import ConfigError, TrainConfig, save_resolved
-from tempering.learner import lr_factor
+from tempering.learner.forward import forward_logprobs
+from tempering.learner.optim import adamw, guarded_step, lr_factor
+from tempering.learner.packing import plan_micro_batches
+from tempering.learner.plan import Layout
 from tempering.models.compat import enable_checkpointing
 from tempering.models.lora import adapter_state, load_adapter_state
-from tempering.packing import plan_micro_batches
-from tempering.plan import Layout
-from tempering.reporting import MetricsWriter, truncate_metrics
+from tempering.reporting.metrics import MetricsWriter, truncate_metrics
 from tempering.rollout.prompts import use_chat_template
-from tempering.sft_data import Example, encode_all, load_split, plan_steps
 from tempering.tasks.dataset import DatasetError
+from tempering.tasks.sft_records import Example, encode_all, load_split, plan_steps
 from tempering.threads import ThreadGovernor
 
 
@@ -113,16 +112,11 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, examples: list[Exampl
     model.train()
     count = answer_tokens(examples)
     loss = answer_nll(model, examples, passes, backward_scale=1.0 / count) / count
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, grad_clip if grad_clip > 0 else float("inf")))
     faults.point("learn")
-    finite = math.isfinite(loss) and math.isfinite(grad_norm)
-    if finite:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    grad_norm, stepped = guarded_step(optimizer, loss, grad_clip)
     model.eval()
     return {"loss": loss, "grad_norm": grad_norm, "answer_tokens": count,
-            "tokens": sum(len(e.ids) for e in examples), "skipped_updates": 0 if finite else 1}
+            "tokens": sum(len(e.ids) for e in examples), "skipped_updates": 0 if stepped else 1}
 
 
 @dataclass

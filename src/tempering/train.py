@@ -13,7 +13,7 @@ message saying how to continue). Adaptive mixtures are
 ``tempering.scheduler``'s: the pipeline shows it every sampled group and the loop closes
 each step. DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
 Under ``torchrun`` this loop runs on rank 0; the other ranks only follow its learner
-(``tempering.parallel``).
+(``tempering.learner.parallel``).
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_p
 from tempering.build import Run, build_follower, build_run, saves_merged
 from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_resolved
 from tempering.faults import TrainingDiverged
-from tempering.learner import Learner, collate
-from tempering.live import LiveView
-from tempering.parallel import follow
+from tempering.learner.parallel import follow
+from tempering.learner.step import Learner, collate
 from tempering.pipeline import GraderOutage
-from tempering.reporting import before_after_table, truncate_metrics
-from tempering.samples import SampleWriter
+from tempering.reporting.live import LiveView
+from tempering.reporting.metrics import before_after_table, truncate_metrics
+from tempering.reporting.samples import SampleWriter
+from tempering.reporting.sinks import StepLog
 from tempering.scheduler import cap_domain_tokens, domain_token_weights_B
-from tempering.sinks import StepLog
 from tempering.types import Batch, Group
 
 
@@ -73,8 +73,8 @@ def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner
     values_BT = learner.values(batch) if learner is not None else None
     penalty_BT = learner.reward_penalty(batch) if learner is not None else None
     teacher_BT = learner.teacher_logprobs(batch) if learner is not None else None
-    domains = {d: i for i, d in enumerate(dict.fromkeys(r.problem.domain or r.problem.task for r in rollouts))}
-    domain_B = torch.tensor([domains[r.problem.domain or r.problem.task] for r in rollouts])
+    domains = {d: i for i, d in enumerate(dict.fromkeys(r.problem.domain_key for r in rollouts))}
+    domain_B = torch.tensor([domains[r.problem.domain_key] for r in rollouts])
     batch.advantages_BT = estimator(AdvantageInputs(
         rewards_B, group_B, batch.loss_mask_BT, values_BT, penalty_BT, gamma=gamma, lam=lam, domain_B=domain_B,
         logprobs_BT=batch.old_logprobs_BT, teacher_logprobs_BT=teacher_BT, task_weight=task_weight))

@@ -10,7 +10,7 @@ of that size, e.g. ``max_B1``). Each letter has this one meaning everywhere, and
 - ``G``: samples per prompt (a group)
 - ``V``: vocabulary
 - ``H``: hidden width (a model's)
-- ``R``, ``W``: packed rows and their width (``tempering.packing``)
+- ``R``, ``W``: packed rows and their width (``tempering.learner.packing``)
 - ``N``, ``C``: tokens taken out of their rows into one flat list, and a chunk of them
 - ``U``: decoding histories (the distinct token sequences the sampler's cache holds)
 - ``L``: cache slots opened in one decoding step
@@ -41,6 +41,16 @@ Messages = list[dict[str, str]]
 Prompt = Union[str, Messages]
 
 
+def domain_of(task: str, domain: str = "") -> str:
+    """The domain a task's statistics are kept under: the one it names, else the task's own
+    name (each task is its own domain unless told otherwise).
+
+    >>> domain_of("add"), domain_of("add", "arithmetic")
+    ('add', 'arithmetic')
+    """
+    return domain or task
+
+
 @dataclass(frozen=True)
 class Problem:
     """One question a task asks, with everything needed to grade it.
@@ -60,6 +70,11 @@ class Problem:
     def key(self) -> str:
         """Identifier unique across tasks."""
         return f"{self.task}/{self.id}"
+
+    @property
+    def domain_key(self) -> str:
+        """The domain the problem counts under (:func:`domain_of` its task and ``domain``)."""
+        return domain_of(self.task, self.domain)
 
 
 @dataclass
@@ -206,3 +221,31 @@ class Batch:
             weights_B=None if self.weights_B is None else self.weights_B[rows],
             prompt_lengths_B=None if self.prompt_lengths_B is None else self.prompt_lengths_B[rows],
         )
+
+
+def episode_totals(turns: list) -> tuple[dict[str, float], dict[str, float]]:
+    """An episode's rewards and info counters, each summed over its turns."""
+    rewards: dict[str, float] = {}
+    info: dict[str, float] = {}
+    for turn in turns:
+        for key, value in turn.rewards.items():
+            rewards[key] = rewards.get(key, 0.0) + value
+        for key, value in turn.info.items():
+            info[key] = info.get(key, 0.0) + value
+    return rewards, info
+
+
+def transcript(rollout: Any) -> str:
+    """A rollout as a reader wants it: one completion's text, or an episode's model turns each
+    followed by what the environment said (messages as ``[role] content`` lines)."""
+    if not rollout.turns:
+        return rollout.text
+    parts = []
+    for turn in rollout.turns:
+        parts.append(turn.text)
+        if isinstance(turn.observation, str):
+            parts.append(turn.observation)
+        elif turn.observation:
+            lines = "".join(f"[{m['role']}] {m['content']}\n" for m in turn.observation)
+            parts.append(lines if turn.text.endswith("\n") else "\n" + lines)
+    return "".join(parts)

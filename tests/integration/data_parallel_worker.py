@@ -1,7 +1,7 @@
 """A learner stepping through saved batches, run by ``test_data_parallel.py``: alone with
 ``python``, or as one of several processes under ``torchrun``. Writes the final weights
 (gathered whole under FSDP) from rank 0. Rank 0 steps through the batches and its learner
-hands each to the other ranks, which follow it (``tempering.parallel.follow``) as under
+hands each to the other ranks, which follow it (``tempering.learner.parallel.follow``) as under
 ``temper train``.
 
 Usage: ``data_parallel_worker.py CONFIG.json BATCHES.pt OUT.pt``
@@ -14,7 +14,7 @@ import torch
 
 from tempering.build import build_learner, load_model, resolve_algorithm, with_lora
 from tempering.config import TrainConfig
-from tempering.parallel import follow, from_env, full_state
+from tempering.learner.parallel import follow, from_env, full_state
 
 
 def main(config_path: str, batches_path: str, out_path: str) -> None:

@@ -23,10 +23,10 @@ from tqdm import tqdm
 from tempering.build import build_tasks
 from tempering.config import ConfigError, TrainConfig
 from tempering.envs.agent import AgentGenerator, AgentSettings
+from tempering.eval.sampled import SampledSettings, sample_task
 from tempering.rewards.base import RewardResult
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
-from tempering.sampled_eval import SampledSettings, sample_task
 from tempering.tasks import build_task
 from tempering.train import train
 from tempering.types import Problem

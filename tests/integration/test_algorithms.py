@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import tempering.train
-from tempering.algorithms.logprobs import forward_logprobs
 from tempering.config import TrainConfig
+from tempering.learner.forward import forward_logprobs
 from tempering.train import train
 
 RUN = {

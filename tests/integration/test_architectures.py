@@ -15,10 +15,10 @@ import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GemmaConfig, GPTNeoXConfig,
                           LlamaConfig, Qwen2Config, Qwen3Config)
 
-from tempering.algorithms import token_logprobs
+from tempering.build import load_policy
 from tempering.config import PretrainConfig, TrainConfig
-from tempering.learner import collate
-from tempering.models.loading import load_policy
+from tempering.learner.forward import token_logprobs
+from tempering.learner.step import collate
 from tempering.models.tiny import build_tokenizer
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.train import train

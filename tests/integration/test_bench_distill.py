@@ -13,7 +13,7 @@ import pytest
 
 from tempering.build import build_tasks
 from tempering.config import builtin_config, load_config
-from tempering.evaluate import evaluate
+from tempering.eval.greedy import evaluate
 from tempering.models.loading import load_model
 from tempering.rollout.hf import HFGenerator
 

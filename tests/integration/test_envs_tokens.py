@@ -15,11 +15,11 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from tempering.algorithms import token_logprobs
 from tempering.config import EnvSpec
 from tempering.envs import Step
-from tempering.envs.runner import EpisodeGenerator, Episode
-from tempering.learner import collate
+from tempering.envs.runner import Episode, EpisodeGenerator
+from tempering.learner.forward import token_logprobs
+from tempering.learner.step import collate
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.types import Problem

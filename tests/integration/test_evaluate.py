@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pytest
 
 from tempering.cli import main
-from tempering.evaluate import evaluate
-from tempering.reporting import before_after_table
+from tempering.eval.greedy import evaluate
+from tempering.reporting.metrics import before_after_table
 from tempering.rewards import RewardResult, register_reward
 from tempering.rewards.base import REWARDS
 from tempering.rollout.hf import HFGenerator

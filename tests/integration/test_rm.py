@@ -14,10 +14,9 @@ import pytest
 from tempering.cli import build_parser
 from tempering.config import TrainConfig
 from tempering.rewards.model import ModelReward
-from tempering.rewards.rm import (Pair, PairsError, RMSettings, arithmetic_pairs, read_pairs, split_pairs,
-                                  train_reward_model)
-from tempering.types import Problem, Rollout
+from tempering.rm import Pair, PairsError, RMSettings, arithmetic_pairs, read_pairs, split_pairs, train_reward_model
 from tempering.train import train
+from tempering.types import Problem, Rollout
 
 
 def _write(path, lines):

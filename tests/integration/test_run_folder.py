@@ -101,7 +101,7 @@ def test_a_full_disk_while_checkpointing_stops_with_a_message_and_loses_nothing(
 
 
 def test_a_full_disk_while_logging_names_the_disk_not_a_traceback(tmp_path, tiny_model_dir, capsys, monkeypatch):
-    from tempering import reporting
+    from tempering.reporting import metrics as reporting
 
     def full(self, record):
         raise OSError(errno.ENOSPC, "No space left on device")

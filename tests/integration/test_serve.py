@@ -20,15 +20,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tempering.algorithms import token_logprobs
 from tempering.build import server_generator
 from tempering.config import ConfigError, TrainConfig
-from tempering.learner import collate
+from tempering.learner.forward import token_logprobs
+from tempering.learner.step import collate
 from tempering.models.lora import apply_lora
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator, RowStreams
-from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
-from tempering.serve import Limits, start
+from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
+from tempering.rollout.server import Limits, start
 from tempering.types import Problem
 from test_envs_tokens import check_bookkeeping, logprob_gap, play
 

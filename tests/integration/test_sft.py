@@ -18,8 +18,8 @@ from tempering.cli import main
 from tempering.config import TrainConfig
 from tempering.models.loading import load_model
 from tempering.sft import Passes, heldout_loss, sft
-from tempering.sft_data import encode_all, load_split
 from tempering.tasks import build_task
+from tempering.tasks.sft_records import encode_all, load_split
 from tempering.train import train
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tempering.config import ConfigError, load_config
-from tempering.sinks import check_sinks, mlflow_uri, scalars
+from tempering.reporting.sinks import check_sinks, mlflow_uri, scalars
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
@@ -154,7 +154,7 @@ def test_an_unknown_sink_is_a_config_error():
 
 
 def test_wandb_writes_an_offline_run_in_the_run_folder(tmp_path: Path):
-    from tempering.sinks import WandbSink
+    from tempering.reporting.sinks import WandbSink
 
     sink = WandbSink(tmp_path, [{"step": 1, "reward": 0.5}], True, {"seed": 0})
     assert sink._run.offline  # never the network

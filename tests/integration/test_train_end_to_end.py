@@ -16,12 +16,12 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tempering.build import build_tasks
 from tempering.config import TrainConfig, load_config
-from tempering.evaluate import evaluate
+from tempering.eval.greedy import evaluate
 from tempering.models.loading import load_model
 from tempering.rewards.basic import answer_format, exact_match
 from tempering.rollout.hf import HFGenerator
-from tempering.build import build_tasks
 from tempering.train import train
 from tempering.types import Problem
 

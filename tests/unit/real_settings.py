@@ -8,7 +8,7 @@ import dataclasses
 
 from tempering.build import learner_settings, resolve_algorithm
 from tempering.config import TrainConfig
-from tempering.learner import LearnerSettings
+from tempering.learner.step import LearnerSettings
 
 _CONFIG = TrainConfig()
 DEFAULT = learner_settings(_CONFIG, resolve_algorithm(_CONFIG), token_budget=0)

@@ -4,10 +4,10 @@ config is built, combinations refused before any work, and the learner built as 
 import pytest
 
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
-from tempering.config import ConfigError, load_config
-from tempering.learner import Learner
-from tempering.models.tiny import build_model
 from tempering.build import build_learner, resolve_algorithm
+from tempering.config import ConfigError, load_config
+from tempering.learner.step import Learner
+from tempering.models.tiny import build_model
 
 
 @pytest.mark.parametrize("key, names", [

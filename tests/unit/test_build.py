@@ -8,9 +8,10 @@ import sys
 import pytest
 import torch
 
-from tempering.build import learner_settings, monitor_settings, normalize_settings, resolve_algorithm, scheduler_settings
+from tempering.build import (learner_settings, monitor_settings, normalize_settings, resolve_algorithm,
+                             scheduler_settings)
 from tempering.config import TrainConfig
-from tempering.learner import LearnerSettings
+from tempering.learner.step import LearnerSettings
 from tempering.pipeline import RolloutWorker
 from tempering.rewards import MonitorSettings, NormalizeSettings
 from tempering.rollout.base import Generator, SamplingParams

@@ -14,7 +14,7 @@ import torch
 from tempering import checkpoint
 from tempering.config import ConfigError
 from tempering.models.tiny import build_model
-from tempering.reporting import truncate_metrics
+from tempering.reporting.metrics import truncate_metrics
 
 
 def _model():

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from tempering.build import build_run
 from tempering.config import ConfigError, TrainConfig, load_config
-from tempering.learner import collate
+from tempering.learner.step import collate
 from tempering.models import device as device_module
 from tempering.models.device import resolve_device, slow_bf16
 from tempering.models.loading import ModelLoadError

@@ -6,16 +6,11 @@ import copy
 import pytest
 import torch
 
-from tempering.algorithms import ADVANTAGES, AdvantageInputs, token_logprobs
+from tempering.algorithms import ADVANTAGES, AdvantageInputs
 from tempering.algorithms.advantages import distill, needs_teacher
-from tempering.build import (
-    build_learner,
-    build_tasks,
-    load_teacher,
-    resolve_algorithm,
-    rollout_worker,
-)
+from tempering.build import build_learner, build_tasks, load_teacher, resolve_algorithm, rollout_worker
 from tempering.config import ConfigError, load_config
+from tempering.learner.forward import token_logprobs
 from tempering.models.tiny import build_model
 from tempering.train import make_batch
 

@@ -9,11 +9,10 @@ import pytest
 from tempering.build import build_tasks
 from tempering.config import ConfigError, TrainConfig
 from tempering.envs import Step, check_env, make_env
-from tempering.envs.base import episode_totals, transcript
 from tempering.envs.runner import ChatTurns
 from tempering.models.tiny import build_tokenizer
 from tempering.rewards import Rewarder
-from tempering.types import Group, Problem, Rollout, Turn
+from tempering.types import Group, Problem, Rollout, Turn, episode_totals, transcript
 
 
 class Echo:

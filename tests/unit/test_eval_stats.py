@@ -7,8 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from tempering.eval_stats import (MAJ_SUBSETS, best_of_k, bootstrap_interval, maj_at_k, pass_at_k,
-                                  wilson_interval)
+from tempering.eval.stats import MAJ_SUBSETS, best_of_k, bootstrap_interval, maj_at_k, pass_at_k, wilson_interval
 
 
 def _mean_over_subsets(n: int, k: int, value) -> float:

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from tempering.build import resolve_model_path
 from tempering.config import PretrainConfig
 from tempering.models import loading
-from tempering.models.loading import converted_dir, ensure_converted, load_model, resolve_model_path
+from tempering.models.cache import converted_dir, ensure_converted
+from tempering.models.loading import load_model
 
 gguf = pytest.importorskip("gguf")
 

@@ -7,9 +7,11 @@ every parameter is exactly minus its accumulated gradient.
 import pytest
 import torch
 
-from tempering.algorithms import AGGREGATIONS, AdvantageInputs, token_logprobs
+from tempering.algorithms import AGGREGATIONS, AdvantageInputs
 from tempering.algorithms.advantages import grpo
-from tempering.learner import Learner, collate, lr_factor
+from tempering.learner.forward import token_logprobs
+from tempering.learner.optim import lr_factor
+from tempering.learner.step import Learner, collate
 from tempering.models.tiny import build_model
 from tempering.types import Problem, Rollout
 from real_settings import run_settings
@@ -154,7 +156,7 @@ def test_each_step_uses_the_scheduled_learning_rate_and_bumps_the_policy_version
 
 
 def test_the_training_optimizer_is_fused_adamw_and_updates_as_the_loop_does():
-    from tempering.build import adamw
+    from tempering.learner.optim import adamw
 
     fused_model, loop_model = _model(), _model()
     fused = adamw(fused_model, 1e-2, (0.9, 0.99), 0.01)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tempering.learner import Learner, collate
+from tempering.learner.step import Learner, collate
 from tempering.models.tiny import build_model
 from tempering.types import Problem, Rollout
 from real_settings import run_settings

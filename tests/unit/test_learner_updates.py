@@ -8,8 +8,9 @@ import pytest
 import torch
 from test_learner import PROBLEM, TEMPERATURE, _batch, _learner, _model, _rollout
 
-from tempering.algorithms import ADVANTAGES, AGGREGATIONS, token_logprobs
+from tempering.algorithms import ADVANTAGES, AGGREGATIONS
 from tempering.algorithms.logprobs import logprobs_from_logits
+from tempering.learner.forward import token_logprobs
 from tempering.train import make_batch
 from tempering.types import Group
 

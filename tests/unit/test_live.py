@@ -7,8 +7,8 @@ import re
 
 from tempering.build import build_generator, build_tasks
 from tempering.config import load_config
-from tempering.evaluate import evaluate
-from tempering.live import LiveView, step_line
+from tempering.eval.greedy import evaluate
+from tempering.reporting.live import LiveView, step_line
 
 
 def record(step: int) -> dict:

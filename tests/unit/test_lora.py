@@ -10,11 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tempering.algorithms.logprobs import forward_logprobs
-from tempering.build import adamw, check_parallel, learner_settings, resolve_algorithm
+from tempering.build import check_parallel, learner_settings, resolve_algorithm
 from tempering.checkpoint import save_model
 from tempering.config import ConfigError, load_config
-from tempering.learner import Learner, collate
+from tempering.learner.forward import forward_logprobs
+from tempering.learner.optim import adamw
+from tempering.learner.step import Learner, collate
 from tempering.models.lora import adapters_off, apply_lora, merged_copy
 from tempering.models.tiny import build_model, build_tokenizer
 from tempering.rollout.base import SamplingParams

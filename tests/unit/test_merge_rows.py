@@ -6,9 +6,10 @@ import pytest
 import torch
 from test_learner import PAD, TEMPERATURE, VOCAB, _learner, _model, _rollout
 
-from tempering.algorithms import AGGREGATIONS, LOSSES, AdvantageInputs, token_logprobs
+from tempering.algorithms import AGGREGATIONS, LOSSES, AdvantageInputs
 from tempering.algorithms.advantages import grpo
-from tempering.learner import collate
+from tempering.learner.forward import token_logprobs
+from tempering.learner.step import collate
 
 
 def _duplicate_batch(model, stale: bool = False):

@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
+from tempering.build import resolve_model_path
 from tempering.config import PretrainConfig
-from tempering.models.loading import ModelLoadError, load_model, resolve_model_path
+from tempering.models.loading import ModelLoadError, load_model
 from tempering.models.tiny import build_tokenizer
 
 

@@ -6,12 +6,13 @@ that is down for the first rounds; the generator writes each rollout's round int
 import pytest
 
 from tempering import pipeline as pipeline_module
-from tempering.pipeline import GraderOutage, LocalHandle, Pipeline, RewardWorker, RolloutWorker
+from tempering.build import scheduler_settings
+from tempering.config import SchedulerConfig
+from tempering.pipeline import GraderOutage, Pipeline, RewardWorker, RolloutWorker
+from tempering.placement import LocalHandle
 from tempering.rewards import Rewarder
 from tempering.rewards.base import RewardResult
 from tempering.rollout.base import SamplingParams
-from tempering.build import scheduler_settings
-from tempering.config import SchedulerConfig
 from tempering.scheduler import Mixture
 from tempering.tasks import build_task
 from tempering.types import Group, Rollout

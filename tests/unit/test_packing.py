@@ -8,14 +8,15 @@ import torch
 from test_learner import TEMPERATURE, VOCAB, _batch, _learner, _model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tempering.algorithms.logprobs import chunked_logprobs, forward_logprobs, logprobs_from_logits
+from tempering.algorithms.logprobs import chunked_logprobs, logprobs_from_logits
+from tempering.build import build_learner, resolve_algorithm
 from tempering.config import ConfigError, load_config
+from tempering.learner.forward import forward_logprobs
+from tempering.learner.packing import (activation_bytes_per_token, first_fit_decreasing, pack, parameter_count,
+                                       plan_micro_batches, tokens_for_memory)
+from tempering.learner.plan import Layout
 from tempering.models.attention import NAME, upcast_attention
 from tempering.models.tiny import build_model
-from tempering.packing import (activation_bytes_per_token, first_fit_decreasing, pack, plan_micro_batches,
-                               parameter_count, tokens_for_memory)
-from tempering.build import build_learner, resolve_algorithm
-from tempering.plan import Layout
 
 
 def _params(model):

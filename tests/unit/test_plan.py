@@ -1,14 +1,15 @@
 """The update plan on hand-made batches: which rows are computed, merged copies and their
 counts, micro-batches and each one's layout. Pure: no model runs. That each choice leaves the
-update unchanged is proved by the exactness tests named in ``tempering.plan``."""
+update unchanged is proved by the exactness tests named in ``tempering.learner.plan``."""
 
 import torch
 from test_learner import PAD, _rollout
 
-from tempering.algorithms.logprobs import share_prompts
-from tempering.learner import collate
-from tempering.packing import plan_shared_micro_batches
-from tempering.plan import Layout, MicroBatch, PlanChoices, choose_layout, computed_batch, layout_of, plan_update
+from tempering.learner.forward import share_prompts
+from tempering.learner.packing import plan_shared_micro_batches
+from tempering.learner.plan import (Layout, MicroBatch, PlanChoices, choose_layout, computed_batch, layout_of,
+                                    plan_update)
+from tempering.learner.step import collate
 
 PLAIN = dict(skip_zero_advantage=False, merge_duplicates=False, share_prompts=False, packing=False,
              token_budget=0, micro_batch_size=8, chunk=0)

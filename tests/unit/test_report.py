@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tempering.cli import main
-from tempering.report import build_report
+from tempering.reporting.html import build_report
 
 
 def _run(folder, metrics, samples=()):

@@ -4,18 +4,10 @@ import pytest
 
 from tempering.cli import _eval_inputs, build_parser
 from tempering.config import ConfigError
+from tempering.eval.sampled import (VOTE_KEYS, ProblemSamples, SampledSettings, TaskSamples, metric_table,
+                                    sampled_evaluate, task_metrics, truncation_notes)
 from tempering.rewards.base import RewardResult
 from tempering.rollout.base import SamplingParams
-from tempering.sampled_eval import (
-    VOTE_KEYS,
-    ProblemSamples,
-    SampledSettings,
-    TaskSamples,
-    metric_table,
-    sampled_evaluate,
-    task_metrics,
-    truncation_notes,
-)
 from tempering.tasks import build_task
 from tempering.types import Group, Problem, Rollout, Turn
 

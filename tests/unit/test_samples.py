@@ -1,8 +1,8 @@
-"""Rollout samples (tempering.samples): which rollouts a step keeps and what a line holds."""
+"""Rollout samples (tempering.reporting.samples): which rollouts a step keeps and what a line holds."""
 
 import json
 
-from tempering.samples import SampleWriter, chosen
+from tempering.reporting.samples import SampleWriter, chosen
 from tempering.types import Group, Problem, Rollout, Turn
 
 

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from tempering.models.tiny import build_tokenizer
-from tempering.sft_data import encode_all, encode_record, load_split, plan_steps
 from tempering.tasks.dataset import DatasetError
+from tempering.tasks.sft_records import encode_all, encode_record, load_split, plan_steps
 
 TEMPLATE = ("{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}a:{% endif %}")

@@ -9,13 +9,13 @@ from test_learner import PAD, TEMPERATURE, VOCAB, _model, _rollout
 from test_packing import _sgd_change as sgd_change
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tempering.algorithms import AdvantageInputs, token_logprobs
+from tempering.algorithms import AdvantageInputs
 from tempering.algorithms.advantages import grpo
-from tempering.algorithms import logprobs as logprobs_module
-from tempering.algorithms.logprobs import forward_logprobs, share_prompts
-from tempering.learner import collate
-from tempering.packing import plan_shared_micro_batches
-from tempering.plan import Layout
+from tempering.learner import forward as logprobs_module
+from tempering.learner.forward import forward_logprobs, share_prompts, token_logprobs
+from tempering.learner.packing import plan_shared_micro_batches
+from tempering.learner.plan import Layout
+from tempering.learner.step import collate
 from tempering.models.attention import matmul_attention, upcast_attention
 
 

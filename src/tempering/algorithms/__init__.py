@@ -1,13 +1,17 @@
-"""RL maths as registries of plain functions: advantage estimators, policy losses, loss
-aggregation modes, KL estimators and log-prob computation. Variants are added as new
-registry entries; the loop selects them by name from the config."""
+"""RL maths as registries of plain functions on tensors: advantage estimators, policy losses,
+loss aggregation modes, KL estimators and their adaptive coefficient, DAPO's dynamic sampling
+and overlong shaping, the critic's value loss, and log-probs from logits. Variants are added
+as new registry entries; the loop selects them by name from the config.
+
+Not here: running a model (``tempering.learner.forward``), optimizer steps
+(``tempering.learner``), or reading a config (``tempering.build`` passes plain values).
+"""
 
 from tempering.algorithms.advantages import ADVANTAGES, AdvantageInputs, register_advantage
 from tempering.algorithms.kl import KL_ESTIMATORS, kl_estimate
-from tempering.algorithms.logprobs import token_logprobs
 from tempering.algorithms.losses import AGGREGATIONS, LOSSES, LossInputs, register_aggregation, register_loss
 
 __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "AdvantageInputs", "KL_ESTIMATORS", "LOSSES", "LossInputs",
-    "kl_estimate", "register_advantage", "register_aggregation", "register_loss", "token_logprobs",
+    "kl_estimate", "register_advantage", "register_aggregation", "register_loss",
 ]

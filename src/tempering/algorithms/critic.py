@@ -2,7 +2,7 @@
 
 ``values_BT[:, t]`` estimates the return from the state just before token ``t``, so it is
 read from the hidden state at ``t - 1``, the same position whose logits give the log-prob
-of token ``t`` (``tempering.algorithms.logprobs``). Position 0 is 0.
+of token ``t`` (``tempering.learner.forward``). Position 0 is 0.
 
 Two placements:
 

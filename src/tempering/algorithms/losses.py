@@ -55,7 +55,7 @@ AGGREGATIONS: dict[str, AggregationFn] = {}
 def register_loss(name: str, zero_at_zero_advantage: bool = False) -> Callable[[LossFn], LossFn]:
     """Register a loss. ``zero_at_zero_advantage`` declares that a row whose advantages are
     all 0 has loss 0 and gradient 0 whatever its log-probs, so the learner may leave it out
-    of the forward pass (see ``tempering.learner``); plug-ins that do not say so are always
+    of the forward pass (see ``tempering.learner.step``); plug-ins that do not say so are always
     computed in full."""
     return lambda fn: add(LOSSES, "loss", name, fn, zero_at_zero_advantage=zero_at_zero_advantage)
 

@@ -41,7 +41,7 @@ means over rollouts of the score (``reward/env/agent``), ``env/agent_calls`` and
 ``env/agent_errors`` are logged.
 
 Not done: ``rollout.server`` (calls are sampled in this process by the built-in sampler),
-what :mod:`tempering.serve` leaves out; a timed-out agent's thread cannot be stopped, only
+what :mod:`tempering.rollout.server` leaves out; a timed-out agent's thread cannot be stopped, only
 refused further calls.
 """
 
@@ -63,7 +63,7 @@ from tempering.envs.runner import WrappingGenerator, split_generate
 from tempering.registry import resolve
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
-from tempering.serve import OpenAIHTTPServer, serve_in_background
+from tempering.rollout.server import OpenAIHTTPServer, serve_in_background
 from tempering.types import Group, Problem, Rollout, Turn
 
 AGENT_ENV = "agent"

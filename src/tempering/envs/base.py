@@ -102,31 +102,3 @@ def check_env(name: str, options: dict[str, Any]) -> None:
         signature.bind(**options, **({"tokenizer": None} if "tokenizer" in signature.parameters else {}))
     except TypeError as exc:
         raise ValueError(f"environment {name!r}: {exc}") from None
-
-
-def episode_totals(turns: list) -> tuple[dict[str, float], dict[str, float]]:
-    """An episode's rewards and info counters, each summed over its turns."""
-    rewards: dict[str, float] = {}
-    info: dict[str, float] = {}
-    for turn in turns:
-        for key, value in turn.rewards.items():
-            rewards[key] = rewards.get(key, 0.0) + value
-        for key, value in turn.info.items():
-            info[key] = info.get(key, 0.0) + value
-    return rewards, info
-
-
-def transcript(rollout: Any) -> str:
-    """A rollout as a reader wants it: one completion's text, or an episode's model turns each
-    followed by what the environment said (messages as ``[role] content`` lines)."""
-    if not rollout.turns:
-        return rollout.text
-    parts = []
-    for turn in rollout.turns:
-        parts.append(turn.text)
-        if isinstance(turn.observation, str):
-            parts.append(turn.observation)
-        elif turn.observation:
-            lines = "".join(f"[{m['role']}] {m['content']}\n" for m in turn.observation)
-            parts.append(lines if turn.text.endswith("\n") else "\n" + lines)
-    return "".join(parts)

@@ -27,8 +27,8 @@ from typing import Any, Callable, Optional
 
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
-from tempering.openai_api import RequestError, logprobs_asked, sampling_request
-from tempering.serve import Job, Server
+from tempering.rollout.openai_api import RequestError, logprobs_asked, sampling_request
+from tempering.rollout.server import Job, Server
 
 SAMPLING_PATHS = ("/v1/completions", "/v1/chat/completions")
 
@@ -79,7 +79,7 @@ class Recording:
 
 
 class RecordingServer(Server):
-    """:class:`~tempering.serve.Server` whose endpoints live under ``/episodes/<key>``."""
+    """:class:`~tempering.rollout.server.Server` whose endpoints live under ``/episodes/<key>``."""
 
     def __init__(self, sampler: HFGenerator, batch_size: int):
         super().__init__(sampler, "policy", batch_size)

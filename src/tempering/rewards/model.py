@@ -1,10 +1,12 @@
 """The ``model`` preference reward: score completions with a sequence-classification model.
 
 Any Hugging Face ``AutoModelForSequenceClassification`` with one output (a scalar head)
-works: a model directory (such as one ``temper rm train`` saved), a hub id, a ``.gguf``
-file, or ``builtin:tiny`` (the built-in tiny model with a new, untrained head). The model
-reads the prompt followed by the completion, exactly as :func:`reward_text` writes it, and
-its output on the last token is the score.
+works: a model directory (such as one ``temper rm train`` saved), a hub id or a ``.gguf``
+file. A config may also name ``builtin:tiny`` (the built-in tiny model with a new, untrained
+head) or a run folder: the builder resolves those into a folder first
+(``tempering.build.reward_model_path``), so this module only loads. The model reads the
+prompt followed by the completion, exactly as :func:`reward_text` writes it, and its output
+on the last token is the score.
 
 Not done here: pairwise (judge-style) models, generative reward models, sharding a reward
 model over several devices.
@@ -39,14 +41,13 @@ def reward_text(prompt: Prompt, completion: str, tokenizer: Any) -> str:
 
 def load_reward_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     """``(model, tokenizer)`` with a one-output classification head; a new head if the
-    checkpoint has none (the base for ``temper rm train``)."""
+    checkpoint has none (the base for ``temper rm train``). ``path`` is a folder, a ``.gguf``
+    file or a hub id (see the module docstring)."""
     import transformers
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from tempering.config import PretrainConfig
-    from tempering.models.loading import ModelLoadError, resolve_model_path
+    from tempering.models.loading import ModelLoadError
 
-    path = resolve_model_path(path, PretrainConfig(), progress=False)
     kwargs: dict[str, Any] = {"num_labels": 1, "dtype": dtype}
     location = path
     if path.endswith(".gguf"):

@@ -7,7 +7,7 @@ pipeline's rollout worker, held-out evaluation and the benchmarks speak only to 
 protocol, so another way of sampling (an inference server, a multi-turn environment around
 a generator) plugs in without touching them. :class:`tempering.rollout.hf.HFGenerator` is
 a KV-cached decoding loop over a Hugging Face model in this process;
-:class:`tempering.rollout.openai_server.ServerGenerator` samples on an OpenAI-compatible
+:class:`tempering.rollout.remote.ServerGenerator` samples on an OpenAI-compatible
 inference server.
 """
 

@@ -2,7 +2,7 @@
 
 The sampler is a plain KV-cached decoding loop rather than ``model.generate``: it records,
 for every sampled token, its log-probability under the temperature-scaled distribution,
-which is what the learner recomputes (``tempering.algorithms.logprobs``) to form importance
+which is what the learner recomputes (``tempering.learner.forward``) to form importance
 ratios. Top-p truncation changes which tokens can be drawn, not the recorded log-probs.
 
 Where the time goes, and what is done about it:

@@ -67,6 +67,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def http_url(address: tuple) -> str:
+    """``http://host:port`` of a listening socket's ``server_address``, an IPv6 host in brackets
+    (this service's and ``temper serve``'s)."""
+    host, port = address[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class QueueTimeout(Exception):
     """A job found no room or no slot before its deadline."""
 
@@ -140,8 +147,7 @@ class SandboxHTTPServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        return http_url(self.server_address)
 
     @property
     def queued(self) -> int:

@@ -36,7 +36,7 @@ from functools import partial
 
 from tempering.envs.tools import calc_transcript
 from tempering.tasks.base import StreamState, check_grading, register_task, render
-from tempering.types import Problem
+from tempering.types import Problem, domain_of
 
 EVAL_EVERY = 8
 """One problem in EVAL_EVERY (by a stable hash) is held out for evaluation."""
@@ -199,7 +199,7 @@ class ArithmeticTask(StreamState):
         check_grading(self.grading)
         if self.template and self.style != "chat":
             raise ValueError("template rewrites chat prompts; set style: chat")
-        self.domain = self.domain or self.name
+        self.domain = domain_of(self.name, self.domain)
         self._op = OPERATIONS[self.operation]
         if self.template:
             self._render(1, 2)  # a bad placeholder fails here, naming itself, not in the first step

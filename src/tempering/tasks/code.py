@@ -39,7 +39,7 @@ from typing import Any
 
 from tempering.tasks.base import StreamState, register_task
 from tempering.tasks.code_families import FAMILIES, KINDS, Family, Params, reference, run_reference
-from tempering.types import Problem
+from tempering.types import Problem, domain_of
 
 EVAL_EVERY = 8
 """One (family, constants) pair in EVAL_EVERY, by a stable hash, is held out for evaluation."""
@@ -91,7 +91,7 @@ class CodeTask(StreamState):
             raise ValueError(f"tests must be between 8 and 64 hidden cases per problem, got {tests}")
         self.name, self.seed, self.style, self.tests = name, seed, style, tests
         self.families = chosen
-        self.domain = domain or name
+        self.domain = domain_of(name, domain)
         self.credit = "fraction" if partial else "all"
         self.rewards = dict(rewards or {"code": 1.0})
         self.metric = "code"

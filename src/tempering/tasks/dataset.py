@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from tempering.sandbox.spec import SpecError, TestSpec
 from tempering.tasks.base import StreamState, register_task
-from tempering.types import Problem
+from tempering.types import Problem, domain_of
 
 KINDS = {
     "math": (("question", "answer"), {"math": 1.0}, "math"),
@@ -121,7 +121,7 @@ class DatasetTask(StreamState):
         if style not in ("raw", "chat"):
             raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
         self.name, self.seed, self.kind, self.style = name, seed, kind, style
-        self.domain = domain or name
+        self.domain = domain_of(name, domain)
         _, default_rewards, metric = KINDS[kind]
         self.rewards = dict(rewards or default_rewards or {reward: 1.0})
         self.metric = metric or reward

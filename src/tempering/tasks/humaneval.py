@@ -28,7 +28,7 @@ from tempering.rewards.code import CodeReward
 from tempering.sandbox.humaneval import humaneval_spec
 from tempering.sandbox.spec import TestSpec
 from tempering.tasks.base import StreamState
-from tempering.types import Problem
+from tempering.types import Problem, domain_of
 
 
 def load_problems() -> list[dict[str, Any]]:
@@ -52,7 +52,7 @@ class HumanEvalTask(StreamState):
         if not 0 <= eval_fraction <= 1:
             raise ValueError(f"eval_fraction must be in [0, 1], got {eval_fraction}")
         self.name, self.seed, self.style = name, seed, style
-        self.domain = domain or name
+        self.domain = domain_of(name, domain)
         self.rewards = dict(rewards or {"humaneval": 1.0})
         self.metric = "humaneval"
         cut = eval_fraction * 2**32

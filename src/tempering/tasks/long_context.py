@@ -33,7 +33,7 @@ import zlib
 from typing import Any
 
 from tempering.tasks.base import StreamState
-from tempering.types import Problem
+from tempering.types import Problem, domain_of
 
 EVAL_EVERY = 8
 WORDS = ["the", "river", "stone", "light", "garden", "paper", "window", "silver", "morning", "quiet", "market", "letter", "bridge", "orange", "winter", "cloud", "engine", "forest", "violet", "harbor", "candle", "meadow", "signal"]
@@ -62,7 +62,7 @@ class LongContextTask(StreamState):
             raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
         self.name, self.seed, self.kind, self.style = name, seed, kind, style
         self.length_tokens, self.hops, self.chars_per_token = length_tokens, hops, chars_per_token
-        self.domain = domain or name
+        self.domain = domain_of(name, domain)
         self.rewards = dict(rewards or {"exact_match": 1.0})
         self.metric = "exact_match"
         self._tokenizer = None

@@ -55,7 +55,7 @@ from typing import Any
 from tempering.rewards.base import register_reward
 from tempering.rewards.basic import extract_answer, is_lenient, lenient_answer, parse_number
 from tempering.tasks.base import StreamState, check_grading, render
-from tempering.types import Problem
+from tempering.types import Problem, domain_of
 
 PREFIX = "rg:"
 EVAL_SEED = 4_000_000_000
@@ -185,7 +185,7 @@ class ReasoningGymTask(StreamState):
         if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError(f"prefetch must be a count of items >= 0 (0 = off) or null (automatic), got {prefetch!r}")
         self.name, self.seed, self.style, self.eval_size = name, seed, style, eval_size
-        self.domain = domain or name
+        self.domain = domain_of(name, domain)
         self.rewards = dict(rewards or {"reasoning_gym": 1.0})
         self.metric = "reasoning_gym"
         self.config = dict(config or {})

@@ -1,6 +1,6 @@
 """Where step records go: ``metrics.jsonl`` always, and the metric tools people already look at.
 
-``metrics.jsonl`` (:class:`~tempering.reporting.MetricsWriter`) is the run's record; the
+``metrics.jsonl`` (:class:`~tempering.reporting.metrics.MetricsWriter`) is the run's record; the
 sinks named in ``logging.sinks`` get each step's numbers as well (every int or float value
 of the record but ``step``; booleans, strings and lists are left to ``metrics.jsonl``):
 
@@ -28,7 +28,6 @@ Resume (``temper train --resume``) drops the records of steps after the checkpoi
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from tempering.config import ConfigError
-from tempering.reporting import MetricsWriter
+from tempering.reporting.metrics import MetricsWriter, read_jsonl
 
 
 class Sink(Protocol):
@@ -168,7 +167,7 @@ class StepLog:
 
     def __init__(self, run_dir: Path, names: list[str], resumed: bool, config: dict):
         path = run_dir / "metrics.jsonl"
-        history = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        history = read_jsonl(path) if path.exists() else []
         self._sinks: list[Sink] = []
         try:
             for name in names:

@@ -17,10 +17,10 @@ from typing import Any
 from tqdm import tqdm
 
 from tempering.config import ConfigError
-from tempering.envs.base import transcript
 from tempering.rewards.base import BatchReward, build_reward
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.tasks import Task
+from tempering.types import transcript
 
 
 def build_metrics(tasks: Sequence[Task], options: dict[str, dict[str, Any]] | None = None) -> dict[str, BatchReward]:

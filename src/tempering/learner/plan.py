@@ -13,11 +13,11 @@ proved so by a test that compares against computing everything:
   their count, under the same condition;
 - **micro-batches** (``tests/unit/test_packing.py``): runs of ``micro_batch_size`` rows, or at
   most ``token_budget`` tokens each, keeping a prompt's rows together when they can share it
-  (``tempering.packing``);
+  (``tempering.learner.packing``);
 - **layout** of each micro-batch (``tests/unit/test_packing.py``,
   ``tests/unit/test_shared_prompts.py``): padded rows, packed rows, or shared prompts when
   that computes fewer tokens than the padded or packed rows
-  (``tempering.algorithms.logprobs``), with log-probs ``chunk`` tokens of logits at a time.
+  (``tempering.learner.forward``), with log-probs ``chunk`` tokens of logits at a time.
 
 Callers without a plan (one forward pass over some rows) get the same layout choice from
 :func:`layout_of`.
@@ -31,12 +31,13 @@ from typing import Optional
 
 import torch
 
-from tempering.packing import distinct_prompts, first_fit_decreasing, plan_micro_batches, plan_shared_micro_batches
+from tempering.learner.packing import (distinct_prompts, first_fit_decreasing, plan_micro_batches,
+                                       plan_shared_micro_batches)
 from tempering.types import Batch
 
 
 class Layout(enum.Enum):
-    """How a micro-batch's rows are laid out for the model (``tempering.algorithms.logprobs``)."""
+    """How a micro-batch's rows are laid out for the model (``tempering.learner.forward``)."""
 
     PADDED = "padded"
     PACKED = "packed"
@@ -143,7 +144,7 @@ def _merge_duplicates(batch: Batch, kept: list[int]) -> list[int]:
 
 
 def _micro_batches(batch: Batch, rows: list[int], choices: PlanChoices) -> list[MicroBatch]:
-    """The computed rows cut into micro-batches (``tempering.packing``; with a token budget and
+    """The computed rows cut into micro-batches (``tempering.learner.packing``; with a token budget and
     prompts to share, ``plan_shared_micro_batches``, so that a prompt's rows stay together),
     each with its layout."""
     lengths = batch.attention_mask_BT[rows].sum(dim=1).tolist()

@@ -14,7 +14,7 @@ one flat row of N tokens costs N^2.
 **Token budgets.** A micro-batch holds at most ``token_budget`` tokens as the model sees
 them (packed rows x width, or padded rows x width), not a fixed number of sequences, so a
 batch of long completions is cut finer than a batch of short ones. The step does not depend
-on the cut (aggregation is normalised by whole-batch counts, see ``tempering.learner``).
+on the cut (aggregation is normalised by whole-batch counts, see ``tempering.learner.step``).
 
 **Memory budget.** :func:`tokens_for_memory` turns a budget in GB into a token budget from
 the model's shape: fixed costs (weights, gradients and AdamW state of the trained ones,
@@ -131,7 +131,7 @@ def plan_shared_micro_batches(prompt_of_B: list[int], prompt_lengths: list[int],
                               token_budget: int) -> list[list[int]]:
     """Row indices of each micro-batch, keeping rows that continue the same prompt together.
 
-    For rows whose prompts are shared (``tempering.algorithms.logprobs.share_prompts``): the
+    For rows whose prompts are shared (``tempering.learner.forward.share_prompts``): the
     cost of a micro-batch is its shared layout, each distinct prompt once, as wide as the
     longest, plus every row's completion, as wide as the longest. Prompt groups are taken
     from the longest completion down, as many as fit ``token_budget``; a group that does not

@@ -20,8 +20,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from tempering.envs.base import transcript
-from tempering.types import Group, Rollout
+from tempering.types import Group, Rollout, transcript
 
 
 def chosen(count: int, share: float, seed: int, step: int) -> list[int]:
@@ -41,7 +40,7 @@ def sample_record(step: int, rollout: Rollout) -> dict[str, Any]:
     """One rollout as a ``samples.jsonl`` line (see the module docstring)."""
     problem = rollout.problem
     record = {
-        "step": step, "task": problem.task, "domain": problem.domain or problem.task, "id": problem.id,
+        "step": step, "task": problem.task, "domain": problem.domain_key, "id": problem.id,
         "prompt": problem.prompt, "answer": problem.answer, "completion": transcript(rollout),
         "reward": rollout.reward, "reward_parts": dict(rollout.reward_components),
         "finish_reason": rollout.finish_reason, "completion_tokens": len(rollout.completion_ids),

@@ -1,6 +1,6 @@
 """The OpenAI / vLLM wire format of ``temper serve``: what a request's fields mean, and the
 shapes of the answers (choices, log-probs, stream chunks, errors). Pure functions of the
-request and the sampler's output; the server (``tempering.serve``) runs the model.
+request and the sampler's output; the server (``tempering.rollout.server``) runs the model.
 
 Every sampling field vLLM's OpenAI server takes is applied or refused with a 400 naming it
 (:data:`REFUSED`, :func:`sampling_request`); a field vLLM does not know is ignored, as vLLM

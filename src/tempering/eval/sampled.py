@@ -1,8 +1,8 @@
 """Sampled evaluation (``temper eval --n N --k 1,5``): pass@k, maj@k and best-of-k beside greedy accuracy.
 
 Each held-out problem gets n completions at the given temperature, graded by the task's
-``metric`` reward; the estimators of :mod:`tempering.eval_stats` turn them into numbers that
-do not depend on n. Greedy accuracy comes from :func:`tempering.evaluate.evaluate` unchanged,
+``metric`` reward; the estimators of :mod:`tempering.eval.stats` turn them into numbers that
+do not depend on n. Greedy accuracy comes from :func:`tempering.eval.greedy.evaluate` unchanged,
 so it is the number ``temper train``'s before/after table shows.
 
 - ``pass@k``: a problem counts when at least one of k samples is correct (metric score 1).
@@ -38,17 +38,11 @@ from typing import Any, Optional
 import torch
 from tqdm import tqdm
 
-from tempering import eval_stats
-from tempering.evaluate import evaluate
+from tempering.eval import stats
+from tempering.eval.greedy import evaluate
 from tempering.rewards.base import BatchReward
-from tempering.rewards.basic import (
-    extract_answer,
-    final_answer,
-    is_lenient,
-    lenient_answer,
-    normalize_text,
-    parse_number,
-)
+from tempering.rewards.basic import (extract_answer, final_answer, is_lenient, lenient_answer, normalize_text,
+                                     parse_number)
 from tempering.rollout.base import SamplingParams
 from tempering.tasks import Task
 from tempering.types import Problem
@@ -189,7 +183,7 @@ def _summary(values: list[float], seed: int) -> dict:
     """``{"value", "ci", "problems"}``: the mean over problems with its bootstrap interval."""
     if not values:
         return {"value": None, "ci": None, "problems": 0}
-    return {"value": sum(values) / len(values), "ci": list(eval_stats.bootstrap_interval(values, seed)),
+    return {"value": sum(values) / len(values), "ci": list(stats.bootstrap_interval(values, seed)),
             "problems": len(values)}
 
 
@@ -203,15 +197,15 @@ def _solved(p: ProblemSamples, rounds: int) -> int:
 
 def _estimators(samples: TaskSamples, seed: int, verifier: bool, rounds: int) -> dict[str, Estimate]:
     """Metric name pattern (``{k}`` for k) -> one problem's estimate at k."""
-    found: dict[str, Estimate] = {"pass@{k}": lambda p, k: eval_stats.pass_at_k(len(p.scores), _solved(p, 0), k)}
+    found: dict[str, Estimate] = {"pass@{k}": lambda p, k: stats.pass_at_k(len(p.scores), _solved(p, 0), k)}
     for r in range(1, rounds + 1):
-        found[f"pass@{{k}}[round<={r}]"] = lambda p, k, r=r: eval_stats.pass_at_k(len(p.scores), _solved(p, r), k)
+        found[f"pass@{{k}}[round<={r}]"] = lambda p, k, r=r: stats.pass_at_k(len(p.scores), _solved(p, r), k)
     if samples.votes:
-        found["maj@{k}"] = lambda p, k: eval_stats.maj_at_k(p.answers, p.scores, k, seed)
+        found["maj@{k}"] = lambda p, k: stats.maj_at_k(p.answers, p.scores, k, seed)
     if verifier:
-        found["best_of@{k}[verifier]"] = lambda p, k: eval_stats.best_of_k(p.scores, p.scores, k)
+        found["best_of@{k}[verifier]"] = lambda p, k: stats.best_of_k(p.scores, p.scores, k)
     for name in samples.problems[0].ranks if samples.problems else ():
-        found[f"best_of@{{k}}[{name}]"] = lambda p, k, name=name: eval_stats.best_of_k(p.scores, p.ranks[name], k)
+        found[f"best_of@{{k}}[{name}]"] = lambda p, k, name=name: stats.best_of_k(p.scores, p.ranks[name], k)
     return found
 
 
@@ -245,14 +239,14 @@ def greedy_by_round(result: dict, name: str, rounds: int) -> dict[str, dict]:
 def _greedy_entry(value: Optional[float], graded: int) -> dict:
     if value is None:
         return {"value": None, "ci": None, "problems": 0}
-    return {"value": value, "ci": list(eval_stats.wilson_interval(value * graded, graded)), "problems": graded}
+    return {"value": value, "ci": list(stats.wilson_interval(value * graded, graded)), "problems": graded}
 
 
 def sampled_evaluate(generator, tasks: Sequence[Task], problems_per_task: int, max_new_tokens: int,
                      metrics: Mapping[str, BatchReward], options: Mapping[str, dict],
                      settings: Optional[SampledSettings], selectors: Mapping[str, BatchReward],
                      verifier: bool, progress: bool, rounds: Optional[Mapping[str, int]] = None) -> dict:
-    """:func:`~tempering.evaluate.evaluate`'s greedy result, plus ``metrics`` (task -> metric
+    """:func:`~tempering.eval.greedy.evaluate`'s greedy result, plus ``metrics`` (task -> metric
     name -> ``{"value", "ci", "problems"}``), ``samples`` (task -> counts) and ``notes``;
     without ``settings`` only greedy accuracy is measured. ``selectors`` rank samples for
     best-of-k (``{"rm": reward model}``); ``verifier`` adds best-of-k by the metric itself.

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tempering.config import ConfigError
+from tempering.reporting.metrics import read_jsonl
 
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Reward", "mean reward of the step's rollouts, overall and per domain", (r"reward", r"domain/.+/reward")),
@@ -84,19 +85,6 @@ def load_run(path: Path) -> dict[str, Any]:
             "summary": json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else None}
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of a file's lines; a torn last line (a killed run) is left out."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def run_names(paths: list[str]) -> list[str]:
     """Each run's folder name, or its whole path where two names are the same."""
     names = [Path(p).name or p for p in paths]
@@ -148,7 +136,7 @@ def browser(runs: list[dict]) -> list[dict]:
 def render(data: dict) -> str:
     """The page: the data as JSON in the page (``<`` escaped, so no text in it can close the
     script element), then the inlined style and script."""
-    package = resources.files("tempering.report")
+    package = resources.files("tempering.reporting")
     payload = json.dumps(_finite(data), separators=(",", ":")).replace("<", "\\u003c")
     return PAGE.format(style=(package / "report.css").read_text(encoding="utf-8"),
                        script=(package / "report.js").read_text(encoding="utf-8"), data=payload)

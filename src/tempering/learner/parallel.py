@@ -14,7 +14,7 @@ Two layouts (``learner.parallel``):
 - ``ddp``: every process holds the whole model; after a step's backward passes the gradients
   are all-reduced (summed) in one flat buffer. Not torch's ``DistributedDataParallel``
   wrapper: its per-backward bucketed all-reduce averages, and wants every process to run
-  the same number of backward passes, while the plan (``tempering.plan``) gives each share
+  the same number of backward passes, while the plan (``tempering.learner.plan``) gives each share
   its own micro-batches.
 - ``fsdp``: the decoder layers and the rest of the model are sharded with FSDP2
   (``fully_shard``); each forward all-gathers a layer's parameters and each backward
@@ -184,12 +184,6 @@ def idle_pass(model: Any, device: torch.device, grad: bool) -> None:
         logits = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False).logits
     if grad:
         (logits.sum() * 0.0).backward()
-
-
-def scalar(value: Any) -> float:
-    """A float of a tensor that may be a DTensor (``fsdp``'s gradient norm)."""
-    full = getattr(value, "full_tensor", None)
-    return float(full() if full is not None else value)
 
 
 def full_state(model: Any) -> dict[str, torch.Tensor]:

@@ -1,9 +1,9 @@
 """``temper serve``: an OpenAI-compatible completions server over tempering's own sampler.
 
-It exists so that the server path of training (``tempering.rollout.openai_server``) runs end
+It exists so that the server path of training (``tempering.rollout.remote``) runs end
 to end on a CPU, for ``temper eval`` and lm-evaluation-harness against a served model, and for
 users without a GPU inference engine. It answers as vLLM's OpenAI server does, so one client
-reads both (the fields and answers: ``tempering.openai_api``):
+reads both (the fields and answers: ``tempering.rollout.openai_api``):
 
 - ``POST /v1/completions``: ``prompt`` as text, token ids, or a list of either; ``n``,
   ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``min_p``, the
@@ -71,13 +71,15 @@ from typing import Callable, Optional
 
 import torch
 
-from tempering.checkpoint import load_weights_from
+from tempering.models.loading import load_weights_from
 from tempering.models.lora import adapters_off, is_adapted, serve_adapter
-from tempering.openai_api import (RequestError, Sampled, Streamed, Wire, chat_messages, completion_prompts, error_body,
-                                  event_stream, flag, logprobs_asked, refuse_unsupported, sampling_request, usage)
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator, RowStreams
+from tempering.rollout.openai_api import (RequestError, Sampled, Streamed, Wire, chat_messages, completion_prompts,
+                                          error_body, event_stream, flag, logprobs_asked, refuse_unsupported,
+                                          sampling_request, usage)
 from tempering.rollout.prompts import chat_ids, encode_prompt
+from tempering.sandbox.server import http_url
 
 MAX_BODY_BYTES = 64 << 20
 
@@ -485,8 +487,7 @@ class OpenAIHTTPServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return http_url(self.server_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -22,22 +22,33 @@ class MetricsWriter:
         self._file.close()
 
 
-def truncate_metrics(path: Path, last_step: int) -> int:
-    """Keep only the records of steps up to ``last_step`` (and no torn last line); return how
-    many were dropped. Used on resume, so a run's metrics have no gaps and no repeats."""
-    if not path.exists():
-        return 0
-    kept, dropped = [], 0
+def json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The lines of a JSONL file that hold a JSON object, each with its object; any other line
+    (the torn last line a killed run leaves, above all) is left out."""
+    found = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            dropped += 1
             continue
-        if isinstance(record, dict) and record.get("step", 0) <= last_step:
-            kept.append(line)
-        else:
-            dropped += 1
+        if isinstance(record, dict):
+            found.append((line, record))
+    return found
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a file's lines (see :func:`json_lines`)."""
+    return [record for _, record in json_lines(path)]
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep only the records of steps up to ``last_step`` (and no torn last line); return how
+    many lines were dropped. Used on resume, so a run's metrics have no gaps and no repeats."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line, record in json_lines(path) if record.get("step", 0) <= last_step]
+    dropped = len(lines) - len(kept)
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     tmp.replace(path)

@@ -1,4 +1,4 @@
-// Draws a tempering report from the JSON in #report-data (see tempering/report/__init__.py).
+// Draws a tempering report from the JSON in #report-data (see tempering/reporting/html.py).
 // Plain DOM and SVG, no libraries. Each plot's <svg> carries data-points (points drawn), the
 // body data-rendered="1" once everything is drawn, and <html> data-errors the page's errors
 // (collected by the script in <head>), so a headless browser's dumped DOM shows all three.

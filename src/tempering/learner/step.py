@@ -35,7 +35,7 @@ detached; otherwise an extra pass computes it first, and only for batches holdin
 rollouts older than the learner's version. Rows may carry ``weights_B``, multiplied into their policy loss (the
 scheduler's per-domain balance).
 
-How a batch becomes forward passes is planned once per update by ``tempering.plan`` (the
+How a batch becomes forward passes is planned once per update by ``tempering.learner.plan`` (the
 proximal pass and, with one mini-batch, every update of the step execute the same plan):
 rows without signal are left out and identical rows computed once, weighted by their count,
 when each row's loss stands alone (:meth:`Learner._rows_stand_alone`;
@@ -43,7 +43,7 @@ when each row's loss stands alone (:meth:`Learner._rows_stand_alone`;
 micro-batches of ``micro_batch_size`` rows or at most ``token_budget`` tokens, each padded,
 packed, or sharing its rows' prompts when that computes fewer tokens (``learner.packing``,
 ``learner.share_prompts``). Log-probs are computed only on trained tokens, from the model's
-logits or chunk by chunk from its hidden states (``tempering.algorithms.logprobs``). None of
+logits or chunk by chunk from its hidden states (``tempering.learner.forward``). None of
 this changes the update beyond floating-point summation order. Gradient
 checkpointing trades compute for memory; bf16 autocast trades precision for speed and memory
 (on CPU with attention as batched bf16 products for short rows and in fp32 for long ones,
@@ -58,7 +58,6 @@ there; values handed back for advantages (:meth:`Learner.values`,
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -70,30 +69,15 @@ from tempering import faults
 from tempering.algorithms import kl_estimate
 from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import MISMATCH_KEYS, KLCoefficient, mismatch
-from tempering.algorithms.logprobs import can_share_prompts, forward_logprobs, plain_head
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
+from tempering.learner.forward import can_share_prompts, forward_logprobs, plain_head
+from tempering.learner.optim import guarded_step
+from tempering.learner.parallel import DataParallel, gather_into, idle_pass, load_optimizer_state, optimizer_state
+from tempering.learner.plan import MicroBatch, PlanChoices, UpdatePlan, computed_batch, plan_update
 from tempering.models.attention import upcast_attention
 from tempering.models.compat import enable_checkpointing
 from tempering.models.lora import adapter_state, adapters_off, is_adapted, load_adapter_state
-from tempering.parallel import DataParallel, gather_into, idle_pass, load_optimizer_state, optimizer_state, scalar
-from tempering.plan import MicroBatch, PlanChoices, UpdatePlan, computed_batch, plan_update
 from tempering.types import Batch, Rollout
-
-
-def lr_factor(step: int, warmup: int, total: int, schedule: str = "cosine", min_ratio: float = 0.1) -> float:
-    """Learning-rate multiplier: linear warm-up over ``warmup`` steps, then ``schedule``.
-
-    >>> [round(lr_factor(s, 2, 6, "linear", 0.0), 2) for s in range(7)]
-    [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
-    """
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        return 1.0 - (1.0 - min_ratio) * progress
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def collate(rollouts: list[Rollout], pad_id: int, device: torch.device | str = "cpu") -> Batch:
@@ -166,7 +150,7 @@ class LearnerSettings:
     skip_zero_advantage: bool
     """Leave rows whose advantages are all 0 out of the forward pass when that is exact."""
     share_prompts: bool
-    """Rows with the same prompt share its forward pass (``tempering.algorithms.logprobs``)."""
+    """Rows with the same prompt share its forward pass (``tempering.learner.forward``)."""
     merge_duplicates: bool
     """Identical rows are computed once, weighted by their count, when that is exact."""
 
@@ -263,7 +247,7 @@ class Learner:
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.settings.bf16 else nullcontext()
 
     def plan(self, batch: Batch, every_row: bool = False, teacher: bool = False) -> UpdatePlan:
-        """The plan of an update on ``batch`` (``tempering.plan``), with what it may skip or
+        """The plan of an update on ``batch`` (``tempering.learner.plan``), with what it may skip or
         merge decided by :meth:`_rows_stand_alone`; ``every_row`` computes each row as it is,
         for values every row needs; ``teacher`` lays the passes out as the teacher can run them."""
         s = self.settings
@@ -418,18 +402,12 @@ class Learner:
             weight = micro.num_tokens / max(computed_tokens, 1)
             for key, value in self._micro_step(micro, part, tokens, sequences, prox_from_forward, measure).items():
                 totals[key] = totals.get(key, 0.0) + (value if key == "loss" else value * weight)
-        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
         if self.parallel is not None:
             totals = self.parallel.sum_metrics(totals)
-            self.parallel.sum_gradients(parameters)
-        clip = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
-        totals["grad_norm"] = scalar(torch.nn.utils.clip_grad_norm_(parameters, clip))
+            self.parallel.sum_gradients(p for group in self.optimizer.param_groups for p in group["params"])
         faults.point("learn")
-        finite = math.isfinite(totals["grad_norm"]) and math.isfinite(totals["loss"])
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        totals["skipped_updates"] = 0.0 if finite else 1.0
+        totals["grad_norm"], stepped = guarded_step(self.optimizer, totals["loss"], self.settings.grad_clip)
+        totals["skipped_updates"] = 0.0 if stepped else 1.0
         return totals
 
     def _aligned(self, parts: list[MicroBatch]) -> list[Optional[MicroBatch]]:
@@ -460,7 +438,7 @@ class Learner:
         """Learn from one batch; returns metrics averaged over its updates (``micro_batches``:
         forward/backward passes per update) and two counts: ``updates`` made and
         ``skipped_updates``, those not applied because the loss or gradient was not finite.
-        Among several learners, the leader's call hands the batch to the others (``tempering.parallel``)."""
+        Among several learners, the leader's call hands the batch to the others (``tempering.learner.parallel``)."""
         if self.parallel is not None and self.parallel.leads:
             self.parallel.tell("step", batch)
         batch = batch.to(self.device)

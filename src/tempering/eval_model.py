@@ -1,0 +1,143 @@
+"""``temper eval``: a model's held-out accuracy on the config's tasks, greedy and sampled.
+
+Builds the tasks, their metric rewards, the model and its sampler from the config
+(``tempering.build``), runs greedy and, with ``--n``, sampled evaluation
+(``tempering.eval``), and prints the table (and ``--json``). Nothing is trained or saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from tempering.config import ConfigError, load_config
+
+
+def _select_tasks(config, names: Optional[str]):
+    """The config with only the tasks ``--tasks`` names, each keeping the options the config
+    gives a task of that name."""
+    if names is None:
+        return config
+    from tempering.config import TaskSpec
+
+    chosen = list(dict.fromkeys(name.strip() for name in names.split(",") if name.strip()))
+    if not chosen:
+        raise ConfigError("--tasks: name at least one task, e.g. --tasks add,mul")
+    specs = {spec.name: spec for spec in config.tasks}
+    return config.model_copy(update={"tasks": [specs.get(name) or TaskSpec(name=name) for name in chosen]})
+
+
+def _sampled_settings(args: argparse.Namespace, config):
+    """``--n``/``--k`` as :class:`~tempering.eval.sampled.SampledSettings`; None for greedy only."""
+    from tempering.eval.sampled import SampledSettings
+    from tempering.rollout.base import SamplingParams
+
+    if args.n is None:
+        if args.k or args.best_of:
+            raise ConfigError("--k and --best-of need --n, the number of samples per problem")
+        return None
+    if args.n < 1:
+        raise ConfigError(f"--n {args.n}: samples per problem must be at least 1")
+    try:
+        ks = sorted({int(k) for k in args.k.split(",")}) if args.k else sorted({1, args.n})
+    except ValueError:
+        raise ConfigError(f"--k {args.k!r}: expected whole numbers separated by commas, e.g. 1,5") from None
+    if ks[0] < 1 or ks[-1] > args.n:
+        raise ConfigError(f"--k {args.k}: each k must be between 1 and --n {args.n}")
+    params = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+                            max_new_tokens=config.eval.max_new_tokens)
+    return SampledSettings(args.n, tuple(ks), params, config.seed)
+
+
+def _best_of(values: list[str]) -> tuple[bool, Optional[str]]:
+    """``(verifier wanted, reward model path or None)`` from the ``--best-of`` values."""
+    for value in values:
+        if value != "verifier" and not (value.startswith("rm:") and len(value) > 3):
+            raise ConfigError(f"--best-of {value!r}: expected verifier or rm:PATH (a reward model)")
+    models = list(dict.fromkeys(value[3:] for value in values if value != "verifier"))
+    if len(models) > 1:
+        raise ConfigError(f"--best-of: more than one reward model given ({', '.join(models)}); name one")
+    return "verifier" in values, (models or [None])[0]
+
+
+def _selectors(rm_path: Optional[str]) -> dict:
+    """``{"rm": reward model}`` that ranks samples for best-of-k; empty without one."""
+    if rm_path is None:
+        return {}
+    from tempering.build import reward_model_path
+    from tempering.rewards.model import ModelReward
+
+    return {"rm": ModelReward(path=reward_model_path(rm_path), transform="raw")}
+
+
+def evaluate_model(args: argparse.Namespace, model_path: Optional[str], config_path: Optional[str],
+                   overrides: list[str]) -> int:
+    """``temper eval`` with the model, config file and overrides the arguments name."""
+    from tempering.build import build_generator, build_tasks, load_model
+    from tempering.eval.greedy import build_metrics, close_metrics
+    from tempering.eval.sampled import sampled_evaluate
+
+    _check_json_path(args.json)
+    config = _select_tasks(load_config(config_path, overrides), args.tasks)
+    tasks = build_tasks(config)
+    rounds = _rounds(config, tasks)
+    settings = _sampled_settings(args, config)
+    verifier, rm_path = _best_of(args.best_of or [])
+    metrics = build_metrics(tasks, config.rewards.options)  # a bad option stops here, before any model work
+    try:
+        selectors = _selectors(rm_path)
+        model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
+        print(f"temper eval: model {resolved}", file=sys.stderr)
+        generator = build_generator(config, model, tokenizer, config.eval.batch_size)
+        result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
+                                  metrics, config.rewards.options, settings, selectors, verifier, not args.quiet,
+                                  rounds=rounds)
+    finally:
+        close_metrics(metrics)
+    _report({"model": resolved, "settings": _settings_record(config, settings, rounds), **result}, args.json)
+    return 0
+
+
+def _check_json_path(json_path: Optional[str]) -> None:
+    """Refuse a ``--json`` file that could not be written, before the evaluation it would hold."""
+    if json_path in (None, "-"):
+        return
+    if not Path(json_path).resolve().parent.is_dir():
+        raise ConfigError(f"--json {json_path}: its folder does not exist")
+    if Path(json_path).is_dir():
+        raise ConfigError(f"--json {json_path}: is a folder; name a file in it")
+
+
+def _rounds(config, tasks) -> dict[str, int]:
+    """Task name -> its environment's ``max_turns``, for the tasks run in one (build_tasks keeps
+    the config's order)."""
+    return {task.name: spec.env.max_turns for spec, task in zip(config.tasks, tasks) if spec.env is not None}
+
+
+def _settings_record(config, settings, rounds: dict[str, int]) -> dict:
+    record = {"problems_per_task": config.eval.problems_per_task, "max_new_tokens": config.eval.max_new_tokens,
+              "seed": config.seed, "ci": "95%: Wilson for greedy, percentile bootstrap over problems otherwise"}
+    if rounds:
+        record["max_turns"] = rounds
+    if settings is not None:
+        record.update(n=settings.n, k=list(settings.ks), temperature=settings.params.temperature,
+                      top_p=settings.params.top_p)
+    return record
+
+
+def _report(result: dict, json_path: Optional[str]) -> None:
+    """The table on stdout, or on stderr when the JSON takes stdout (``--json -``)."""
+    from tempering.eval.sampled import metric_table
+
+    text = json.dumps(result, indent=2)
+    print(metric_table(result), file=sys.stderr if json_path == "-" else sys.stdout)
+    if json_path == "-":
+        print(text)
+    elif json_path:
+        try:
+            Path(json_path).write_text(text + "\n")
+        except OSError as exc:  # the table above still shows the numbers
+            raise ConfigError(f"--json {json_path}: cannot write it ({exc.strerror or exc})") from None

@@ -1,0 +1,145 @@
+"""Imports run one way: down the flow, never back up, and no module imports one that imports it back.
+
+Every ``src/tempering`` file's imports are read from its syntax tree, those inside functions
+too (a lazy import is still a dependency, only a later one). Each module belongs to a *part*:
+its folder, or for a module at the top its own name. :data:`ALLOWED` says which other parts
+each part may import; a part not in the table (a new loose module at the top, a new folder)
+fails until it is placed there on purpose.
+"""
+
+import ast
+from pathlib import Path
+
+import tempering
+
+ROOT = Path(tempering.__file__).parent
+
+FOUNDATIONS = {"tempering", "config", "types", "registry", "faults", "threads"}
+"""What every layer may use: typed config, the data types, the registry mechanism, the kill
+points and TrainingDiverged, the CPU thread count (``tempering`` is the package itself)."""
+
+BELOW_BUILD = {"algorithms", "models", "sandbox", "checkpoint", "rollout", "rewards", "envs", "tasks",
+               "scheduler", "learner", "eval", "reporting", "pipeline", "placement"}
+COMMANDS = {"train", "sft", "pretrain", "rm", "eval_model", "serve_model", "explain"}
+
+ALLOWED: dict[str, set[str]] = {
+    **{name: FOUNDATIONS for name in FOUNDATIONS},
+    # the bottom: maths on tensors, model loading, the sandbox, and checkpoints over models
+    "algorithms": FOUNDATIONS,
+    "models": FOUNDATIONS,
+    "sandbox": FOUNDATIONS,
+    "checkpoint": FOUNDATIONS | {"models"},
+    # the middle, in the order of the flow: sampling, rewards, episodes, tasks, what comes next
+    "rollout": FOUNDATIONS | {"models", "sandbox"},
+    "rewards": FOUNDATIONS | {"algorithms", "models", "sandbox"},
+    "envs": FOUNDATIONS | {"rollout", "rewards", "sandbox"},
+    "tasks": FOUNDATIONS | {"envs", "rewards", "rollout", "sandbox"},
+    "scheduler": FOUNDATIONS | {"tasks"},
+    "learner": FOUNDATIONS | {"algorithms", "models"},
+    "eval": FOUNDATIONS | {"rewards", "rollout", "tasks"},
+    "reporting": FOUNDATIONS,
+    "pipeline": FOUNDATIONS | {"rollout"},
+    "placement": FOUNDATIONS,
+    # pre-training makes builtin:tiny, which build resolves; build makes everything below it
+    "pretrain": FOUNDATIONS | {"learner", "models", "tasks"},
+    "build": FOUNDATIONS | BELOW_BUILD | {"pretrain"},
+    # the commands, then the argument parser over them
+    **{name: FOUNDATIONS | BELOW_BUILD | {"build", "pretrain"} for name in COMMANDS - {"pretrain"}},
+    "cli": FOUNDATIONS | BELOW_BUILD | COMMANDS,
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = ("tempering",) + path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The tempering modules ``path`` imports, anywhere in it: ``from P import n`` counts as
+    importing module ``P.n`` when there is one, else ``P``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "tempering"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tempering":
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                      for a in node.names}
+    return found
+
+
+def part(module: str) -> str:
+    names = module.split(".")
+    return names[1] if len(names) > 1 else "tempering"
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(path, set(found)) - {name} for name, path in found.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_every_part_has_a_place_in_the_table():
+    unplaced = sorted({part(name) for name in modules()} - set(ALLOWED))
+    assert not unplaced, f"parts without a row in ALLOWED (a module loose at the top, or a new folder): {unplaced}"
+
+
+def test_imports_run_down_the_table():
+    wrong = [f"{source} imports {target}" for source, targets in sorted(graph().items()) for target in sorted(targets)
+             if part(target) != part(source) and part(target) not in ALLOWED.get(part(source), set())]
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert cycles(graph()) == []
+
+
+def test_the_checks_find_a_back_import_and_a_cycle():
+    edges = {"tempering.models.loading": {"tempering.pretrain"}, "tempering.pretrain": {"tempering.learner.step"},
+             "tempering.learner.step": {"tempering.models.loading"}, "tempering.types": set()}
+    assert cycles(edges) == [["tempering.learner.step", "tempering.models.loading", "tempering.pretrain"]]
+    assert "pretrain" not in ALLOWED[part("tempering.models.loading")]
+    assert part("tempering.eval.greedy") == "eval" and part("tempering.build") == "build"

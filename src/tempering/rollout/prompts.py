@@ -67,7 +67,7 @@ def prompt_limit(model_config: Any, max_prompt_tokens: int, max_new_tokens: int)
 
 
 def _too_long(problem: Problem, length: int, limit: int) -> ConfigError:
-    return ConfigError(f"task {problem.task}, record {problem.meta.get('source', problem.id)}: the prompt is "
+    return ConfigError(f"task {problem.task}, record {problem.meta.get('record', problem.id)}: the prompt is "
                        f"{length} tokens, over the limit of {limit} (rollout.max_prompt_tokens; 0 = the model's "
                        f"context minus rollout.max_new_tokens); {ADVICE}")
 
@@ -93,4 +93,4 @@ def screen_datasets(tasks: list[Any], encode: Callable[[Any], list[int]], limit:
             raise _too_long(first, len(encode(first.prompt)), limit)
         if dropped:
             print(f"task {task.name}: left out {len(dropped)} records whose prompts are over {limit} tokens "
-                  f"(first: {dropped[0].meta['source']})", file=sys.stderr)
+                  f"(first: {dropped[0].meta['record']})", file=sys.stderr)

@@ -35,8 +35,9 @@ ConfigSource = Union[TrainConfig, Mapping[str, Any], str, Path, None]
 def load_config(source: ConfigSource = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """The config ``source`` stands for, with ``key=value`` ``overrides`` applied (values read as YAML).
 
-    >>> load_config({"steps": 5}, ["rollout.group_size=4"]).rollout.group_size
-    4
+    Examples:
+        >>> load_config({"steps": 5}, ["rollout.group_size=4"]).rollout.group_size
+        4
     """
     if source is None or isinstance(source, (str, Path)):
         return load_config_file(source, list(overrides))

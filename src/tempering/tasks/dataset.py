@@ -93,7 +93,7 @@ class DatasetTask(StreamState):
         self.rewards = dict(rewards or default_rewards or {reward: 1.0})
         self.metric = metric or reward
         # the built-in rewards compare with the answer; a user's own (module:function) may not need one
-        self._needs_answer = kind != "code" and any(":" not in name for name in self.rewards)
+        self._needs_answer = kind != "code" and any(":" not in reward_name for reward_name in self.rewards)
         records = self._load(path, split)
         if eval_path or eval_split:
             self._train, self._eval = records, self._load(eval_path or path, eval_split or split)
@@ -111,7 +111,7 @@ class DatasetTask(StreamState):
     def _load(self, path: str, split: str) -> list[Problem]:
         records = read_records(path, split)
         if not records:
-            raise DatasetError(f"{path}: the file has no records")
+            raise DatasetError(f"{path}: no records in it")
         return [self._problem(where, record) for where, record in records]
 
     def _column(self, where: str, record: dict, field: str, required: bool) -> tuple[Optional[str], Any]:

@@ -33,13 +33,6 @@ def small(tiny_model_dir, tmp_path):
     return [f"model.path={tiny_model_dir}", f"run_dir={tmp_path / 'run'}", *SMALL]
 
 
-def test_no_example_is_named_like_an_importable_module():
-    names = sorted(p.stem for p in EXAMPLES.glob("*.py"))
-    assert len(names) == 6
-    clashes = [n for n in names if n in sys.stdlib_module_names or importlib.util.find_spec(n) is not None]
-    assert not clashes, f"examples named like installed modules: {clashes}"
-
-
 def test_reward_in_python(small, tmp_path, tempering_cache):
     out = _example("reward_in_python.py", *small, cwd=tmp_path, cache=tempering_cache)
     assert "held-out accuracy" in out

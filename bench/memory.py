@@ -11,7 +11,9 @@ complete learner step (forward, backward, AdamW update) and reports its peak RSS
 The parent watches each child and stops it once its RSS passes the budget; a side's
 longest fitting length is the longest whose peak stayed within the budget. The same peaks
 give the longest lengths within smaller budgets (3, 4 and 6 GB), also reported. Lengths above
-the model's position limit are skipped.
+the model's position limit are skipped. A child that ends any other way without a measurement
+(TRL missing or failing to import, a crash) ends the bench with exit status 1 and the child's
+error on stderr, and no JSON: a side that did not run has no longest length.
 
 Children run with glibc's ``MALLOC_MMAP_THRESHOLD_`` at 1 MiB (both sides alike; ``--default-malloc``
 leaves it alone), so that freed large buffers go back to the system at once. With the default
@@ -132,34 +134,52 @@ def child(side: str, model_path: str, length: int, bf16: bool) -> None:
     print(json.dumps({**result, "wall_s": time.perf_counter() - start}))
 
 
+class ChildFailed(RuntimeError):
+    """A measuring child that ended without a measurement, other than by passing the budget."""
+
+
 def measure(side: str, model_path: str, length: int, bf16: bool, budget_kb: int, default_malloc: bool) -> dict:
-    """Run one child; stop it if its RSS passes the budget."""
+    """Run one child; stop it if its RSS passes the budget. A child that fails any other way
+    raises ChildFailed with the end of its stderr: its side has no length to report."""
     command = [sys.executable, __file__, "--child", side, str(length), "--model", model_path] + (["--bf16"] if bf16
                                                                                                   else [])
     env = dict(os.environ) if default_malloc else {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    over = False
-    while process.poll() is None:
-        if _status("VmRSS", str(process.pid)) > budget_kb:
-            over = True
-            process.kill()
-            break
-        time.sleep(0.1)
-    output = process.communicate()[0]
-    if over:
-        return {"peak_mb": None, "over_budget": True}
-    if process.returncode != 0:
-        return {"peak_mb": None, "error": f"exit status {process.returncode}"}
+    with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: a chatty child never blocks on it
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+        over = False
+        while process.poll() is None:
+            if _status("VmRSS", str(process.pid)) > budget_kb:
+                over = True
+                process.kill()
+                break
+            time.sleep(0.1)
+        output = process.communicate()[0]
+        if over:
+            return {"peak_mb": None, "over_budget": True}
+        if process.returncode != 0:
+            errors.seek(0)
+            raise ChildFailed(f"the {side} side failed at {length} tokens (exit status {process.returncode}):\n"
+                              + errors.read()[-3000:])
     result = json.loads(output.strip().splitlines()[-1])
     return {"peak_mb": result["peak_kb"] / 1024, "before_step_mb": result["before_kb"] / 1024,
             "wall_s": result["wall_s"]}
+
+
+def length_list(text: str) -> list[int]:
+    """``"512,1024"`` -> ``[512, 1024]``; a length not over the prompt is an error (it trains nothing)."""
+    lengths = [int(n) for n in text.split(",")]
+    if min(lengths) <= PROMPT:
+        raise argparse.ArgumentTypeError(f"each length must be over the {PROMPT}-token prompt, so that it trains "
+                                         f"a completion: {text}")
+    return lengths
 
 
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:smollm2")
     parser.add_argument("--budget-gb", type=float, default=8.0)
-    parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
+    parser.add_argument("--lengths", type=length_list, default="512,1024,2048,4096,8192",
+                        help=f"comma-separated token counts, each over the {PROMPT}-token prompt")
     parser.add_argument("--sides", default="tempering,trl")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--default-malloc", action="store_true", help="leave glibc's mmap threshold dynamic")
@@ -178,7 +198,7 @@ def main(argv: list[str]) -> dict:
     config = (AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name) if path.endswith(".gguf")
               else AutoConfig.from_pretrained(path))
     limit = config.max_position_embeddings
-    lengths = [n for n in map(int, options.lengths.split(",")) if n <= limit]
+    lengths = [n for n in options.lengths if n <= limit]
     budget_kb = int(options.budget_gb * 1024 * 1024)
     peaks: dict = {}
     details: dict = {}
@@ -202,4 +222,7 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1:]), indent=2))
+    try:
+        print(json.dumps(main(sys.argv[1:]), indent=2))
+    except ChildFailed as failure:
+        sys.exit(f"bench/memory.py: {failure}\nno result: a side that cannot run has no longest length")

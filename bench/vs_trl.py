@@ -161,6 +161,22 @@ def run_trl(spec: dict, steps: int, bf16: bool, seed: int) -> dict:
                                   spec["max_completion"])}
 
 
+def trl_version() -> str:
+    """TRL's version, once its trainer imports; else exit 2 with why, before any run.
+
+    Any exception counts, not only ImportError: a module that shadows a package TRL probes
+    for (a stray ``vllm.py``) made its import raise ``ValueError: Invalid version``."""
+    try:
+        import datasets  # noqa: F401
+        import trl
+        from trl import GRPOTrainer  # noqa: F401
+    except Exception as err:
+        print(f"bench/vs_trl.py: TRL cannot be imported ({type(err).__name__}: {err}); the peer side needs "
+              "the bench extra: pip install -e '.[bench]'", file=sys.stderr)
+        sys.exit(2)
+    return trl.__version__
+
+
 def seed_list(text: str) -> list[int]:
     """``"0,1,2"`` -> ``[0, 1, 2]`` (argparse reports a ValueError as a bad value)."""
     return [int(seed) for seed in text.split(",")]
@@ -178,10 +194,9 @@ def main(argv: list[str]) -> dict:
         parser.add_argument(f"--seeds-{name}", type=seed_list, default=seed_list(spec["seeds"]),
                             help="comma-separated integers")
     options = parser.parse_args(argv)
+    version = trl_version()
     torch.set_num_threads(1)
-    import trl
-
-    result: dict = {"trl_version": trl.__version__, "threads": 1, "precision": "bf16 autocast" if options.bf16
+    result: dict = {"trl_version": version, "threads": 1, "precision": "bf16 autocast" if options.bf16
                     else "fp32", "settings": {**SHARED, "betas": list(SHARED["betas"])}, "unmatched": UNMATCHED}
     for name in options.models.split(","):
         spec = dict(MODELS[name])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -22,7 +23,7 @@ import torch
 
 from tempering import checkpoint
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
-from tempering.algorithms.advantages import needs_teacher, needs_values
+from tempering.algorithms.advantages import needs_teacher, needs_values, varies_along_sequences
 from tempering.algorithms.logprobs import plain_head
 from tempering.config import ConfigError, EnvSpec, TrainConfig
 from tempering.envs.agent import AGENT_ENV, AgentSettings, agent_settings, with_agents
@@ -41,7 +42,7 @@ from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
-from tempering.rollout.prompts import prompt_limit, screen_datasets
+from tempering.rollout.prompts import longest_token, prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
 from tempering.sinks import check_sinks
 from tempering.tasks import Task, build_task
@@ -133,6 +134,11 @@ def resolve_algorithm(config: TrainConfig) -> dict:
     if ac.teacher.path is not None and not needs_teacher(found["advantage"]):
         raise ConfigError(f"algorithm.teacher.path is set but algorithm.advantage={ac.advantage} uses no teacher; "
                           "set algorithm.advantage=distill, or algorithm.teacher.path=null")
+    penalty = ac.kl_in_reward and ac.kl_coef > 0
+    if found["loss"] is LOSSES["gspo"] and varies_along_sequences(found["advantage"], ac.gamma, penalty):
+        warnings.warn(f"algorithm.loss=gspo with algorithm.advantage={ac.advantage}: these advantages vary along "
+                      "a sequence, and gspo weighs each sequence by the mean of its token advantages; "
+                      "use ppo_clip or cispo to keep each token's own", stacklevel=2)
     return found
 
 
@@ -203,7 +209,7 @@ def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) ->
     return LearnerSettings(
         loss=algorithm["loss"], aggregation=algorithm["aggregation"],
         clip_low=ac.clip_low, clip_high=ac.clip_high, dual_clip=ac.dual_clip, entropy_coef=ac.entropy_coef,
-        kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator, kl_in_reward=ac.kl_in_reward,
+        kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator, kl_clamp=ac.kl_clamp, kl_in_reward=ac.kl_in_reward,
         kl_target=ac.kl_target, kl_horizon=ac.kl_horizon,
         critic=ac.critic if needs_values(algorithm["advantage"]) else None,
         value_coef=ac.value_coef, value_clip=ac.value_clip,
@@ -328,7 +334,7 @@ def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
 def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
     """A generator over ``rollout.server``; a ConfigError when it cannot be used or reached."""
     sc = config.rollout.server
-    settings = ServerSettings(sc.url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
+    settings = ServerSettings(sc.url if isinstance(sc.url, str) else tuple(sc.url), sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
                               sc.weights_dir, sc.reload)
     try:
         return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template,
@@ -379,7 +385,8 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
                               "statistics; set rewards.normalize.mode=none (and task_normalize) or reward_workers=1")
         rollout, reward = ray_workers(config)
     return Pipeline(mixture, rollout, reward, config.rollout.prompts_per_step, pc.mode, pc.max_staleness,
-                    pc.buffer_rounds, shares_policy=shares)
+                    pc.buffer_rounds, shares_policy=shares, max_outage_rounds=config.rewards.max_outage_rounds,
+                    outage_backoff_s=config.rewards.outage_backoff_s)
 
 
 def normalizes(config: TrainConfig) -> bool:
@@ -503,8 +510,8 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     policy = sampling_copy(model, parallel)
     eval_generator = local_generator(config, policy, tokenizer, config.eval.batch_size)  # the learner's weights
     rc = config.rollout
-    screen_datasets(tasks, eval_generator.encode_prompt,
-                    prompt_limit(model.config, rc.max_prompt_tokens, rc.max_new_tokens), rc.long_prompts)
+    screen_datasets(tasks, eval_generator.encode_prompt, prompt_limit(model.config, rc.max_prompt_tokens,
+                    rc.max_new_tokens), rc.long_prompts, longest_token(tokenizer))
     teacher = load_teacher(config, tokenizer, progress)
     run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
     learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)

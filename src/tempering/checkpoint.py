@@ -77,9 +77,11 @@ def checkpoints_dir(run_dir: Path) -> Path:
 
 def _disk_full(path: Path, exc: BaseException) -> bool:
     """Whether a failed write ran out of space. Not every writer says so: torch.save reports
-    a short write as a bare position mismatch, so the free space is looked at too."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
+    a short write as a bare position mismatch, so for an error without an errno the free space
+    is looked at too (an error with one says what it is: a missing folder under /proc, where
+    nothing is ever free, is not a full disk)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
     if "No space left on device" in str(exc):
         return True
     existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
@@ -100,17 +102,27 @@ def writing(path: Path, cleanup: Optional[Path] = None) -> Iterator[None]:
             shutil.rmtree(cleanup, ignore_errors=True)
         if isinstance(exc, StorageError):
             raise
-        reason = "no space left on device (the disk is full)" if full else str(exc)
+        reason, fix = ("no space left on device (the disk is full)", "Free space") if full else (_cause(exc), "Fix that")
         raise StorageError(f"cannot write {path}: {reason}; nothing written before it was lost. "
-                           "Free space, then continue with `temper train --resume RUN_DIR`") from None
+                           f"{fix}, then continue with `temper train --resume RUN_DIR`") from None
+
+
+def _cause(exc: BaseException) -> str:
+    """What went wrong, in words: ``permission denied (/runs/x)``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[0].lower() + exc.strerror[1:] + (f" ({exc.filename})" if exc.filename else "")
+    return str(exc)
 
 
 def check_run_dir(run_dir: Optional[str], resume: bool) -> None:
     """Refuse a new run in a folder that holds anything: a run (continue it with ``--resume``) or
     other files, which a run's config.yaml, metrics.jsonl and summary.json could overwrite."""
-    if resume or not run_dir or not Path(run_dir).exists():
+    if resume or not run_dir:
         return
     path = Path(run_dir)
+    if not path.exists():
+        _check_can_make(path)
+        return
     if not path.is_dir():
         raise ConfigError(f"run_dir={run_dir} is a file, not a folder; choose a new or empty folder")
     names = sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME)
@@ -121,6 +133,18 @@ def check_run_dir(run_dir: Optional[str], resume: bool) -> None:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         raise ConfigError(f"run_dir={run_dir} is not empty and not a run folder (it holds {shown}); "
                           "choose a new or empty folder for the run")
+
+
+def _check_can_make(path: Path) -> None:
+    """Refuse a new run folder whose nearest existing parent is a file or not writable, before
+    the model is loaded; what only ``mkdir`` can find out (a missing folder under /proc) is
+    reported by :func:`open_run_dir`."""
+    parent = next(p for p in path.absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise ConfigError(f"run_dir={path}: {parent} is a file, not a folder; choose another folder for the run")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"run_dir={path}: cannot make a folder in {parent} (permission denied); "
+                          "choose a folder you can write")
 
 
 class RunLock:
@@ -176,8 +200,10 @@ def open_run_dir(run_dir: Optional[str], resume: bool) -> tuple[Path, RunLock]:
     The folder is checked again under the lock: another run may have started in it since
     :func:`check_run_dir` looked."""
     path = Path(run_dir) if run_dir else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    with writing(path):
+    try:
         path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot make the run folder {path}: {_cause(exc)}; choose another folder") from None
     lock = RunLock(path)
     try:
         check_run_dir(str(path), resume)
@@ -349,7 +375,10 @@ def usable(run_dir: Path, report: Callable[[str], None] = lambda line: print(lin
 def resume_point(run_dir: Path) -> Optional[Path]:
     """The checkpoint ``--resume`` continues from; None for a run that wrote none (it starts over).
 
-    A run whose checkpoints are all damaged is refused rather than silently started over."""
+    Leftovers of interrupted writes and deletions are removed first, whether the run continues
+    or starts over (the caller holds the run's lock, so none is being written). A run whose
+    checkpoints are all damaged is refused rather than silently started over."""
+    clean_partial(run_dir)
     found = usable(run_dir)
     if found is None and list_checkpoints(run_dir):
         raise ConfigError(f"{run_dir}: no checkpoint is intact (see above); to start the run over, "
@@ -373,7 +402,9 @@ def load_model_weights(model: Any, path: Path) -> None:
 
 def load_weights_from(model: Any, folder: Path) -> None:
     """Load the ``*.safetensors`` weights of a ``save_pretrained`` folder into ``model`` in
-    place; a RuntimeError when they are not this model's (a tied output layer may be absent)."""
+    place; a RuntimeError when they cannot be read or are not this model's (a tied output
+    layer may be absent), checked before any is copied, so the model is then as it was."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     files = sorted(folder.glob("*.safetensors"))
@@ -381,13 +412,20 @@ def load_weights_from(model: Any, folder: Path) -> None:
         raise FileNotFoundError(f"{folder}: no safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for file in files:
-        weights.update(load_file(file))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+        try:
+            weights.update(load_file(file))
+        except (SafetensorError, OSError) as exc:
+            raise RuntimeError(f"{file}: not a readable safetensors file ({exc})") from None
+    own = model.state_dict()
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    really_missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
-    if really_missing or unexpected:
-        raise RuntimeError(f"{folder}: the weights do not match the model "
-                           f"(missing {really_missing[:5]}, unexpected {unexpected[:5]})")
+    missing = [k for k in own if k not in weights and k not in tied and not k.endswith("lm_head.weight")]
+    unexpected = [k for k in weights if k not in own]
+    reshaped = [f"{k} {tuple(v.shape)} for {tuple(own[k].shape)}" for k, v in weights.items()
+                if k in own and v.shape != own[k].shape]
+    if missing or unexpected or reshaped:
+        raise RuntimeError(f"{folder}: the weights do not match the model (missing {missing[:5]}, unexpected "
+                           f"{unexpected[:5]}, other shapes {reshaped[:5]})")
+    model.load_state_dict(weights, strict=False)
 
 
 def rng_state() -> dict[str, Any]:

@@ -224,19 +224,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve a model over HTTP until interrupted (``tempering.serve``)."""
+    import os
     import threading
 
     import torch
 
     from tempering.build import load_model
     from tempering.rollout.hf import HFGenerator
+    from tempering.rollout.openai_server import API_KEY_VARIABLE
     from tempering.sandbox.server import is_loopback
-    from tempering.serve import start
+    from tempering.serve import Limits, start
 
     model_path, config_path, overrides = _model_inputs(args.inputs)
-    if not is_loopback(args.host):
-        raise ConfigError(f"--host {args.host}: temper serve has no authentication and binds a loopback address "
-                          "only; put an authenticating proxy in front of it to reach it from elsewhere")
+    api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
+    if not is_loopback(args.host) and api_key is None:
+        raise ConfigError(f"--host {args.host}: off a loopback address temper serve wants an API key that clients "
+                          f"send as 'Authorization: Bearer KEY': pass --api-key KEY (or set ${API_KEY_VARIABLE})")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port}: a port is 0..65535 (0 = any free one)")
+    limits = Limits(*(given if given is not None else default for given, default in
+                      ((args.max_request_tokens, Limits.request_tokens), (args.max_queued_tokens, Limits.queued_tokens))))
+    if not 1 <= limits.request_tokens <= limits.queued_tokens:
+        raise ConfigError(f"--max-request-tokens {limits.request_tokens} --max-queued-tokens {limits.queued_tokens}: "
+                          "each must be at least 1, and a request's no more than the queue's")
     config = load_config(config_path, overrides)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -245,7 +255,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sampler = HFGenerator(model.eval(), tokenizer, config.model.chat_template, rc.batch_size, rc.bf16,
                           share=rc.share_decoding)
     try:
-        http = start(sampler, args.name or model_path or config.model.path, rc.batch_size, args.host, args.port)
+        http = start(sampler, args.name or model_path or config.model.path, rc.batch_size, args.host, args.port,
+                     limits, api_key)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     print(f"temper serve: {resolved} at {http.url} (OpenAI-compatible: {http.url}/v1)", flush=True)
@@ -305,16 +316,34 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Arguments in any order around the flags: a ``nargs="*"`` positional takes only the run of
+    items before the first flag, so ``temper train steps=1 --quiet seed=3`` would leave
+    ``seed=3`` unrecognized; the items left over join the positional list that the command
+    names in its ``items_into`` default, after the ones before the flag. Unknown flags, and
+    items left over in a command without such a list, are still refused."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, rest = self.parse_known_args(args, namespace)
+        into = getattr(parsed, "items_into", None)
+        if rest and (into is None or any(item.startswith("-") for item in rest)):
+            self.error(f"unrecognized arguments: {' '.join(rest)}")
+        if rest:
+            getattr(parsed, into).extend(rest)
+        return parsed
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "config_and_overrides", nargs="*", metavar="[CONFIG] [key=value ...]",
         help="a YAML config (default: the built-in quickstart) and dotted overrides, e.g. rollout.group_size=8",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    parser.set_defaults(items_into="config_and_overrides")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="temper", description="RL post-training with verifiable rewards")
+    parser = _Parser(prog="temper", description="RL post-training with verifiable rewards")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser("train", help="RL-train a model (default: the quickstart job)")
@@ -330,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--quiet", action="store_true", help="no progress bars or tables")
     sft.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
     sft.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
-    sft.set_defaults(func=cmd_sft)
+    sft.set_defaults(func=cmd_sft, items_into="items")
 
     pretrain = sub.add_parser("pretrain", help="pre-train the built-in tiny model into the cache")
     _add_config_args(pretrain)
@@ -344,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--probe", type=int, default=8, metavar="N",
                          help="greedy-answer N held-out problems per task to catch a task the model scores 0 on "
                               "and answers cut off (default 8; 0 = no probe)")
-    explain.set_defaults(func=cmd_explain)
+    explain.set_defaults(func=cmd_explain, items_into="config_and_overrides")
 
     evaluate = sub.add_parser(
         "eval", help="held-out accuracy of a model: greedy, and with --n samples per problem pass@k, maj@k, best-of-k")
@@ -366,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", metavar="OUT", help="write the full result as JSON to OUT (- for stdout, "
                           "the table then going to stderr)")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
-    evaluate.set_defaults(func=cmd_eval)
+    evaluate.set_defaults(func=cmd_eval, items_into="inputs")
 
     report = sub.add_parser("report", help="one self-contained HTML page of plots, rollouts and config of one or more runs")
     report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders; several are overlaid, one colour each")
@@ -377,11 +406,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("inputs", nargs="*", metavar="MODEL [CONFIG] [key=value ...]",
                        help="the model (as for temper eval; default: the config's model.path), a YAML config "
                             "(its model and rollout sections) and dotted overrides, in any order")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on, a loopback one (default: 127.0.0.1)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1); "
+                       "another than a loopback one needs --api-key")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port, printed)")
     serve.add_argument("--name", help="the model's name in the API (default: MODEL as given)")
+    serve.add_argument("--api-key", help="bearer token every request must carry (default: $TEMPER_SERVE_API_KEY; "
+                       "none on a loopback address)")
+    serve.add_argument("--max-request-tokens", type=int, metavar="N",
+                       help="token positions one request may ask for (prompts x n x (prompt + max_tokens)); "
+                            "more is refused with 400 (default: 262144)")
+    serve.add_argument("--max-queued-tokens", type=int, metavar="N",
+                       help="token positions queued or sampling, all requests together; a request past it gets 429 "
+                            "(default: 2097152)")
     serve.add_argument("--quiet", action="store_true", help="no progress bars")
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=cmd_serve, items_into="inputs")
 
     add_sandbox_parser(sub)
     add_rm_parser(sub)

@@ -95,7 +95,7 @@ class ServerConfig(Strict):
     """An OpenAI-compatible inference server that samples the rollouts (``tempering.rollout.openai_server``):
     ``temper serve``, vLLM (with --logprobs-mode processed_logprobs) or SGLang, serving the policy's model."""
 
-    url: str = Field(description="base URL of the server, e.g. http://127.0.0.1:8000")
+    url: Union[str, list[str]] = Field(description="base URL of the server, e.g. http://127.0.0.1:8000, or a list of servers of one model (each at the same weights), over which a step's requests are dealt in turn and to each of which every reload goes; a server started with an API key gets $TEMPER_SERVE_API_KEY as a bearer token")
     model: Optional[str] = Field(None, description="model name sent with each request; null = the first the server lists")
     timeout_s: float = Field(300.0, gt=0, description="seconds one request may take before it is sent again")
     retries: int = Field(3, ge=0, description="times a failed request (no connection, timeout, 429, 5xx) is sent again; 0 = never")
@@ -145,7 +145,8 @@ class AlgorithmConfig(Strict):
     dual_clip: float = Field(3.0, gt=1, description="dual_clip's bound c: with a negative advantage the loss is at most -A * c")
     entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus subtracted from the loss; 0 = none")
     kl_coef: float = Field(0.0, ge=0, description="weight of KL to the frozen initial policy; 0 = no reference model")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator")
+    kl_estimator: Literal["k1", "k2", "k3", "abs", "k1+", "k3+"] = Field("k3", description="KL estimator per token, with delta = log p_ref - log p: k1 = -delta, k2 = delta^2 / 2, k3 = e^delta - delta - 1, abs = |delta|; k1+ and k3+ have the value of k1 or k3 and the gradient of k2 (unbiased as a loss term)")
+    kl_clamp: float = Field(0.0, ge=0, description="bound each token's KL estimate to [-kl_clamp, kl_clamp]; past it a plain estimator gives no gradient, k1+ and k3+ keep k2's; 0 = no bound (verl bounds k3 at 10)")
     kl_in_reward: bool = Field(False, description="subtract kl_coef * KL per token from the reward instead of adding it to the loss")
     kl_target: float = Field(0.0, ge=0, description="adapt kl_coef towards this KL per token; 0 = fixed coefficient")
     kl_horizon: int = Field(100, ge=1, description="adaptive KL: a 20% deviation from the target changes kl_coef by 0.2/kl_horizon per step")
@@ -182,7 +183,7 @@ class LearnerConfig(Strict):
     logprob_chunk: int = Field(1024, ge=0, description="compute log-probs this many tokens at a time from hidden states, so the full tokens x vocab logits never exist; 0 = the model's whole logits at once (always, for models whose logits are more than the output layer's product, e.g. Gemma 2's soft-capped ones)")
     skip_zero_advantage: bool = Field(True, description="leave rows whose advantages are all 0 (groups with equal rewards) out of the forward and backward passes when that cannot change the update: a built-in loss, no entropy bonus, no KL term in the loss, no critic; logged as skipped_rows")
     gradient_checkpointing: bool = Field(False, description="keep only each layer's input and recompute the rest in the backward pass: about a third more compute, far less memory")
-    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="how learner processes started by torchrun (WORLD_SIZE > 1) split a step: ddp: each holds the whole model, gradients summed after the step's backward passes; fsdp: parameters, gradients and optimizer state sharded with FSDP2, for models that do not fit one device (no KL reference copy or critic; log-probs from the model's logits)")
+    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="how learner processes started by torchrun (WORLD_SIZE > 1) split a step: ddp: each holds the whole model, gradients summed after the step's backward passes; fsdp: the learner's parameters, gradients and optimizer state sharded across them with FSDP2, while the leader samples with a whole copy gathered after each step, so the model must still fit one device whole (no KL reference copy or critic; log-probs from the model's logits)")
 
 
 class EvalConfig(Strict):
@@ -201,8 +202,21 @@ class NormalizeConfig(Strict):
     smoothing: float = Field(0.0, ge=0, lt=1, description="shrink each reward this far towards the domain's running mean; 0 = off")
 
 
+class MonitorActions(Strict):
+    """What each reward-hacking monitor does while it alerts (``tempering.rewards.monitors``):
+    warn: log a warning when the alert starts; zero: the rollouts it flags get reward 0 before
+    the learner sees them (only monitors that flag rollouts); stop: zero them, then end the run
+    after this step's checkpoint with exit status 2, naming the monitor and an example rollout."""
+
+    heldout_gap: Literal["warn", "stop"] = Field("warn", description="a trend over evaluations; it flags no rollout, so warn or stop")
+    length_growth: Literal["warn", "stop"] = Field("warn", description="a trend over steps; it flags no rollout, so warn or stop")
+    harness: Literal["warn", "zero", "stop"] = Field("warn", description="flags the completions that touched the grading harness")
+    same_completion: Literal["warn", "zero", "stop"] = Field("warn", description="flags the completions given to too many distinct prompts")
+    dominance: Literal["warn", "stop"] = Field("warn", description="a share of the step's reward; it flags no rollout, so warn or stop")
+
+
 class MonitorConfig(Strict):
-    """Thresholds of the reward-hacking monitors; they only log (warning + monitor/* metrics)."""
+    """Thresholds and actions of the reward-hacking monitors (warnings and monitor/* metrics by default)."""
 
     window: int = Field(20, ge=1, description="steps per window when comparing recent length and reward with the window before")
     heldout_gap: float = Field(0.15, ge=0, description="alert when train reward rose this much more than eval accuracy since the first evaluation (needs eval.every)")
@@ -211,16 +225,20 @@ class MonitorConfig(Strict):
     harness: float = Field(0.0, ge=0, le=1, description="alert when more than this share of completions touch the grading harness")
     same_completion: float = Field(0.3, ge=0, le=1, description="alert when one completion is given to more than this share of distinct prompts")
     dominance: float = Field(0.6, ge=0, le=1, description="alert when a component other than the task metric holds more than this share of the weighted reward")
+    actions: MonitorActions = Field(default_factory=MonitorActions, description="monitor name -> warn, zero or stop, done while it alerts")
 
 
 class RewardsConfig(Strict):
-    """Options of the rewards the tasks name, normalization and monitors."""
+    """Options of the rewards the tasks name, normalization, monitors, and what an outage of a
+    grader (every rollout of a round dropped: a sandbox service or remote reward down) costs."""
 
     options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="reward name -> its keyword options, e.g. {length: {max_tokens: 48}, model: {path: DIR}}")
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="normalization for every task")
     task_normalize: dict[str, NormalizeConfig] = Field(default_factory=dict, description="task name -> normalization replacing rewards.normalize for it")
     monitors: MonitorConfig = Field(default_factory=MonitorConfig)
+    max_outage_rounds: int = Field(4, ge=0, le=1000, description="sampling rounds in a row whose every rollout the rewards dropped that are waited out and sampled again (logged as outage_rounds); one more stops the run with exit 2, naming the reward and its error, and a checkpoint to --resume from; 0 = stop at the first")
+    outage_backoff_s: float = Field(5.0, ge=0, description="wait before sampling again after an outage round, in seconds, doubling with each further one in a row (each wait at most 600 s); 0 = sample again at once")
 
 
 class SchedulerConfig(Strict):

@@ -136,6 +136,8 @@ class LearnerSettings:
     entropy_coef: float
     kl_coef: float
     kl_estimator: str
+    kl_clamp: float
+    """Bound on each token's KL estimate; 0 = none."""
     kl_in_reward: bool
     kl_target: float
     kl_horizon: int
@@ -316,7 +318,7 @@ class Learner:
         if self.reference is None or not s.kl_in_reward:
             return None
         ref_BT = self._per_row(batch, self.plan(batch, every_row=True), self._reference_logprobs)
-        kl_BT = kl_estimate(batch.old_logprobs_BT, ref_BT, s.kl_estimator) * batch.loss_mask_BT
+        kl_BT = kl_estimate(batch.old_logprobs_BT, ref_BT, s.kl_estimator, s.kl_clamp) * batch.loss_mask_BT
         self._reward_kl = masked_mean(kl_BT, batch.loss_mask_BT)
         return self.kl.value * kl_BT
 
@@ -365,7 +367,7 @@ class Learner:
         if self.reference is not None and not s.kl_in_reward:
             with torch.no_grad(), self._autocast():
                 ref_BT = self._reference_logprobs(micro, part)
-            kl_BT = kl_estimate(logprobs_BT, ref_BT, s.kl_estimator)
+            kl_BT = kl_estimate(logprobs_BT, ref_BT, s.kl_estimator, s.kl_clamp)
             loss_BT = loss_BT + self.kl.value * kl_BT
             metrics["kl"] = masked_mean(kl_BT.detach(), mask_BT)
         if self.critic is not None:

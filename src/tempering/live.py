@@ -13,18 +13,32 @@ from tqdm import tqdm
 
 def step_line(record: dict, steps: int) -> str:
     """One step in a line: reward, training accuracy, mean completion length (tokens), KL and
-    entropy where the record has them, held-out accuracy when it was measured, seconds.
+    entropy where the record has them, held-out accuracy when it was measured, the sandbox's
+    verdicts where a reward ran programs, seconds and the share of them spent on rewards.
 
     >>> step_line({"step": 3, "reward": 0.5, "accuracy": 0.25, "completion_length": 12.0,
     ...            "entropy": 1.2, "step_s": 2.0}, 10)
     'step 3/10  reward 0.500  acc 25.0%  len 12.0  ent 1.200  2.00 s/step'
+    >>> step_line({"step": 3, "reward": 0.5, "accuracy": 0.5, "completion_length": 40.0, "step_s": 2.0,
+    ...            "reward_s": 0.25, "diag/code/status/passed": 0.5, "diag/code/status/failed": 0.375,
+    ...            "diag/code/status/timeout": 0.125}, 10)
+    'step 3/10  reward 0.500  acc 50.0%  len 40.0  code passed 50% failed 38% timeout 12%  2.00 s/step (rewards 12%)'
     """
     parts = [f"step {record['step']}/{steps}", f"reward {record['reward']:.3f}", f"acc {100 * record['accuracy']:.1f}%",
              f"len {record['completion_length']:.1f}"]
     parts += [f"{label} {record[key]:.3f}" for label, key in (("kl", "kl"), ("ent", "entropy")) if key in record]
     if "eval/accuracy" in record:
         parts.append(f"eval {100 * record['eval/accuracy']:.1f}%")
-    parts.append(f"{record['step_s']:.2f} s/step")
+    statuses: dict[str, list[str]] = {}
+    for key, share in record.items():
+        if key.startswith("diag/") and "/status/" in key:
+            reward, _, label = key[len("diag/"):].partition("/status/")
+            statuses.setdefault(reward, []).append(f"{label} {100 * share:.0f}%")
+    parts += [f"{reward} {' '.join(labels)}" for reward, labels in statuses.items()]
+    timing = f"{record['step_s']:.2f} s/step"
+    if record.get("reward_s") and record["step_s"] > 0:
+        timing += f" (rewards {100 * record['reward_s'] / record['step_s']:.0f}%)"
+    parts.append(timing)
     return "  ".join(parts)
 
 

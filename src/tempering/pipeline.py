@@ -24,8 +24,17 @@ by a few versions. Rounds older than ``max_staleness`` versions are dropped and 
 (``dropped_stale``); younger stale ones are trained with the learner's off-policy
 correction. Every rollout carries the version that sampled it.
 
+A round whose every rollout the rewards dropped (a grader that is down: a sandbox service,
+a remote reward model) is an *outage*: counted (``outage_rounds``), and after a wait of
+``outage_backoff_s`` (doubling with each further outage in a row, at most
+``MAX_OUTAGE_WAIT_S``) the same problems are sampled again. After ``max_outage_rounds``
+outages in a row the pipeline raises :class:`GraderOutage` naming the reward and its last
+error; the problems of that round are kept in the state, so a run resumed from a checkpoint
+taken then samples them first.
+
 State: ``state_dict`` holds the buffered rounds (sampled and scored, not yet trained on),
-the rollout worker's RNG, the reward normalizer and the counters; in async mode it is
+the problems of a round an outage stopped, the rollout worker's RNG, the reward normalizer
+and the counters; in async mode it is
 taken with the feeder paused between rounds, so nothing is in flight.
 
 Several workers of a kind share a round through a :class:`WorkerPool`: problems (or groups)
@@ -39,6 +48,7 @@ inside the rollout worker.
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
@@ -51,6 +61,23 @@ import torch
 from tempering import faults
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.types import Group, Problem, Round
+
+LOG = logging.getLogger("tempering.pipeline")
+
+MAX_OUTAGE_WAIT_S = 600.0
+"""The longest wait between two sampling rounds of one outage, however many came before."""
+
+
+class GraderOutage(RuntimeError):
+    """Rounds in a row whose every rollout the rewards dropped, past the pipeline's budget."""
+
+    def __init__(self, reward: str, error: str, rounds: int):
+        super().__init__(reward, error, rounds)
+        self.reward, self.error, self.rounds = reward, error, rounds
+
+    def __str__(self) -> str:
+        return (f"reward {self.reward!r} dropped every rollout of {self.rounds} sampling rounds in a row; "
+                f"its last error: {self.error}")
 
 
 class RolloutWorker:
@@ -93,6 +120,10 @@ class RewardWorker:
     def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
         record = self.rewarder.score(groups)
         return groups, record
+
+    def last_error(self) -> Optional[tuple[str, str]]:
+        """``(reward, error)`` of the newest rollout a reward dropped, None before any."""
+        return self.rewarder.last_error
 
     def state_dict(self) -> dict:
         return self.rewarder.state_dict()
@@ -216,6 +247,8 @@ class WorkerPool:
         if method == "load_state_dict":
             return self._each(method, [(state,) for state in args[0]])
         answers = self._each(method, [args] * len(self.handles))
+        if method == "last_error":
+            return next((answer for answer in answers if answer is not None), None)
         return max(answers) if method == "set_weights" else answers
 
     def close(self) -> None:
@@ -272,19 +305,23 @@ class Counters:
     rollouts_taken: int = 0
     dropped_stale: int = 0
     weight_syncs: int = 0
+    outage_rounds: int = 0
 
 
 class Pipeline:
     """Scored rounds for the learner, made on demand (sync) or ahead by a feeder thread (async)."""
 
     def __init__(self, mixture: Any, rollout: Any, reward: Any, prompts: int, mode: str = "sync",
-                 max_staleness: int = 1, buffer_rounds: int = 1, shares_policy: bool = False):
+                 max_staleness: int = 1, buffer_rounds: int = 1, shares_policy: bool = False,
+                 max_outage_rounds: int = 0, outage_backoff_s: float = 0.0):
         if mode not in ("sync", "async"):
             raise ValueError(f"pipeline mode {mode!r}; known: sync, async")
         self.mixture, self.rollout, self.reward = mixture, rollout, reward
         self.prompts, self.mode = prompts, mode
         self.max_staleness, self.buffer_rounds = max_staleness, buffer_rounds
         self.shares_policy = shares_policy
+        self.max_outage_rounds, self.outage_backoff_s = max_outage_rounds, outage_backoff_s
+        self._outage_problems: Optional[list[Problem]] = None
         self.counters = Counters()
         self.learner_version = 0
         self._buffer: deque[Round] = deque()
@@ -314,13 +351,11 @@ class Pipeline:
             sync_s = self.rollout.call("set_weights", *pending)
             self.counters.weight_syncs += 1
         with self._cond:
-            problems = self.mixture.next_problems(self.prompts)
+            problems, self._outage_problems = self._outage_problems, None
+            if problems is None:
+                problems = self.mixture.next_problems(self.prompts)
         version = pending[1] if pending is not None else None
-        t0 = time.perf_counter()
-        groups = self.rollout.call("sample", problems)
-        t1 = time.perf_counter()
-        groups, record = self.reward.call("score", groups)
-        t2 = time.perf_counter()
+        groups, record, generate_s, reward_s = self._sample_and_score(problems)
         with self._cond:
             self.mixture.observe(groups)
         if version is None:
@@ -328,7 +363,32 @@ class Pipeline:
         count = sum(len(g.rollouts) for g in groups)
         self.counters.rounds += 1
         self.counters.rollouts_sampled += count
-        return Round(groups, record, version, t1 - t0, t2 - t1, sync_s)
+        return Round(groups, record, version, generate_s, reward_s, sync_s)
+
+    def _sample_and_score(self, problems: list[Problem]) -> tuple[list[Group], dict[str, float], float, float]:
+        """Scored groups of ``problems``, their reward record and the seconds spent sampling and
+        scoring; an outage round is waited out and sampled again (see the module docstring)."""
+        generate_s = reward_s = 0.0
+        outages = 0
+        while True:
+            t0 = time.perf_counter()
+            groups = self.rollout.call("sample", problems)
+            t1 = time.perf_counter()
+            groups, record = self.reward.call("score", groups)
+            generate_s, reward_s = generate_s + t1 - t0, reward_s + time.perf_counter() - t1
+            if groups or not record.get("reward/dropped"):
+                return groups, record, generate_s, reward_s
+            reward, error = self.reward.call("last_error")  # set: something was dropped
+            outages += 1
+            if outages > self.max_outage_rounds:
+                with self._cond:
+                    self._outage_problems = problems
+                raise GraderOutage(reward, error, outages)
+            self.counters.outage_rounds += 1
+            wait = min(self.outage_backoff_s * 2 ** (outages - 1), MAX_OUTAGE_WAIT_S)
+            LOG.warning("reward outage: %s dropped every rollout of the round (%s); sampling it again in %.1f s "
+                        "(%d of at most %d in a row)", reward, error, wait, outages, self.max_outage_rounds)
+            time.sleep(wait)
 
     def _feed(self) -> None:
         try:
@@ -370,6 +430,8 @@ class Pipeline:
             else:
                 with self._cond:
                     self._cond.wait_for(lambda: self._buffer or self._error is not None)
+                    if isinstance(self._error, GraderOutage):
+                        raise self._error
                     if self._error is not None:
                         raise RuntimeError("the sampling thread failed") from self._error
                     made = self._buffer.popleft()
@@ -428,10 +490,12 @@ class Pipeline:
     def state_dict(self) -> dict:
         """Call with the feeder paused (async)."""
         return {"buffer": [copy.copy(r) for r in self._buffer], "rollout": self.rollout.call("state_dict"),
-                "reward": self.reward.call("state_dict"), "counters": copy.deepcopy(self.counters)}
+                "reward": self.reward.call("state_dict"), "counters": copy.deepcopy(self.counters),
+                "outage_problems": self._outage_problems}
 
     def load_state_dict(self, state: dict) -> None:
         self._buffer = deque(state["buffer"])
+        self._outage_problems = state.get("outage_problems")
         self.rollout.call("load_state_dict", state["rollout"])
         self.reward.call("load_state_dict", state["reward"])
         self.counters = state["counters"]

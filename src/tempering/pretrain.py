@@ -40,6 +40,23 @@ def cache_root() -> Path:
     return Path(base) / "tempering"
 
 
+def cache_staging(target: Path) -> Path:
+    """A new hidden folder beside the cache entry ``target``, to write it in and rename into
+    place. A cache that cannot be written is a ModelLoadError naming it, and the variable that
+    moves it, rather than a traceback from ``mkdir``."""
+    from tempering.models.loading import ModelLoadError
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError as exc:
+        variable = f"TEMPERING_CACHE={os.environ['TEMPERING_CACHE']}" if os.environ.get("TEMPERING_CACHE") else (
+            "TEMPERING_CACHE unset")
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ModelLoadError(f"cannot write the model cache {target.parent} ({variable}): {exc.strerror}{where}; "
+                             "set TEMPERING_CACHE to a folder you can write") from None
+
+
 def cache_key(config: PretrainConfig) -> str:
     """A hash of what makes the model: the config, less what cannot change the corpus (a
     corpus task's ``env``) and ``tool_share`` at 0, so that models cached before these
@@ -151,8 +168,7 @@ def ensure_pretrained(config: PretrainConfig, progress: bool = True, force: bool
     target = cached_model_dir(config)
     if target.exists() and not force:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging = cache_staging(target)
     try:
         pretrain(config, staging, progress=progress, threads=threads)
         if force and target.exists():

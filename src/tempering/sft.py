@@ -182,7 +182,6 @@ def sft(config: TrainConfig, progress: bool = True, resume: bool = False) -> dic
     found = checkpoint.resume_point(run_dir) if resume else None
     if found is not None:
         first_step, loss_before = restore(found, model, optimizer, schedule)
-        checkpoint.clean_partial(run_dir)
     else:
         save_resolved(config, run_dir / "config.yaml")
     truncate_metrics(run_dir / "metrics.jsonl", first_step)

@@ -7,7 +7,9 @@ object this file calls; reading this file should be enough to know what a step d
 
 Where rollouts come from (synchronously or ahead of the learner, in this process or on Ray
 actors) is ``tempering.pipeline``'s; checkpoints and resume are ``tempering.checkpoint``'s,
-called from here every ``checkpoint.every`` steps. Adaptive mixtures are
+called from here every ``checkpoint.every`` steps, and when the rewards keep failing (a
+grader outage past ``rewards.max_outage_rounds``: the run stops with a checkpoint and a
+message saying how to continue). Adaptive mixtures are
 ``tempering.scheduler``'s: the pipeline shows it every sampled group and the loop closes
 each step. DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
 Under ``torchrun`` this loop runs on rank 0; the other ranks only follow its learner
@@ -33,6 +35,7 @@ from tempering.faults import TrainingDiverged
 from tempering.learner import Learner, collate
 from tempering.live import LiveView
 from tempering.parallel import follow
+from tempering.pipeline import GraderOutage
 from tempering.reporting import before_after_table, truncate_metrics
 from tempering.samples import SampleWriter
 from tempering.scheduler import cap_domain_tokens, domain_token_weights_B
@@ -102,7 +105,6 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     if found is not None:
         state = restore(found, run)
         first_step, eval_before, timings = state["step"], state["eval_before"], state["timings"]
-        checkpoint.clean_partial(run.run_dir)
     else:
         save_resolved(config, run.run_dir / "config.yaml")
     truncate_metrics(run.run_dir / "metrics.jsonl", first_step)
@@ -119,7 +121,10 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     run.pipeline.start()
     try:
         for step in range(first_step, config.steps):
-            groups, record = learn_step(run)
+            try:
+                groups, record = learn_step(run)
+            except GraderOutage as outage:
+                raise stop_for_outage(run, step, eval_before, timings, outage) from None
             record["step"] = step + 1
             for key in timings:
                 timings[key] += record[key]
@@ -137,11 +142,16 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
             metrics.write(record)  # before the checkpoint: a resumed run never lacks a step's record
             samples.write(step + 1, groups)
             every = config.checkpoint.every
-            if every and ((step + 1) % every == 0 or step + 1 == config.steps):
+            stopping = run.monitors.stopping  # a monitor whose action is stop alerted this step
+            if stopping or (every and ((step + 1) % every == 0 or step + 1 == config.steps)):
                 t0 = time.perf_counter()
                 save_checkpoint(run, step + 1, eval_before, timings)
                 checkpoint_s = time.perf_counter() - t0
             view.update(record)
+            if stopping:
+                raise ConfigError(f"{stopping}\nThe checkpoint of step {step + 1} is saved: fix the reward, or change "
+                                  f"rewards.monitors.actions in {run.run_dir / 'config.yaml'}, then continue with "
+                                  f"`temper train --resume {run.run_dir}`")
     finally:
         view.close()
         metrics.close()
@@ -192,6 +202,7 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
     if config.pipeline.mode == "async":
         record["wait_s"] = time.perf_counter() - t0
     record.update(shape_overlong(groups, ac, config.rollout.max_new_tokens))
+    record.update(run.monitors.screen(groups))  # zero or stop: flagged rollouts' rewards to 0
     t1 = time.perf_counter()
     groups, record["capped_groups"] = cap_domain_tokens(groups, config.scheduler.max_domain_token_share)
     batch = make_batch(groups, run.algorithm["advantage"], run.tokenizer.pad_token_id, learner, ac.gamma, ac.lam,
@@ -207,7 +218,8 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
                   train_tokens=train_tokens, train_tok_s=train_tokens / (t2 - t1),
                   generate_tok_s=record["completion_tokens"] / max(record["generate_s"], 1e-9),
                   dropped_stale=counters.dropped_stale, rollouts_sampled=counters.rollouts_sampled,
-                  rollouts_taken=counters.rollouts_taken, worker_restarts=pipeline.restarts)
+                  rollouts_taken=counters.rollouts_taken, worker_restarts=pipeline.restarts,
+                  outage_rounds=counters.outage_rounds)
     return groups, record
 
 
@@ -223,6 +235,16 @@ def save_checkpoint(run: Run, step: int, eval_before: dict, timings: dict) -> No
                         saves_merged(run.config))
     finally:
         run.pipeline.resume()
+
+
+def stop_for_outage(run: Run, step: int, eval_before: dict, timings: dict, outage: GraderOutage) -> ConfigError:
+    """A grader that stayed down past the budget: save the run after ``step`` steps (the round
+    it could not score is kept, to be sampled first on resume) and say what failed and how to
+    go on. With dynamic sampling, rounds the stopped step had already kept are not saved."""
+    save_checkpoint(run, step, eval_before, timings)
+    return ConfigError(f"{outage} (rewards.max_outage_rounds={run.config.rewards.max_outage_rounds}). The run "
+                       f"stopped after step {step} with a checkpoint; once the grader answers again, continue "
+                       f"with `temper train --resume {run.run_dir}`")
 
 
 def restore(path: Path, run: Run) -> dict:

@@ -61,6 +61,13 @@ def ask_twice_afresh(base_url: str, problem: Problem) -> str:
     return chat.create(model="m", messages=again, max_tokens=8).choices[0].message.content
 
 
+def ask_streaming(base_url: str, problem: Problem) -> str:
+    """One question, its answer read from the stream of chunks."""
+    chunks = client(base_url).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": problem.prompt.strip()}], max_tokens=10, stream=True)
+    return "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+
+
 def score(problem: Problem, answer, calls) -> float:
     value = 0.25 * len(calls) + float(problem.answer in (answer or ""))
     SCORED.append((problem.key, answer, len(calls), value))
@@ -153,6 +160,16 @@ def test_an_agent_that_rewrites_its_history_gives_a_rollout_per_call(chat_policy
             assert rollout.text == second.turns[0].text, "each call is graded on the episode's answer"
             assert rollout.turns[0].rewards == first.turns[0].rewards
         assert first.turns[0].info["agent_calls"] == 2 and not second.turns[0].info
+
+
+def test_a_streaming_agent_gets_the_recorded_completion(chat_policy):
+    model, chat = chat_policy
+    SCORED.clear()
+    (group,) = play(model, chat, {"add": settings(ask_streaming)}, ["47+38=85"], group_size=2, chat_template=True)
+    assert logprob_gap(model, group.rollouts, chat.pad_token_id) < 1e-4
+    assert all(r.turns[0].info == {"agent_calls": 1.0, "agent_errors": 0.0} for r in group.rollouts)
+    assert sorted(answer for _, answer, _, _ in SCORED) == sorted(r.text for r in group.rollouts)
+    assert all(r.text for r in group.rollouts)
 
 
 def test_failing_agents_score_0_are_counted_and_do_not_stop_the_others(tiny_policy):

@@ -23,7 +23,8 @@ def _temper(args, cwd, cache):
     (["train", "rollout.temperature=abc"], "rollout.temperature='abc': Input should be a valid number"),
     (["train", "nosuch.key=1"], "nosuch: unknown key (allowed here: algorithm, checkpoint, eval,"),
     (["train", "tasks.0.name=nosuch"],
-     "tasks.0 (nosuch): unknown task 'nosuch'; known: add, dataset, humaneval, long_context, mul, rg:<type>, sub"),
+     "tasks.0 (nosuch): unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, mul, rg:<type>, sub"),
+    (["train", "tasks.0.options.digits=abc"], "tasks.0 (add): options.digits='abc': expected list[int]"),
     (["train", "tasks.0.rewards={nosuch: 1}"], ("unknown reward 'nosuch'; known: code, exact_match, format, "
      "humaneval, length, match, math, model, reasoning_gym, repetition, steps")),
     (["train", "learner.lr=.inf"], "learner.lr=inf: Input should be a finite number"),
@@ -41,6 +42,14 @@ def _temper(args, cwd, cache):
     (["pretrain", "pretrain.hidden_size=abc"], "pretrain.hidden_size='abc'"),
     (["eval", "rewards.options={exact_match: {nosuch: 1}}"],
      "rewards.options.exact_match: reward 'exact_match' has no option 'nosuch'"),
+    # overrides after a flag are overrides too, in every command that takes them
+    (["train", "steps=1", "--quiet", "rollout.group_size=abc"], "rollout.group_size='abc': Input should be a valid"),
+    (["train", "--run-dir", "r", "steps=1", "--quiet", "nosuch.key=1"], "nosuch: unknown key"),
+    (["sft", "data.jsonl", "--quiet", "steps=abc"], "steps='abc': Input should be a valid integer"),
+    (["pretrain", "steps=1", "--force", "pretrain.hidden_size=abc"], "pretrain.hidden_size='abc'"),
+    (["explain", "steps=1", "--probe", "0", "seed=abc"], "seed='abc': Input should be a valid integer"),
+    (["eval", "builtin:tiny", "--n", "2", "steps=abc"], "steps='abc': Input should be a valid integer"),
+    (["serve", "M", "--port", "0", "threads=abc"], "threads='abc': Input should be a valid integer"),
 ])
 def test_a_bad_config_exits_2_with_a_short_message_and_no_traceback(tmp_path, args, expected):
     cache, cwd = tmp_path / "cache", tmp_path / "cwd"
@@ -56,6 +65,23 @@ def test_a_bad_config_exits_2_with_a_short_message_and_no_traceback(tmp_path, ar
     assert len(result.stderr.splitlines()) <= 3
     assert not any(cache.iterdir()), "nothing was pre-trained"
     assert not any(cwd.iterdir()), "no run folder was made"
+
+
+@pytest.mark.parametrize("command", ["train", "pretrain"])
+@pytest.mark.parametrize("cache, reason", [
+    ("/proc/nope/cache", "No such file or directory"),
+    ("{tmp}/file/cache", "Not a directory"),
+])
+def test_an_unwritable_model_cache_exits_2_naming_the_variable_and_the_path(tmp_path, command, cache, reason):
+    (tmp_path / "file").write_text("not a folder")
+    cache = cache.format(tmp=tmp_path)
+
+    result = _temper([command, "steps=1", "threads=1"], tmp_path, cache)
+
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"TEMPERING_CACHE={cache}" in result.stderr and reason in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"], "no run folder was made"
 
 
 DATA = {

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
+import sys
 
 import pytest
 
@@ -35,8 +39,9 @@ def _train(capsys, tmp_path, model_dir, data, *extra):
 def test_a_dataset_prompt_beyond_the_context_stops_the_run_at_start_up(tmp_path, tiny_model_dir, capsys):
     code, err = _train(capsys, tmp_path, tiny_model_dir, _dataset(tmp_path))
     assert code == 2 and "Traceback" not in err
-    assert f"task dataset, record {tmp_path / 'data.jsonl'}:8: the prompt is 50" in err  # 5004 characters
-    assert "over the limit of 248" in err and "rollout.long_prompts" in err  # 256 positions - 8 new tokens
+    # 256 positions - 8 new tokens; a 5004-character record is counted in its first 5 * 249 (5: "<bos>")
+    assert (f"task dataset, record {tmp_path / 'data.jsonl'}:8: the prompt is over the limit of 248 tokens "
+            "(its first 1245 characters are 1246 tokens)") in err and "rollout.long_prompts" in err
     assert not (tmp_path / "run").exists(), "refused before the run folder was made"
 
 
@@ -50,6 +55,17 @@ def test_skip_leaves_long_records_out_and_truncate_keeps_them_cut(tmp_path, tiny
     assert code == 0, err
 
 
+@pytest.mark.parametrize("mode", ["error", "skip"])
+def test_a_dataset_whose_every_prompt_is_too_long_exits_2_naming_the_first(tmp_path, tiny_model_dir, capsys, mode):
+    data, held_out = tmp_path / "long.jsonl", _dataset(tmp_path, long_at=())
+    data.write_text("".join(json.dumps({"question": "9" * (300 + i), "answer": i}) + "\n" for i in range(40)))
+    code, err = _train(capsys, tmp_path, tiny_model_dir, data, f"rollout.long_prompts={mode}",
+                       f"tasks.0.options.eval_path={held_out}")
+    assert code == 2 and "Traceback" not in err
+    assert f"{data}:1" in err and "the limit of 248" in err
+    assert not (tmp_path / "run").exists(), "refused before the run folder was made"
+
+
 def test_the_sampler_truncates_or_refuses_a_generated_prompt(tiny_policy):
     model, tokenizer = tiny_policy
     generator = HFGenerator(model, tokenizer, chat_template=False)
@@ -60,3 +76,32 @@ def test_the_sampler_truncates_or_refuses_a_generated_prompt(tiny_policy):
     assert [r.prompt_ids for r in cut[0].rollouts] == [full[-50:]] * 2
     with pytest.raises(ConfigError, match="task add, record long: the prompt is 405 tokens, over the limit of 252"):
         generator.generate([problem], 2, SamplingParams(max_new_tokens=4, long_prompts="error"))
+
+
+def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
+    """Run ``temper`` in a child: its exit status, its peak resident memory in MiB and its
+    error output. Its address space is capped at 6 GiB, so a regression that tokenizes a huge
+    record whole (about 13 GB) fails here instead of exhausting the machine."""
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # noqa: E731
+    child = subprocess.Popen([sys.executable, "-m", "tempering.cli", *args], stderr=subprocess.PIPE, text=True,
+                             preexec_fn=cap)
+    err = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss // 1024, err
+
+
+def test_one_huge_record_among_twenty_is_left_out_in_bounded_memory(tmp_path, tiny_model_dir):
+    short = [{"question": f"{i}+1=", "answer": i + 1} for i in range(19)]
+    huge = [*short[:3], {"question": "9" * 30_000_000, "answer": 1}, *short[3:]]
+    peaks = {}
+    for name, records in (("short", short), ("huge", huge)):
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+        task = f"tasks=[{{name: dataset, options: {{path: {data}, kind: math, style: raw, eval_path: {data}}}}}]"
+        code, peaks[name], err = _peak_rss_mb(["train", "--quiet", "--run-dir", str(tmp_path / name),
+                                                f"model.path={tiny_model_dir}", task, *ARGS,
+                                                "rollout.long_prompts=skip"])
+        assert code == 0, err
+    assert f"left out 2 records whose prompts are over 248 tokens (first: {tmp_path / 'huge.jsonl'}:4)" in err
+    # the file is read whole (a 30 MB line, its text, its JSON value): a few times its size, not 450 bytes a character
+    assert peaks["huge"] - peaks["short"] < 400, peaks

@@ -1,8 +1,10 @@
 """``temper rm``: pairs-file errors, Bradley–Terry training on the miniature built-in model,
 and the trained model as the ``model`` reward in a short ``temper train`` run.
 
-The miniature model is too small to tell correct from buggy arithmetic reliably, so these
-tests check the plumbing; the accuracy claim is the slow test at the end, on the real tiny model.
+The miniature model is too small to tell correct from buggy arithmetic, so its reward model
+learns a preference it can represent: a worked solution ending in its answer over the same
+solution ending in "i do not know" (held-out accuracy about 0.2 before training, 1.0 after).
+The arithmetic claim is the slow test at the end, on the real tiny model.
 """
 
 import json
@@ -12,7 +14,9 @@ import pytest
 from tempering.cli import build_parser
 from tempering.config import TrainConfig
 from tempering.rewards.model import ModelReward
-from tempering.rewards.rm import PairsError, RMSettings, arithmetic_pairs, read_pairs, train_reward_model
+from tempering.rewards.rm import (Pair, PairsError, RMSettings, arithmetic_pairs, read_pairs, split_pairs,
+                                  train_reward_model)
+from tempering.types import Problem, Rollout
 from tempering.train import train
 
 
@@ -41,6 +45,21 @@ def test_the_command_exits_2_with_the_message(tmp_path, capsys):
     assert not (tmp_path / "rm").exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["/proc/nope/x.jsonl"], "cannot write /proc/nope/x.jsonl: No such file or directory"),
+    (["{tmp}"], "cannot write {tmp}: Is a directory"),
+    (["{tmp}/p.jsonl", "--count", "-1"], "--count -1: write at least 1 pair"),
+    (["{tmp}/p.jsonl", "--count", "0"], "--count 0: write at least 1 pair"),
+    (["{tmp}/p.jsonl", "--digits", "0"], "--digits 0: digits must be a non-empty list of sizes 1..6, got [0]"),
+])
+def test_pairs_refuses_a_bad_file_or_count_with_exit_2(tmp_path, capsys, argv, message):
+    args = build_parser().parse_args(["rm", "pairs", *(a.format(tmp=tmp_path) for a in argv)])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err == f"temper rm pairs: {message.format(tmp=tmp_path)}\n"
+    assert not (tmp_path / "p.jsonl").exists()
+
+
 def test_procedural_pairs_prefer_the_correct_worked_solution():
     rows = arithmetic_pairs(30, seed=1)
     assert len(rows) == 30
@@ -49,25 +68,47 @@ def test_procedural_pairs_prefer_the_correct_worked_solution():
         assert row["chosen"].splitlines()[-1].startswith("answer: ")
 
 
+def unanswered(pair: Pair) -> Pair:
+    """The pair with its rejected side replaced by the chosen solution without its answer."""
+    return Pair(pair.prompt, pair.chosen, "\n".join(pair.chosen.splitlines()[:-1] + ["i do not know"]))
+
+
+SETTINGS = {"epochs": 2, "batch_size": 16, "lr": 3e-3, "heldout": 0.3}
+
+
 @pytest.fixture(scope="module")
 def reward_model(tiny_model_dir, tmp_path_factory):
     pairs = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
     args = build_parser().parse_args(["rm", "pairs", str(pairs), "--count", "96"])
     assert args.func(args) == 0
     out = tmp_path_factory.mktemp("rm") / "model"
-    settings = RMSettings(base=str(tiny_model_dir), epochs=1, batch_size=16, lr=1e-3, heldout=0.2)
-    return out, train_reward_model(read_pairs(pairs), out, settings)
+    rows = [unanswered(pair) for pair in read_pairs(pairs)]
+    return out, rows, train_reward_model(rows, out, RMSettings(base=str(tiny_model_dir), **SETTINGS))
 
 
-def test_training_reports_heldout_accuracy_and_saves_a_loadable_model(reward_model):
-    out, report = reward_model
-    assert report["steps"] == -(-report["train_pairs"] // 16)
+def test_training_learns_the_preference_and_reports_its_heldout_accuracy(reward_model):
+    out, rows, report = reward_model
+    assert report["steps"] == SETTINGS["epochs"] * -(-report["train_pairs"] // 16)
     assert report["train_pairs"] + report["heldout_pairs"] == 96
-    assert 0.0 <= report["heldout_accuracy"] <= 1.0
+    assert report["heldout_pairs"] >= 20
+    assert report["heldout_accuracy"] >= 0.9
+    assert report["heldout_accuracy"] >= report["heldout_accuracy_before"] + 0.5
+    # the saved model, as the `model` reward scores them, ranks the held-out pairs as reported
+    _, heldout = split_pairs(rows, SETTINGS["heldout"])
+    reward = ModelReward(path=str(out), batch_size=5, transform="raw")
+    problems = [Problem(task="add", id=str(i), prompt=p.prompt, answer="") for i, p in enumerate(heldout)]
+    scores = {side: [r.score for r in reward.score_batch(problems, [Rollout(q, [1], [2], [0.0], getattr(p, side),
+                                                                            "stop", 0)
+                                                                    for q, p in zip(problems, heldout)])]
+              for side in ("chosen", "rejected")}
+    wins = sum(c > r for c, r in zip(scores["chosen"], scores["rejected"]))
+    assert wins / len(heldout) == report["heldout_accuracy"]
+
+
+def test_the_saved_model_loads_as_the_model_reward(reward_model):
+    out, _, report = reward_model
     assert json.loads((out / "reward_model.json").read_text())["heldout_accuracy"] == report["heldout_accuracy"]
     reward = ModelReward(path=str(out), batch_size=4)
-    from tempering.types import Problem, Rollout
-
     problem = Problem(task="add", id="1+1", prompt="1+1\n", answer="2")
     rollouts = [Rollout(problem, [1], [2], [0.0], text, "stop", 0) for text in ("1+1=2\nanswer: 2", "answer: 3")] * 3
     scores = [r.score for r in reward.score_batch([problem] * 6, rollouts)]
@@ -76,7 +117,7 @@ def test_training_reports_heldout_accuracy_and_saves_a_loadable_model(reward_mod
 
 
 def test_the_trained_model_works_as_the_model_reward_in_a_short_train_run(reward_model, tiny_model_dir, tmp_path):
-    out, _ = reward_model
+    out, _, _ = reward_model
     pretrain = json.loads((tiny_model_dir / "pretrain.json").read_text())["config"]
     config = TrainConfig.model_validate({
         "steps": 2, "threads": 1, "run_dir": str(tmp_path / "run"), "pretrain": pretrain,

@@ -44,6 +44,20 @@ def test_a_new_run_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
     assert (tmp_path / "summary.json").read_text() == "{}" and not (tmp_path / "config.yaml").exists()
 
 
+@pytest.mark.parametrize("run_dir, reason", [
+    ("/proc/nope/run", "cannot make the run folder /proc/nope/run: no such file or directory"),
+    ("{tmp}/file/run", "{tmp}/file is a file, not a folder"),
+])
+def test_a_run_folder_that_cannot_be_made_is_reported_with_its_real_cause(tmp_path, tiny_model_dir, capsys,
+                                                                           run_dir, reason):
+    (tmp_path / "file").write_text("not a folder")
+    run_dir, reason = run_dir.format(tmp=tmp_path), reason.format(tmp=tmp_path)
+    code, err = _main(capsys, "--run-dir", run_dir, f"model.path={tiny_model_dir}", "steps=1", *ARGS)
+    assert code == 2 and "Traceback" not in err
+    assert run_dir in err and reason in err
+    assert "disk is full" not in err and "Free space" not in err
+
+
 def test_resume_skips_a_damaged_newest_checkpoint_and_says_so(tmp_path, tiny_model_dir, capsys):
     run = tmp_path / "run"
     code, _ = _main(capsys, "--run-dir", str(run), f"model.path={tiny_model_dir}", "steps=3", *ARGS)
@@ -95,6 +109,19 @@ def test_a_full_disk_while_logging_names_the_disk_not_a_traceback(tmp_path, tiny
     code, err = _main(capsys, "--run-dir", str(tmp_path / "run"), f"model.path={tiny_model_dir}", "steps=2", *ARGS)
     assert code == 2 and "Traceback" not in err
     assert "no space left on device (the disk is full)" in err and "--resume" in err
+
+
+def test_a_resume_that_starts_over_removes_the_half_written_first_checkpoint(tmp_path, tiny_model_dir, capsys):
+    run = tmp_path / "run"
+    first = _start("--run-dir", str(run), f"model.path={tiny_model_dir}", "steps=2", *ARGS, kill_at="checkpoint:1")
+    assert first.wait(timeout=600) == -signal.SIGKILL
+    assert [p.name.startswith(".tmp-step-00000001-") for p in (run / "checkpoints").iterdir()] == [True]
+
+    code, err = _main(capsys, "--resume", str(run))
+
+    assert code == 0, err
+    assert _steps(run) == [1, 2], "no checkpoint was complete: the run started over"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
 
 
 def _start(*args: str, kill_at: str | None = None) -> subprocess.Popen:

@@ -11,11 +11,14 @@ import copy
 import json
 import socket
 import threading
+import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from tempering.algorithms import token_logprobs
 from tempering.build import server_generator
@@ -25,7 +28,7 @@ from tempering.models.lora import apply_lora
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator, RowStreams
 from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
-from tempering.serve import start
+from tempering.serve import Limits, start
 from tempering.types import Problem
 from test_envs_tokens import check_bookkeeping, logprob_gap, play
 
@@ -220,3 +223,112 @@ def test_no_server_is_one_message_naming_the_url(tiny_policy):
     config = TrainConfig.model_validate({"rollout": {"server": {"url": url, "retries": 0}}})
     with pytest.raises(ConfigError, match=f"rollout.server.url={url}"):
         server_generator(config, model, tokenizer)
+
+
+def post_status(url: str, body: dict) -> tuple[int, dict]:
+    """``(status, JSON body)`` of a POST, error statuses included."""
+    try:
+        return 200, post(url, body)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_bad_weights_folder_is_a_400_and_leaves_the_served_weights(served, tmp_path):
+    http, model, tokenizer = served
+    before = completion(http.url, tokenizer("47+38\n")["input_ids"], seed=1)
+    garbage, reshaped = tmp_path / "garbage", tmp_path / "reshaped"
+    garbage.mkdir()
+    (garbage / "model.safetensors").write_bytes(b"not safetensors at all")
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    weights["lm_head.weight"] = weights["lm_head.weight"] * 3  # right shape: would change every answer
+    weights["model.norm.weight"] = torch.ones(7)  # wrong shape
+    reshaped.mkdir()
+    save_file(weights, str(reshaped / "model.safetensors"))
+    for folder, reason in [(garbage, "not a readable safetensors file"), (reshaped, "model.norm.weight (7,)"),
+                           (tmp_path / "missing", "is not a folder")]:
+        status, answer = post_status(http.url + "/update_weights_from_disk", {"model_path": str(folder)})
+        assert status == 400, answer
+        assert reason in answer["error"]["message"] and answer["error"]["param"] == "model_path"
+    assert completion(http.url, tokenizer("47+38\n")["input_ids"], seed=1) == before
+
+
+def test_a_full_queue_answers_429_until_there_is_room(tiny_policy):
+    model, tokenizer = tiny_policy
+    http = start(HFGenerator(model, tokenizer), "mini", batch_size=8, limits=Limits(100, 150))
+    body = {"prompt": "47+38\n", "max_tokens": 8, "n": 6, "seed": 0}  # 6 rows x (7 + 8) = 90 positions
+    try:
+        assert post_status(http.url + "/v1/completions", {**body, "n": 7})[0] == 400, "105 positions: over 100"
+        first: list = []
+        with http.app.batcher.lock:  # the sampler waits: the first request stays queued
+            waiting = threading.Thread(target=lambda: first.append(post_status(http.url + "/v1/completions", body)))
+            waiting.start()
+            while http.app.batcher._queued == 0:
+                time.sleep(0.01)
+            status, answer = post_status(http.url + "/v1/completions", body)
+            assert status == 429 and "--max-queued-tokens" in answer["error"]["message"]
+            assert answer["error"]["type"] == "RateLimitError"
+        waiting.join()
+        assert first[0][0] == 200
+        assert post_status(http.url + "/v1/completions", body)[0] == 200, "room again"
+    finally:
+        http.shutdown()
+
+
+def test_a_request_larger_than_the_batch_is_sampled_in_batches_the_same_way_every_time(tiny_policy):
+    model, tokenizer = tiny_policy
+    http = start(HFGenerator(model, tokenizer), "mini", batch_size=4)
+    try:
+        prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+        reply = post(http.url + "/v1/completions", {"prompt": prompts, "n": 3, "max_tokens": 10, "seed": 8})
+        again = post(http.url + "/v1/completions", {"prompt": prompts, "n": 3, "max_tokens": 10, "seed": 8})
+        assert len(reply["choices"]) == 9 and [c["token_ids"] for c in reply["choices"]] == [
+            c["token_ids"] for c in again["choices"]]
+    finally:
+        http.shutdown()
+
+
+def test_requests_are_dealt_over_several_servers_and_each_reloads(tiny_policy, tmp_path):
+    model, tokenizer = tiny_policy
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(2.0)  # another policy: which server sampled a group shows
+    servers = [start(HFGenerator(copy.deepcopy(m), tokenizer), "mini", batch_size=64) for m in (model, other)]
+    try:
+        urls = tuple(s.url for s in servers)
+        problems = [Problem(task="add", id=str(i), prompt=p, answer="") for i, p in enumerate(PROMPTS)]
+        params = SamplingParams(max_new_tokens=12)
+
+        def groups(settings):
+            generator = ServerGenerator(settings, tokenizer, model.config)
+            return generator, generator.generate(problems, 3, params, generator=torch.Generator().manual_seed(0))
+
+        both, dealt = groups(ServerSettings(urls, weights_dir=str(tmp_path)))
+        config = TrainConfig.model_validate({"rollout": {"server": {"url": list(urls)}}})
+        assert server_generator(config, model, tokenizer).urls == list(urls)
+        alone = [groups(ServerSettings(url))[1] for url in urls]
+        for k, group in enumerate(dealt):
+            assert [r.completion_ids for r in group.rollouts] == [r.completion_ids for r in alone[k % 2][k].rollouts]
+        both.load_weights({k: v.clone() for k, v in model.state_dict().items()})
+        assert [post(url + "/v1/completions", {"prompt": "1+1\n", "max_tokens": 1})["policy_version"]
+                for url in urls] == [1, 1]
+        assert torch.equal(servers[1].app.sampler.model.lm_head.weight, model.lm_head.weight)
+    finally:
+        for server in servers:
+            server.shutdown()
+
+
+def test_the_client_sends_the_api_key_a_server_wants(tiny_policy, monkeypatch):
+    model, tokenizer = tiny_policy
+    http = start(HFGenerator(model, tokenizer), "mini", batch_size=8, api_key="k3y")
+    try:
+        monkeypatch.delenv("TEMPER_SERVE_API_KEY", raising=False)
+        with pytest.raises(ServerError, match="status 401"):
+            ServerGenerator(ServerSettings(http.url), tokenizer)
+        keyed = ServerGenerator(ServerSettings(http.url, api_key="k3y"), tokenizer)
+        prompt = [tokenizer("47+38\n")["input_ids"]]
+        got = keyed.sample(prompt, SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(1))
+        monkeypatch.setenv("TEMPER_SERVE_API_KEY", "k3y")
+        from_env = ServerGenerator(ServerSettings(http.url), tokenizer)
+        assert from_env.sample(prompt, SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(1)) == got
+    finally:
+        http.shutdown()

@@ -28,15 +28,16 @@ def _pretrain_config(model_dir) -> dict:
 
 
 @contextmanager
-def serving(tiny_model_dir, tempering_cache):
-    """``temper serve`` on the miniature model, on a free port of 127.0.0.1: its URL."""
+def serving(tiny_model_dir, tempering_cache, *options: str):
+    """``temper serve`` on the miniature model, on a free port of 127.0.0.1 (with more command
+    line ``options``): its URL."""
     env = {**os.environ, "TEMPERING_CACHE": str(tempering_cache), "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "tempering.cli", "serve", str(tiny_model_dir), "threads=1",
-                                "--port", "0", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                "--port", "0", "--quiet", *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env=env, text=True)
     try:
         line = process.stdout.readline()
-        assert " at http://127.0.0.1:" in line, process.stderr.read()
+        assert " at http://" in line, process.stderr.read()
         yield line.split(" at ")[1].split()[0]
     finally:
         process.terminate()

@@ -140,6 +140,10 @@ def test_codec_refuses_subclasses_and_untagged_objects():
     (CallCase([], 0.3, "approx", 1e-6), 0.1 + 0.2, True),
     (CallCase([], None, "truthy"), [0], True),
     (CallCase([], None, "falsy"), "", True),
+    (CallCase([], [1, 2], "root", 1e-4), -0.5, True),
+    (CallCase([], [1, 2], "root", 1e-4), 0.5, False),
+    (CallCase([], [0, 0, 1], "root", 1e-4), 1e200, False),  # overflows: no tolerance takes it
+    (CallCase([], [1, 2], "root", 1e-4), "-0.5", False),
 ])
 def test_value_comparison(case, actual, ok):
     assert values_match(case, actual) is ok
@@ -165,6 +169,9 @@ def test_spec_errors_name_the_field():
         TestSpec.from_dict({"code": "", "tests": {"kind": "call", "entry_point": "f", "cases": [{"args": []}]}})
     with pytest.raises(SpecError, match="timeout_s"):
         TestSpec.from_dict({"code": "", "timeout_s": -1, "tests": {"kind": "stdio", "cases": []}})
+    with pytest.raises(SpecError, match="tests.cases\\[0\\].expected must be a list of 1 to 1000 numbers"):
+        TestSpec.from_dict({"code": "", "tests": {"kind": "call", "entry_point": "f",
+                                                  "cases": [{"args": [], "expected": 3, "compare": "root"}]}})
     with pytest.raises(SpecError, match="memory_mb"):
         Limits(memory_mb=1)
 

@@ -59,8 +59,8 @@ def test_cli_test_single_and_batch(tmp_path):
     single = tmp_path / "spec.json"
     single.write_text(json.dumps(spec))
     out = json.loads(cli("test", str(single), "--json").stdout)
-    assert set(out) == {"status", "passed", "total", "cases"}
-    assert (out["status"], out["passed"], out["total"]) == ("passed", 2, 2)
+    assert set(out) == {"status", "passed", "total", "cases", "tampering"}
+    assert (out["status"], out["passed"], out["total"], out["tampering"]) == ("passed", 2, 2, [])
     assert all(set(case) == {"status", "wall_s"} for case in out["cases"])
     stdio = dict(spec, tests={"kind": "stdio", "cases": [{"stdin": "1", "stdout": "1"}]}, code="print(input())")
     batch = tmp_path / "specs.jsonl"
@@ -75,6 +75,14 @@ def test_cli_usage_errors_exit_2(tmp_path):
     assert "tests.kind" in cli("test", str(bad), check_status=2).stderr
     assert "cannot read" in cli("run", str(tmp_path / "missing.py"), check_status=2).stderr
     assert "without a token" in cli("serve", "--host", "0.0.0.0", check_status=2).stderr
+
+
+@pytest.mark.parametrize("workers", ["-1", "0", "65", "1000"])
+def test_cli_run_refuses_a_worker_count_out_of_bounds_naming_them(tmp_path, workers):
+    program = tmp_path / "p.py"
+    program.write_text("print(1)")
+    err = cli("run", str(program), "--workers", workers, "--isolation", "none", check_status=2).stderr
+    assert "Traceback" not in err and "--workers" in err and "between 1 and 64" in err
 
 
 @pytest.fixture(scope="module")

@@ -211,3 +211,26 @@ def test_every_estimator_is_registered_and_only_gae_needs_a_critic():
     assert {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"} <= set(ADVANTAGES)
     assert [name for name in ADVANTAGES if needs_values(ADVANTAGES[name])] == ["gae"]
     assert not needs_values(lambda inputs: inputs.mask_BT), "a plain function from module:function needs none"
+
+
+def _probe_inputs(dtype):
+    """Two groups of two rollouts, three tokens each, with a hole; every optional input filled."""
+    mask_BT = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0]], dtype=dtype)
+    shaped = torch.arange(12, dtype=dtype).reshape(4, 3)
+    return AdvantageInputs(torch.tensor([1.0, 0.0, 0.5, 0.25], dtype=dtype), torch.tensor([0, 0, 1, 1]), mask_BT,
+                           values_BT=shaped / 20, penalty_BT=shaped / 100, gamma=0.9, lam=0.8,
+                           domain_B=torch.tensor([0, 0, 1, 1]), logprobs_BT=-shaped / 10,
+                           teacher_logprobs_BT=-shaped / 7, task_weight=0.5)
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+def test_every_estimator_follows_its_inputs_dtype_and_device(name):
+    # float64 inputs: the group estimators' float32 accumulators made index_add_ raise, and the
+    # token-level ones returned float32. The default device is meta here and the inputs are on the
+    # CPU, so a tensor made without following the inputs (as a CUDA run would meet) fails too.
+    expected_BT = ADVANTAGES[name](_probe_inputs(torch.float32))
+    inputs = _probe_inputs(torch.float64)
+    with torch.device("meta"):
+        advantages_BT = ADVANTAGES[name](inputs)
+    assert advantages_BT.dtype == torch.float64 and advantages_BT.device.type == "cpu"
+    torch.testing.assert_close(advantages_BT, expected_BT.double(), atol=1e-6, rtol=0)

@@ -80,3 +80,24 @@ def test_gae_builds_the_configured_critic_and_adds_it_to_the_optimizer():
 def test_a_reference_model_exists_only_with_a_positive_kl_coefficient():
     assert _build("algorithm.kl_in_reward=true").reference is None
     assert _build("algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true").reference is not None
+
+
+@pytest.mark.parametrize("overrides, warns", [
+    (["algorithm.advantage=gae"], True),
+    (["algorithm.advantage=distill", "algorithm.teacher.path=builtin:tiny"], True),
+    (["algorithm.advantage=reinforce_pp", "algorithm.gamma=0.9"], True),
+    (["algorithm.advantage=reinforce_pp", "algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true"], True),
+    (["algorithm.advantage=reinforce_pp"], False),  # undiscounted returns of one reward: one value per row
+    (["algorithm.advantage=grpo", "algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true"], False),
+    (["algorithm.advantage=rloo"], False),
+])
+def test_gspo_with_advantages_that_vary_along_a_sequence_warns_at_start_up(overrides, warns, recwarn):
+    resolve_algorithm(load_config(None, ["algorithm.loss=gspo", *overrides]))
+    found = [str(w.message) for w in recwarn if "gspo" in str(w.message)]
+    if warns:
+        assert len(found) == 1 and "mean of its token advantages" in found[0], found
+    else:
+        assert found == []
+    recwarn.clear()
+    resolve_algorithm(load_config(None, overrides))  # other losses keep each token's advantage
+    assert not [w for w in recwarn if "gspo" in str(w.message)]

@@ -143,10 +143,15 @@ def test_tasks_own_their_rewards_and_metric():
 
 
 @pytest.mark.parametrize("name, options, message", [
-    ("nosuch", {}, "unknown task 'nosuch'; known: add, dataset, humaneval, long_context, mul, rg:<type>, sub"),
+    ("nosuch", {}, "unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, mul, rg:<type>, sub"),
     ("add", {"digits": [0]}, "digits must be a non-empty list of sizes 1..6"),
     ("add", {"digits": []}, "digits must be a non-empty list"),
     ("add", {"style": "poem"}, "style must be 'raw', 'chat' or 'program'"),
+    ("add", {"digits": "abc"}, r"options.digits='abc': expected list\[int\] \(Input should be a valid list\)"),
+    ("mul", {"digits": ["x"]}, r"options.digits=\['x'\]: expected list\[int\] \(0: Input should be a valid integer"),
+    ("sub", {"digits": 3}, r"options.digits=3: expected list\[int\]"),
+    ("dataset", {"path": "d.jsonl", "eval_fraction": "half"}, r"options.eval_fraction='half': expected float"),
+    ("long_context", {"hops": [1]}, r"options.hops=\[1\]: expected int"),
 ])
 def test_bad_task_names_and_options_are_value_errors_that_say_what_is_allowed(name, options, message):
     with pytest.raises(ValueError, match=message):

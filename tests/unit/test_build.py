@@ -27,10 +27,11 @@ def test_settings_have_no_defaults_of_their_own(settings_class):
 
 def test_learner_settings_carry_the_configs_values():
     config = TrainConfig.model_validate({
-        "algorithm": {"kl_horizon": 7, "norm_length": 0}, "learner": {"packing": False, "logprob_chunk": 33},
+        "algorithm": {"kl_horizon": 7, "norm_length": 0, "kl_estimator": "k3+", "kl_clamp": 10}, "learner": {"packing": False, "logprob_chunk": 33},
         "pipeline": {"off_policy": "decoupled", "is_cap": 1.5}, "rollout": {"max_new_tokens": 40}})
     settings = learner_settings(config, resolve_algorithm(config), token_budget=123)
     assert (settings.kl_horizon, settings.packing, settings.logprob_chunk) == (7, False, 33)
+    assert (settings.kl_estimator, settings.kl_clamp) == ("k3+", 10)
     assert (settings.off_policy, settings.is_cap, settings.token_budget) == ("decoupled", 1.5, 123)
     assert settings.norm_length == 40, "norm_length 0 means the completion limit"
     default = TrainConfig()

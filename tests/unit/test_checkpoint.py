@@ -158,6 +158,17 @@ def test_a_write_error_that_is_not_about_space_passes_unchanged(tmp_path: Path, 
         checkpoint.save(tmp_path, 1, _model(), None, {"step": 1})
 
 
+@pytest.mark.parametrize("error, reason", [
+    (PermissionError(errno.EACCES, "Permission denied", "/proc/x"), "cannot write /proc/x: permission denied"),
+    (NotADirectoryError(errno.ENOTDIR, "Not a directory", "/proc/x"), "cannot write /proc/x: not a directory"),
+])
+def test_a_write_error_is_reported_by_its_cause_even_where_no_space_is_free(error, reason):
+    with pytest.raises(checkpoint.StorageError) as caught, checkpoint.writing(Path("/proc/x")):  # /proc: 0 bytes free
+        raise error
+    assert str(caught.value).startswith(reason)
+    assert "disk is full" not in str(caught.value) and "Free space" not in str(caught.value)
+
+
 def test_a_non_empty_folder_that_is_not_a_run_is_refused(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="is not empty and not a run folder .it holds notes.txt."):

@@ -55,7 +55,7 @@ def test_the_resolved_config_round_trips(tmp_path):
     (["rollout.temperature=abc"], ["rollout.temperature='abc'", "valid number"]),
     (["learner.lr=-1"], ["learner.lr=-1", "greater than or equal to 0", "peak learning rate"]),
     (["rollout.top_p=1.5"], ["rollout.top_p=1.5", "less than or equal to 1"]),
-    (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator='k4'", "'k1', 'k2' or 'k3'"]),
+    (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator='k4'", "'k1', 'k2', 'k3', 'abs', 'k1+' or 'k3+'"]),
     (["learner.schedule=step"], ["learner.schedule='step'", "'constant', 'linear' or 'cosine'"]),
 ])
 def test_bad_keys_and_values_are_named_with_what_is_allowed(overrides, expected):
@@ -111,7 +111,7 @@ def test_an_empty_config_file_means_all_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["tasks.0.name=nosuch"], "tasks.0 (nosuch): unknown task 'nosuch'; known: add, dataset, humaneval, long_context, mul, rg:<type>, sub"),
+    (["tasks.0.name=nosuch"], "tasks.0 (nosuch): unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, mul, rg:<type>, sub"),
     (["tasks.1.options.digits=[9]"], "tasks.1 (sub): digits must be a non-empty list of sizes 1..6"),
     (["tasks.0.options.nosuch=1"], "tasks.0 (add):"),
     (["tasks.2.rewards={nosuch: 1}"], "tasks.2 (mul): unknown reward 'nosuch'; known: code, exact_match, format,"),

@@ -105,6 +105,22 @@ def test_kl_in_the_reward_is_coef_times_the_samplers_kl_and_stays_out_of_the_los
     assert metrics["kl"] == pytest.approx(kl, abs=1e-6) and metrics["kl_coef"] == 0.5
 
 
+def test_the_kl_clamp_bounds_each_tokens_kl_in_the_reward():
+    model = _model()
+    batch = _batch(model)
+    learner = _learner(model, kl_coef=0.5, kl_in_reward=True, kl_estimator="k1", kl_clamp=0.01)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+
+    penalty_BT = learner.reward_penalty(batch)
+
+    ref_BT, _ = token_logprobs(learner.reference, batch.input_ids_BT, batch.attention_mask_BT, TEMPERATURE)
+    k1_BT = (batch.old_logprobs_BT - ref_BT) * batch.loss_mask_BT
+    assert k1_BT.abs().max() > 0.01, "some tokens' KL is past the clamp"
+    torch.testing.assert_close(penalty_BT, 0.5 * k1_BT.clamp(-0.01, 0.01), atol=1e-6, rtol=0)
+
+
 def test_an_adaptive_kl_coefficient_follows_the_measured_kl():
     model = _model()
     batch = _batch(model)

@@ -1,10 +1,20 @@
 """The policy losses, on inputs whose results are worked out by hand."""
 
+import math
+
 import pytest
 import torch
 
-from tempering.algorithms import AGGREGATIONS, LOSSES, LossInputs
-from tempering.algorithms.losses import cispo, dual_clip, gspo, ppo_clip, reinforce, seq_mean_token_mean, token_mean
+from tempering.algorithms import AGGREGATIONS, LOSSES, LossInputs, losses
+from tempering.algorithms.losses import (
+    cispo,
+    dual_clip,
+    gspo,
+    ppo_clip,
+    reinforce,
+    seq_mean_token_mean,
+    token_mean,
+)
 
 
 def _inputs(ratios_BT, advantages_BT, mask_BT, clip_low=0.2, clip_high=0.2, dual=3.0) -> LossInputs:
@@ -194,3 +204,64 @@ def test_registries_name_the_losses_and_aggregations():
     assert {"dual_clip", "gspo", "cispo", "reinforce"} <= set(LOSSES)
     assert AGGREGATIONS["token_mean"] is token_mean
     assert AGGREGATIONS["seq_mean_token_mean"] is seq_mean_token_mean
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "dual_clip", "gspo", "cispo", "reinforce"])
+@pytest.mark.parametrize("log_ratio", [100.0, -110.0])
+def test_every_loss_stays_finite_at_log_ratios_past_the_float32_range_of_exp(name, log_ratio):
+    # exp(100) is inf and exp(-110) is 0 in float32: unclamped, these finite inputs gave NaN losses
+    # (-0 * inf) or NaN gradients (0 * inf through exp, or CISPO's clip(r) / r with r = 0)
+    old_BT = torch.full((1, 3), -120.0)
+    logprobs_BT = (old_BT + log_ratio).requires_grad_()
+    inputs = LossInputs(logprobs_BT=logprobs_BT, old_logprobs_BT=old_BT,
+                        advantages_BT=torch.tensor([[1.0, -1.0, 0.0]]), mask_BT=torch.ones(1, 3))
+    loss_BT, metrics = LOSSES[name](inputs)
+    loss_BT.sum().backward()
+    assert torch.isfinite(loss_BT).all(), loss_BT
+    assert torch.isfinite(logprobs_BT.grad).all(), logprobs_BT.grad
+    assert all(math.isfinite(value) for value in metrics.values()), metrics
+
+
+def test_the_importance_ratio_is_exp_of_the_log_ratio_clamped_to_plus_minus_20():
+    # log-ratios 30 and -30 become 20 and -20: ratios e^20 = 485165195.4 and e^-20 = 2.0611536e-9;
+    # outside the clamp the ratio no longer moves with logp, so its gradient is 0 there
+    old_BT = torch.zeros(1, 3)
+    logprobs_BT = torch.tensor([[30.0, -30.0, 0.5]], requires_grad=True)
+    inputs = LossInputs(logprobs_BT=logprobs_BT, old_logprobs_BT=old_BT,
+                        advantages_BT=torch.tensor([[-1.0, -1.0, -1.0]]), mask_BT=torch.ones(1, 3))
+    loss_BT, _ = ppo_clip(inputs)
+    # A = -1: max(r, clip(r, 0.8, 1.2)) = e^20, 0.8 (clipped below), e^0.5 = 1.6487213 (not clipped)
+    expected_BT = torch.tensor([[math.exp(20.0), 0.8, math.exp(0.5)]])
+    torch.testing.assert_close(loss_BT.detach(), expected_BT, rtol=1e-6, atol=1e-6)
+    loss_BT.sum().backward()
+    torch.testing.assert_close(logprobs_BT.grad, torch.tensor([[0.0, 0.0, math.exp(0.5)]]), atol=1e-6, rtol=0)
+    assert losses.LOG_RATIO_LIMIT == 20.0
+
+
+def test_cispo_far_below_the_sampler_keeps_the_clipped_weight_as_its_gradient():
+    # log-ratio -110 (r = 0 in float32): value and gradient -A * clip(r, 0.8, 1.2) = -0.8 for A = 1;
+    # written as clip(r) / r * r this was 0.8 / 0 * 0: NaN
+    old_BT = torch.zeros(1, 1)
+    logprobs_BT = torch.full((1, 1), -110.0, requires_grad=True)
+    inputs = LossInputs(logprobs_BT=logprobs_BT, old_logprobs_BT=old_BT, advantages_BT=torch.ones(1, 1),
+                        mask_BT=torch.ones(1, 1))
+    loss_BT, _ = cispo(inputs)
+    loss_BT.sum().backward()
+    torch.testing.assert_close(loss_BT.detach(), torch.tensor([[-0.8]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(logprobs_BT.grad, torch.tensor([[-0.8]]), atol=1e-6, rtol=0)
+
+
+def test_gspo_weighs_a_sequence_by_the_mean_of_its_token_advantages():
+    # one row of 3 trained tokens, sequence ratio s = e^0.5 = 1.6487213 > 1.2 (clipped for A > 0),
+    # advantages that vary along the row (as GAE's do): 2, -1, 2; their mean is 1.
+    # With the mean, every token gets max(-1 * s, -1 * 1.2) = -1.2 and no gradient. Taken token by
+    # token, the -1 token would escape the clip (max(s, 1.2) = s) and pull with gradient s / 3.
+    old_BT = torch.zeros(1, 4)
+    logprobs_BT = torch.tensor([[0.5, 0.5, 0.5, 7.0]], requires_grad=True)
+    inputs = LossInputs(logprobs_BT=logprobs_BT, old_logprobs_BT=old_BT,
+                        advantages_BT=torch.tensor([[2.0, -1.0, 2.0, 0.0]]),
+                        mask_BT=torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
+    loss_BT, _ = gspo(inputs)
+    (loss_BT * inputs.mask_BT).sum().backward()
+    torch.testing.assert_close(loss_BT.detach()[:, :3], torch.full((1, 3), -1.2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(logprobs_BT.grad, torch.zeros(1, 4), atol=1e-6, rtol=0)

@@ -125,14 +125,19 @@ def test_a_humaneval_problem_gets_its_first_failing_assert_back(humaneval_task):
     assert right.done and right.info["passed"] == 1.0
 
 
-def test_a_humaneval_problem_checked_as_a_whole_program_names_the_failing_assert(humaneval_task):
+@pytest.mark.parametrize("task, answer, expected", [
+    ("HumanEval/53", "def add(x: int, y: int):\n    return x - y\n",
+     "assert add(0, 1) == 1 (returned -1)"),
+    ("HumanEval/32", "def find_zero(xs: list):\n    return 3.0\n",
+     "assert abs(poly([-10, -2], find_zero([-10, -2]))) < 0.0001 (returned 3.0)"),
+])
+def test_a_humaneval_check_rewritten_as_calls_names_the_failing_call(humaneval_task, task, answer, expected):
     env = make_env("reflection", {"grader_options": SANDBOX})
-    env.reset(humaneval_task["HumanEval/53"])
+    env.reset(humaneval_task[task])
 
-    text = _feedback(env.step(_fenced("def add(x: int, y: int):\n    return x - y\n")))
+    text = _feedback(env.step(_fenced(answer)))
 
-    assert text == ("Your code failed the tests: assert candidate(0, 1) == 1 (AssertionError). "
-                    "Fix it; answer with the whole function in a ```python block.")
+    assert text == f"Your code failed this test: {expected}. Fix it; answer with the whole function in a ```python block."
 
 
 def test_the_shipped_config_evaluates_held_out_humaneval_over_three_rounds():

@@ -8,7 +8,7 @@ whole number of them.
 import pytest
 import torch
 
-from tempering.rollout.hf import SamplingParams, _top_p_filter, pick_tokens
+from tempering.rollout.hf import SamplingParams, _top_p_filter, pick_tokens, processed_logits
 
 DRAWS = 40_000
 
@@ -92,3 +92,37 @@ def test_the_same_seed_draws_the_same_tokens():
     other, _ = pick_tokens(logits_BV, SamplingParams(), torch.Generator().manual_seed(6))
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
+
+
+@pytest.mark.parametrize("top_k, min_p", [(5, 0.0), (0, 0.05), (40, 0.01)])
+def test_top_k_and_min_p_draws_follow_the_renormalised_truncation(top_k, min_p):
+    logits_V = _logits(300)
+    probs_V = torch.softmax(logits_V.double(), -1)
+    kept_V = probs_V >= min_p * probs_V.max()
+    if top_k:
+        kept_V &= probs_V >= probs_V.topk(top_k).values[-1]
+    truncated_V = torch.where(kept_V, probs_V, 0.0)
+    frequencies_V = _frequencies(logits_V, SamplingParams(top_k=top_k, min_p=min_p))
+    _assert_close_in_distribution(frequencies_V, truncated_V / truncated_V.sum())
+    assert frequencies_V[~kept_V].sum() == 0
+
+
+def test_truncation_decides_what_is_drawn_not_the_recorded_log_probs():
+    logits_BV = 4 * torch.randn(64, 5000, generator=torch.Generator().manual_seed(2))
+    next_B, logprob_B = pick_tokens(logits_BV, SamplingParams(top_k=3, min_p=0.01), torch.Generator().manual_seed(0))
+    assert torch.allclose(logprob_B, torch.log_softmax(logits_BV, -1).gather(-1, next_B[:, None])[:, 0], atol=1e-6)
+    assert bool((next_B[:, None] == logits_BV.topk(3).indices).any(-1).all())
+
+
+def test_penalties_follow_the_tokens_each_row_drew():
+    logits_BV = torch.tensor([[1.0, -1.0, 2.0, 0.5], [1.0, -1.0, 2.0, 0.5]])
+    drawn_BT = torch.tensor([[0, 0, 1], [3, 3, 3]])
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    found = processed_logits(logits_BV.clone(), params, drawn_BT, None, torch.tensor([2]))
+    assert found.tolist() == [[1.0 - 0.5 - 0.5, -1.0 - 0.5 - 0.25, 2.0, 0.5],
+                              [1.0, -1.0, 2.0, 0.5 - 0.5 - 0.75]]
+    repeated = processed_logits(logits_BV.clone(), SamplingParams(repetition_penalty=2.0), drawn_BT,
+                                torch.tensor([[False, False, True, False]] * 2), torch.tensor([2]))
+    assert repeated.tolist() == [[0.5, -2.0, 1.0, 0.5], [1.0, -1.0, 1.0, 0.25]]
+    early = processed_logits(logits_BV.clone(), SamplingParams(min_tokens=4), drawn_BT, None, torch.tensor([2]))
+    assert early[:, 2].tolist() == [float("-inf")] * 2 and early[:, :2].tolist() == logits_BV[:, :2].tolist()

@@ -59,10 +59,12 @@ AdvantageFn = Callable[[AdvantageInputs], torch.Tensor]
 ADVANTAGES: dict[str, AdvantageFn] = {}
 
 
-def register_advantage(name: str, needs_values: bool = False,
-                       needs_teacher: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+def register_advantage(name: str, needs_values: bool = False, needs_teacher: bool = False,
+                       token_level: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Register an estimator; ``token_level`` declares that it turns per-token rewards into
+    per-token returns (see :func:`varies_along_sequences`)."""
     return lambda fn: add(ADVANTAGES, "advantage estimator", name, fn, needs_values=needs_values,
-                          needs_teacher=needs_teacher)
+                          needs_teacher=needs_teacher, token_level=token_level)
 
 
 def needs_values(estimator: AdvantageFn) -> bool:
@@ -75,8 +77,23 @@ def needs_teacher(estimator: AdvantageFn) -> bool:
     return bool(getattr(estimator, "needs_teacher", False))
 
 
+def varies_along_sequences(estimator: AdvantageFn, gamma: float, token_penalty: bool) -> bool:
+    """Whether the estimator can give the tokens of one sequence different advantages: always
+    with a critic's values or a teacher's log-probs (GAE, distillation), and for token-level
+    returns (REINFORCE++) when they are discounted or carry a per-token penalty. Outcome
+    estimators give one value per rollout; a plug-in that declares nothing is not judged.
+
+    >>> [varies_along_sequences(ADVANTAGES[name], 1.0, False) for name in ("grpo", "reinforce_pp", "gae")]
+    [False, False, True]
+    """
+    if needs_values(estimator) or needs_teacher(estimator):
+        return True
+    return bool(getattr(estimator, "token_level", False)) and (gamma < 1 or token_penalty)
+
+
 def group_statistics(rewards_B: torch.Tensor, group_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-rollout mean and unbiased standard deviation of its group's rewards.
+    """Per-rollout mean and unbiased standard deviation of its group's rewards, in the rewards'
+    dtype and on their device.
 
     A group of one has standard deviation 0. A group whose rewards are all equal has exactly
     that reward as its mean (a float sum divided by the count may miss it by a rounding
@@ -87,20 +104,27 @@ def group_statistics(rewards_B: torch.Tensor, group_B: torch.Tensor) -> tuple[to
     (True, 0.0)
     """
     groups = int(group_B.max().item()) + 1
-    count_G = torch.zeros(groups).index_add_(0, group_B, torch.ones_like(rewards_B))
-    mean_G = torch.zeros(groups).index_add_(0, group_B, rewards_B) / count_G
-    low_G = torch.full((groups,), float("inf")).scatter_reduce(0, group_B, rewards_B, "amin")
-    high_G = torch.full((groups,), float("-inf")).scatter_reduce(0, group_B, rewards_B, "amax")
+    count_G = rewards_B.new_zeros(groups).index_add_(0, group_B, torch.ones_like(rewards_B))
+    mean_G = rewards_B.new_zeros(groups).index_add_(0, group_B, rewards_B) / count_G
+    low_G = rewards_B.new_full((groups,), float("inf")).scatter_reduce(0, group_B, rewards_B, "amin")
+    high_G = rewards_B.new_full((groups,), float("-inf")).scatter_reduce(0, group_B, rewards_B, "amax")
     mean_G = torch.where(low_G == high_G, low_G, mean_G)
     centred_B = rewards_B - mean_G[group_B]
-    square_G = torch.zeros(groups).index_add_(0, group_B, centred_B**2)
+    square_G = rewards_B.new_zeros(groups).index_add_(0, group_B, centred_B**2)
     std_G = (square_G / (count_G - 1).clamp(min=1)).sqrt()
     return mean_G[group_B], std_G[group_B]
 
 
+def float_rewards(inputs: AdvantageInputs) -> torch.Tensor:
+    """The rewards as floating point: their own dtype when they have one (float64 stays
+    float64), else float32."""
+    rewards_B = inputs.rewards_B
+    return rewards_B if rewards_B.is_floating_point() else rewards_B.float()
+
+
 def sequence_rewards(inputs: AdvantageInputs) -> torch.Tensor:
     """Each rollout's reward minus the sum of its per-token penalty over trained tokens."""
-    rewards_B = inputs.rewards_B.float()
+    rewards_B = float_rewards(inputs)
     if inputs.penalty_BT is None:
         return rewards_B
     return rewards_B - (inputs.penalty_BT * inputs.mask_BT).sum(-1)
@@ -111,12 +135,12 @@ def token_rewards(inputs: AdvantageInputs) -> torch.Tensor:
 
     A row with no trained token gets no reward (its advantages are masked anyway).
     """
-    mask_BT = inputs.mask_BT
-    positions_BT = torch.arange(mask_BT.shape[1]).expand_as(mask_BT)
+    mask_BT, rewards_B = inputs.mask_BT, float_rewards(inputs)
+    positions_BT = torch.arange(mask_BT.shape[1], device=mask_BT.device).expand_as(mask_BT)
     last_B = torch.where(mask_BT > 0, positions_BT, -1).max(-1).values
-    rewards_BT = torch.zeros(mask_BT.shape)
+    rewards_BT = rewards_B.new_zeros(mask_BT.shape)
     rows_B = torch.nonzero(last_B >= 0)[:, 0]
-    rewards_BT[rows_B, last_B[rows_B]] = inputs.rewards_B.float()[rows_B]
+    rewards_BT[rows_B, last_B[rows_B]] = rewards_B[rows_B]
     if inputs.penalty_BT is not None:
         rewards_BT = rewards_BT - inputs.penalty_BT * mask_BT
     return rewards_BT
@@ -125,7 +149,7 @@ def token_rewards(inputs: AdvantageInputs) -> torch.Tensor:
 def discounted_returns(rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float) -> torch.Tensor:
     """``G_t = r_t + gamma * G_next`` over each row's trained tokens, skipping masked ones."""
     returns_BT = torch.zeros_like(rewards_BT)
-    running_B = torch.zeros(rewards_BT.shape[0])
+    running_B = rewards_BT.new_zeros(rewards_BT.shape[0])
     for t in reversed(range(rewards_BT.shape[1])):
         on_B = mask_BT[:, t] > 0
         running_B = torch.where(on_B, rewards_BT[:, t] + gamma * running_B, running_B)
@@ -175,12 +199,12 @@ def rloo(inputs: AdvantageInputs) -> torch.Tensor:
     """
     rewards_B = sequence_rewards(inputs)
     mean_B, _ = group_statistics(rewards_B, inputs.group_B)
-    count_B = torch.bincount(inputs.group_B).float()[inputs.group_B]
+    count_B = torch.bincount(inputs.group_B).to(rewards_B.dtype)[inputs.group_B]
     advantage_B = (rewards_B - mean_B) * count_B / (count_B - 1).clamp(min=1)
     return advantage_B[:, None] * inputs.mask_BT
 
 
-@register_advantage("reinforce_pp")
+@register_advantage("reinforce_pp", token_level=True)
 def reinforce_pp(inputs: AdvantageInputs) -> torch.Tensor:
     """REINFORCE++: discounted per-token returns, whitened over all trained tokens of the batch.
 
@@ -200,7 +224,7 @@ def reinforce_pp_baseline(inputs: AdvantageInputs) -> torch.Tensor:
     return whiten((rewards_B - mean_B)[:, None] * inputs.mask_BT, inputs.mask_BT, inputs.eps)
 
 
-@register_advantage("gae", needs_values=True)
+@register_advantage("gae", needs_values=True, token_level=True)
 def gae(inputs: AdvantageInputs) -> torch.Tensor:
     """PPO's generalised advantage estimation over each row's trained tokens.
 
@@ -214,8 +238,8 @@ def gae(inputs: AdvantageInputs) -> torch.Tensor:
         raise ValueError("gae needs values_BT from a critic")
     rewards_BT, values_BT, mask_BT = token_rewards(inputs), inputs.values_BT, inputs.mask_BT
     advantages_BT = torch.zeros_like(rewards_BT)
-    next_value_B = torch.zeros(rewards_BT.shape[0])
-    next_advantage_B = torch.zeros(rewards_BT.shape[0])
+    next_value_B = rewards_BT.new_zeros(rewards_BT.shape[0])
+    next_advantage_B = rewards_BT.new_zeros(rewards_BT.shape[0])
     for t in reversed(range(rewards_BT.shape[1])):
         on_B = mask_BT[:, t] > 0
         delta_B = rewards_BT[:, t] + inputs.gamma * next_value_B - values_BT[:, t]

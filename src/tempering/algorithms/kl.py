@@ -4,7 +4,18 @@ With ``delta = ref - logp`` (log of the ratio reference/policy at the sampled to
 
 - ``k1 = -delta``: unbiased, high variance, can be negative;
 - ``k2 = delta**2 / 2``: low variance, biased;
-- ``k3 = exp(delta) - delta - 1``: unbiased and non-negative (Schulman's estimator).
+- ``k3 = exp(delta) - delta - 1``: unbiased and non-negative (Schulman's estimator);
+- ``abs = |delta|``: non-negative, biased;
+- ``k1+`` and ``k3+``: the value of k1 or k3 with the gradient of k2, written
+  ``k2 - sg(k2) + sg(kx)``. k1 and k3 estimate the KL's value without bias but not its
+  gradient; k2's gradient ``-delta * grad(logp)`` is the KL's own in expectation over the
+  policy's samples, so as a loss term these give an unbiased gradient and report the value.
+
+k3's ``exp`` sees ``delta`` clamped to ``±LOG_RATIO_LIMIT`` (the losses' bound), so a token
+the policy has moved far from the reference gives a large, finite value and no gradient
+instead of inf. ``clamp > 0`` also bounds every estimator's value to ``[-clamp, clamp]``
+(verl bounds k3 by 10): a plain estimator gives no gradient where its value is clamped, a
+straight-through one keeps k2's gradient.
 """
 
 from __future__ import annotations
@@ -13,20 +24,41 @@ from typing import Callable
 
 import torch
 
+from tempering.algorithms.losses import LOG_RATIO_LIMIT
+
+
+def _k3(delta: torch.Tensor) -> torch.Tensor:
+    delta = delta.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return torch.exp(delta) - delta - 1
+
+
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "k1": lambda delta: -delta,
     "k2": lambda delta: 0.5 * delta**2,
-    "k3": lambda delta: torch.exp(delta) - delta - 1,
+    "k3": _k3,
+    "abs": torch.abs,
 }
+"""The value estimators; a name with a trailing ``+`` takes its value and k2's gradient."""
 
 
-def kl_estimate(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token KL(policy || reference) estimate.
+def kl_estimate(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, estimator: str = "k3",
+                clamp: float = 0.0) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate; ``clamp > 0`` bounds its value (see the module docstring).
 
     >>> kl_estimate(torch.tensor([0.0]), torch.tensor([0.0])).item()
     0.0
+    >>> kl_estimate(torch.tensor([-1.0]), torch.tensor([-3.0]), "k3+", clamp=1.0).item()
+    1.0
     """
-    return KL_ESTIMATORS[estimator](ref_logprobs_BT - logprobs_BT)
+    delta_BT = ref_logprobs_BT - logprobs_BT
+    straight_through = estimator.endswith("+")
+    value_BT = KL_ESTIMATORS[estimator.removesuffix("+")](delta_BT)
+    if clamp > 0:
+        value_BT = value_BT.clamp(-clamp, clamp)
+    if not straight_through:
+        return value_BT
+    k2_BT = KL_ESTIMATORS["k2"](delta_BT)
+    return k2_BT - k2_BT.detach() + value_BT.detach()
 
 
 class KLCoefficient:

@@ -8,11 +8,17 @@ micro-batches gives exactly the full-batch value (gradient accumulation changes 
 Every loss sees one row per sequence, so a sequence-level loss (GSPO) reduces over ``T``.
 Losses return ``-advantage * something``: minimising them raises the probability of tokens
 with positive advantage. The entropy bonus, KL term and value loss are added by the learner.
+
+Importance ratios are ``exp`` of a log-ratio clamped to ``±LOG_RATIO_LIMIT``: a float32
+``exp`` overflows to inf above about 88 and underflows to 0 below about -103, and either
+turns a finite batch into NaN losses or gradients (``-0 * inf``, ``0 * inf`` in the backward
+pass). Past the clamp a ratio is constant (no gradient); ``e^20`` is far outside any clip
+range, so only tokens the clip already stops are affected.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -35,6 +41,9 @@ class LossInputs:
     dual_clip: float = 3.0
     """Dual clip's bound c > 1: with a negative advantage the loss is at most ``-A * c``."""
 
+
+LOG_RATIO_LIMIT = 20.0
+"""Log importance ratios are clamped to ``[-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT]`` before ``exp``."""
 
 LossFn = Callable[[LossInputs], tuple[torch.Tensor, dict[str, float]]]
 AggregationFn = Callable[..., torch.Tensor]
@@ -63,6 +72,15 @@ def masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
     return float((values_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1))
 
 
+def importance_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """``exp(log_ratio)`` with the log-ratio clamped to ``±LOG_RATIO_LIMIT``, so it is finite.
+
+    >>> importance_ratio(torch.tensor([0.0, 100.0])).tolist() == [1.0, float(torch.tensor(20.0).exp())]
+    True
+    """
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+
+
 def _clipped_surrogate(inputs: LossInputs, ratio_BT: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """``max(-A * r, -A * clip(r, 1 - low, 1 + high))`` and its clip fraction and mean ratio."""
     unclipped_BT = -inputs.advantages_BT * ratio_BT
@@ -79,7 +97,7 @@ def _clipped_surrogate(inputs: LossInputs, ratio_BT: torch.Tensor) -> tuple[torc
 def ppo_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate, per token: ``max(-A * r, -A * clip(r, 1 - low, 1 + high))``
     with ``r = exp(logp - old_logp)``. Separate low/high ranges allow DAPO's clip-higher."""
-    ratio_BT = torch.exp(inputs.logprobs_BT - inputs.old_logprobs_BT)
+    ratio_BT = importance_ratio(inputs.logprobs_BT - inputs.old_logprobs_BT)
     return _clipped_surrogate(inputs, ratio_BT)
 
 
@@ -91,7 +109,7 @@ def dual_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     sampler did), PPO's loss ``-A * r`` grows without bound; dual clip caps it at ``-A * c``,
     where its gradient is 0. Positive advantages are treated exactly as by ``ppo_clip``.
     """
-    ratio_BT = torch.exp(inputs.logprobs_BT - inputs.old_logprobs_BT)
+    ratio_BT = importance_ratio(inputs.logprobs_BT - inputs.old_logprobs_BT)
     loss_BT, metrics = _clipped_surrogate(inputs, ratio_BT)
     capped_BT = torch.minimum(loss_BT, -inputs.advantages_BT * inputs.dual_clip)
     negative_BT = inputs.advantages_BT < 0
@@ -110,11 +128,21 @@ def gspo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     much smaller clip ranges than token-level PPO (the paper uses 3e-4 and 4e-4) and the
     aggregation ``seq_mean_token_mean`` to weigh sequences equally. The clip fraction counts
     tokens, not sequences.
+
+    The advantage is one per sequence too: the mean of the row's token advantages, as in
+    TRL's sequence-level importance sampling. For outcome estimators (GRPO and the like) that
+    is the rollout's advantage. Estimators whose advantages vary along a sequence (GAE,
+    REINFORCE++ with gamma < 1 or a KL penalty in the reward, distillation) lose that
+    variation here; verl's GSPO-token keeps it, which this loss does not do. The loop warns
+    at start-up when such an estimator is combined with GSPO.
     """
     mask_BT = inputs.mask_BT
-    log_ratio_B = ((inputs.logprobs_BT - inputs.old_logprobs_BT) * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1)
-    ratio_BT = torch.exp(log_ratio_B)[:, None].expand_as(mask_BT)
-    return _clipped_surrogate(inputs, ratio_BT)
+    tokens_B = mask_BT.sum(-1).clamp(min=1)
+    log_ratio_B = ((inputs.logprobs_BT - inputs.old_logprobs_BT) * mask_BT).sum(-1) / tokens_B
+    ratio_BT = importance_ratio(log_ratio_B)[:, None].expand_as(mask_BT)
+    advantage_B = (inputs.advantages_BT * mask_BT).sum(-1) / tokens_B
+    sequence = replace(inputs, advantages_BT=advantage_B[:, None].expand_as(mask_BT))
+    return _clipped_surrogate(sequence, ratio_BT)
 
 
 @register_loss("cispo", zero_at_zero_advantage=True)
@@ -123,12 +151,14 @@ def cispo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
 
     Gradient per token ``-A * clip(r, 1 - low, 1 + high)``: unlike PPO, a clipped token
     still gets a gradient (only its weight is bounded), so rare, high-ratio tokens keep
-    learning. Written as ``-A * sg(clip(r) / r) * r``, whose value is ``-A * clip(r)`` and
-    whose gradient in ``logp`` is the one above.
+    learning. Written as ``-A * sg(clip(r)) * exp(logp - sg(logp))``: the last factor is 1
+    with gradient 1 in ``logp``, so the value is ``-A * clip(r)`` and the gradient the one
+    above, with no division by ``r`` (which is 0 in float32 for log-ratios below about -103).
     """
-    ratio_BT = torch.exp(inputs.logprobs_BT - inputs.old_logprobs_BT)
+    ratio_BT = importance_ratio(inputs.logprobs_BT - inputs.old_logprobs_BT)
     clipped_BT = ratio_BT.clamp(1 - inputs.clip_low, 1 + inputs.clip_high)
-    loss_BT = -inputs.advantages_BT * (clipped_BT / ratio_BT).detach() * ratio_BT
+    unit_BT = torch.exp(inputs.logprobs_BT - inputs.logprobs_BT.detach())
+    loss_BT = -inputs.advantages_BT * clipped_BT.detach() * unit_BT
     with torch.no_grad():
         metrics = {
             "clip_fraction": masked_mean((clipped_BT != ratio_BT).float(), inputs.mask_BT),
@@ -146,7 +176,7 @@ def reinforce(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     and is not comparable with the ratio-based losses.
     """
     with torch.no_grad():
-        ratio_BT = torch.exp(inputs.logprobs_BT - inputs.old_logprobs_BT)
+        ratio_BT = importance_ratio(inputs.logprobs_BT - inputs.old_logprobs_BT)
         metrics = {"ratio_mean": masked_mean(ratio_BT, inputs.mask_BT)}
     return -inputs.advantages_BT * inputs.logprobs_BT, metrics
 

@@ -41,8 +41,8 @@ means over rollouts of the score (``reward/env/agent``), ``env/agent_calls`` and
 ``env/agent_errors`` are logged.
 
 Not done: ``rollout.server`` (calls are sampled in this process by the built-in sampler),
-streaming and the other endpoints :mod:`tempering.serve` leaves out; a timed-out agent's
-thread cannot be stopped, only refused further calls.
+what :mod:`tempering.serve` leaves out; a timed-out agent's thread cannot be stopped, only
+refused further calls.
 """
 
 from __future__ import annotations

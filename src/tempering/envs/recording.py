@@ -9,8 +9,9 @@ rendering of ``messages``, or the ``prompt`` of ``/v1/completions``), the sample
 their log-probs, one record per choice.
 
 The run, not the agent, decides how tokens are drawn, so that the recorded log-probs are
-the ones the learner recomputes: the request's ``temperature`` and ``top_p`` are replaced by
-the run's (greedy in evaluation), its ``max_tokens`` is capped at the run's
+the ones the learner recomputes: the request's ``temperature``, ``top_p``, ``top_k``,
+``min_p``, penalties, ``logit_bias`` and ``min_tokens`` are replaced by the run's (greedy in
+evaluation, none of the others), its ``max_tokens`` is capped at the run's
 ``max_new_tokens`` (and the model's context), the run's stop strings join its own, and its
 ``seed`` is replaced by one drawn for the episode (so an episode replays exactly). The
 ``model`` it names is ignored. An episode takes at most ``max_calls`` requests; once closed
@@ -26,7 +27,8 @@ from typing import Any, Callable, Optional
 
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
-from tempering.serve import Job, RequestError, Server, sampling_request
+from tempering.openai_api import RequestError, logprobs_asked, sampling_request
+from tempering.serve import Job, Server
 
 SAMPLING_PATHS = ("/v1/completions", "/v1/chat/completions")
 
@@ -122,11 +124,11 @@ class RecordingServer(Server):
             raise RequestError(f"no episode {key} is being recorded (it is over, or never began)", 410)
         self.check_prompts(prompts)
         body = _capped(body, recording.params.max_new_tokens, self.sampler.context_length - max(map(len, prompts)))
-        asked, n, _ = sampling_request(body, [len(p) for p in prompts], self.sampler.context_length)
+        asked, n, _ = sampling_request(body, [len(p) for p in prompts], self.sampler.context_length, self.vocab)
         run = recording.params
-        params = replace(asked, temperature=run.temperature, top_p=run.top_p, greedy=run.greedy,
-                         stop=tuple(dict.fromkeys(asked.stop + run.stop)))
-        job = self.run(prompts, params, n, recording.next_seed())
+        params = replace(run, max_new_tokens=asked.max_new_tokens, stop=tuple(dict.fromkeys(asked.stop + run.stop)),
+                         stop_token_ids=asked.stop_token_ids)
+        job = self.run(prompts, params, n, recording.next_seed(), top=logprobs_asked(body, "messages" in body) or 0)
         rows = [p for p in prompts for _ in range(n)]
         recording.add([Call(body, prompt, ids, logprobs, self.tokenizer.decode(ids, skip_special_tokens=True), reason)
                        for prompt, (ids, logprobs, reason) in zip(rows, job.outputs)])

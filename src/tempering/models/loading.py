@@ -17,7 +17,6 @@ import json
 import shutil
 import socket
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
@@ -63,15 +62,16 @@ def ensure_converted(gguf: Path, progress: bool = True) -> Path:
     Written to a temporary sibling and renamed into place, so an interrupted conversion never
     leaves a folder that looks complete; two processes converting at once both succeed.
     """
+    from tempering.pretrain import cache_staging
+
     target = converted_dir(gguf)
     if (target / "config.json").is_file():
         return target
     if progress:
         print(f"converting {gguf.name} to safetensors in {target} (once)", file=sys.stderr)
-    model, tokenizer = load_model(str(gguf), "float32")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging = cache_staging(target)  # before the minute of dequantizing, so that an unwritable cache stops at once
     try:
+        model, tokenizer = load_model(str(gguf), "float32")
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         try:

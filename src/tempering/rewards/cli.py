@@ -39,13 +39,32 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_pairs(args: argparse.Namespace) -> int:
-    rows = arithmetic_pairs(args.count, seed=args.seed, digits=tuple(args.digits))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    print(json.dumps({"pairs": len(rows), "file": args.out}))
+    try:
+        written = _write_pairs(args)
+    except PairsError as exc:
+        print(f"temper rm pairs: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"pairs": written, "file": args.out}))
     return 0
+
+
+def _write_pairs(args: argparse.Namespace) -> int:
+    """Write the pairs file ``temper rm pairs`` asks for; return how many pairs it holds. A
+    count, operand size or path it cannot have is a PairsError."""
+    if args.count < 1:
+        raise PairsError(f"--count {args.count}: write at least 1 pair")
+    try:
+        rows = arithmetic_pairs(args.count, seed=args.seed, digits=tuple(args.digits))
+    except ValueError as exc:
+        raise PairsError(f"--digits {' '.join(map(str, args.digits))}: {exc}") from None
+    try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row) + "\n")
+    except OSError as exc:
+        raise PairsError(f"cannot write {args.out}: {exc.strerror}") from None
+    return len(rows)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -4,18 +4,31 @@ A problem carries its tests in ``problem.meta["tests"]``: a :class:`~tempering.s
 or its JSON form (``{"kind": "stdio", "cases": [{"stdin": "1 2\\n", "stdout": "3\\n"}]}`` or
 ``{"kind": "call", "entry_point": "add", "cases": [{"args": [1, 2], "expected": 3}]}``),
 and optionally ``meta["code_prefix"]`` (e.g. a HumanEval prompt the completion continues),
-``meta["language"]``, and ``meta["code_fenced"] = False`` when the whole completion is the
-program (no fenced block expected). Verdicts come from the sandbox's trusted parent, never from the
+``meta["language"]``, ``meta["code_fenced"] = False`` when the whole completion is the
+program (no fenced block expected), and ``meta["credit"]`` to override the reward's ``credit``
+for that problem (a task's ``partial`` option). Verdicts come from the sandbox's trusted parent, never from the
 program; see :mod:`tempering.sandbox` for the threat model.
 
-A ``program`` verdict (tests that could not be split into calls, such as five HumanEval
-problems) comes from inside the sandbox and can be forged: such results carry the
+A ``program`` verdict (a user's ``{"kind": "program"}`` tests, which the parent cannot
+split into calls) comes from inside the sandbox and can be forged: such results carry the
 component ``forgeable = 1`` (so a run logs the share of them), and ``forgeable_credit``
-scales their score (1 keeps it, 0 gives them nothing).
+scales their score: 0 by default (they earn nothing), and a reward built with more says so
+in a warning at start-up. Every built-in task's tests are judged by the parent.
+
+What the sandbox's parent saw the program do to its harness (``TestResult.tampering``: fake
+messages on the result channel, an exit before the checks ran) becomes the components
+``tampered/<kind>`` (1 when seen), which the ``harness`` monitor flags, whatever the
+program's source looks like.
 
 A sandbox fault (``TestResult.status == "error"``) says nothing about the program: it is
 retried, and if it persists the rollout's result carries ``error="sandbox_error"`` so the
-loop drops it from the batch and counts it, instead of scoring a right answer as wrong.
+loop drops it from the batch and counts it, instead of scoring a right answer as wrong. A
+sandbox service (``url``) that cannot be reached or answers with an error is such a fault
+too, its error naming why. The first reward built for a ``url`` in a process (a run's or an
+evaluation's, before any model work) asks the service for ``/health`` and is refused with a
+``ValueError`` naming the URL when nothing answers; rewards built later for the same URL
+(a run's evaluations) do not ask again, so a service that goes away mid-run costs grader
+errors there, not the run.
 
 Not done here: compiling once per problem, partial credit by test weight.
 """
@@ -24,14 +37,20 @@ from __future__ import annotations
 
 import re
 import threading
+import warnings
 from typing import Literal, Optional, Sequence
 
 from tempering.rewards.base import RewardResult, register_reward
-from tempering.sandbox.spec import Tests, TestSpec
+from tempering.sandbox.client import SandboxClient, SandboxHTTPError
+from tempering.sandbox.spec import TAMPERING, Tests, TestSpec
 from tempering.types import Problem, Rollout
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _ALIASES = {"py": "python", "python3": "python", "c++": "cpp", "js": "javascript", "sh": "bash"}
+HEALTH_TIMEOUT_S = 10.0
+"""How long the start-up check waits for a sandbox service's ``/health``."""
+_ANSWERED: set[str] = set()
+"""Sandbox URLs whose service answered the start-up check in this process."""
 
 
 def extract_code(completion: str, language: str = "python") -> Optional[str]:
@@ -53,6 +72,20 @@ def extract_code(completion: str, language: str = "python") -> Optional[str]:
     return blocks[-1][1] if blocks else None
 
 
+def check_service(url: str, token: str = "") -> None:
+    """A ``ValueError`` naming ``url`` unless a sandbox service answers its ``/health`` there
+    (asked once per URL and process, see the module docstring)."""
+    if url in _ANSWERED:
+        return
+    try:
+        with SandboxClient(url, token or None, timeout_s=HEALTH_TIMEOUT_S) as client:
+            client.health()
+    except SandboxHTTPError as exc:
+        raise ValueError(f"no sandbox service answers at url {url} ({exc}); start one there "
+                         "(temper sandbox serve --port PORT) or set url to one that runs") from None
+    _ANSWERED.add(url)
+
+
 def problem_tests(problem: Problem) -> Tests:
     tests = problem.meta.get("tests")
     if isinstance(tests, Tests):
@@ -70,23 +103,30 @@ class CodeReward:
     cases). ``url``: a ``temper sandbox serve`` address to use instead of a local pool of
     ``workers`` slots (0 = one per core) with ``isolation``. ``retries``: extra rounds for
     rollouts whose run hit a sandbox fault, on top of the executor's own retries.
-    ``forgeable_credit``: the factor on the score of a forgeable (``program``) verdict.
+    ``forgeable_credit``: the factor on the score of a forgeable (``program``) verdict;
+    above 0 it pays for what a program can claim about itself, and start-up warns.
     """
 
     def __init__(self, *, credit: Literal["all", "fraction"] = "all", language: str = "python",
                  timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 0,
                  isolation: str = "auto", url: str = "", token: str = "", retries: int = 1,
-                 forgeable_credit: float = 1.0):
+                 forgeable_credit: float = 0.0):
         if credit not in ("all", "fraction"):
             raise ValueError(f"credit must be 'all' or 'fraction', got {credit!r}")
         if not 0 <= forgeable_credit <= 1:
             raise ValueError(f"forgeable_credit must be in [0, 1], got {forgeable_credit!r}")
+        if forgeable_credit > 0:
+            warnings.warn(f"forgeable_credit={forgeable_credit}: 'program' tests are passed on the program's own "
+                          "word, which a completion can forge (write the done message, exit 0); such passes earn "
+                          "reward. Prefer stdio or call tests, which the parent judges", stacklevel=2)
         self.credit, self.language, self.retries = credit, language, retries
         self.forgeable_credit = forgeable_credit
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
         self._connect = (url, token, workers, isolation)
         self._sandbox = None
         self._lock = threading.Lock()
+        if url:
+            check_service(url, token)
 
     def sandbox(self):
         """The executor or client, started on first use (so building a config costs nothing)."""
@@ -94,8 +134,6 @@ class CodeReward:
             if self._sandbox is None:
                 url, token, workers, isolation = self._connect
                 if url:
-                    from tempering.sandbox import SandboxClient
-
                     self._sandbox = SandboxClient(url, token or None)
                 else:
                     from tempering.sandbox import Executor
@@ -123,26 +161,33 @@ class CodeReward:
                 results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"no_code": 1})
             else:
                 runnable[i] = self.spec(problem, code)
+        error = "sandbox_error"
         for _ in range(self.retries + 1):
             if not runnable:
                 break
             indices = list(runnable)
-            for i, outcome in zip(indices, self.sandbox().test_many([runnable[i] for i in indices])):
+            try:
+                outcomes = self.sandbox().test_many([runnable[i] for i in indices])
+            except SandboxHTTPError as exc:  # the service is down or refused the batch
+                error = f"{type(exc).__name__}: {exc}"
+                continue
+            for i, outcome in zip(indices, outcomes):
                 if outcome.status != "error":
-                    results[i] = self._result(outcome)
+                    results[i] = self._result(outcome, problems[i].meta.get("credit", self.credit))
                     del runnable[i]
         for i in runnable:
-            results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error="sandbox_error")
+            results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error=error)
         return results
 
-    def _result(self, outcome) -> RewardResult:
+    def _result(self, outcome, credit: str) -> RewardResult:
         fraction = outcome.passed / outcome.total if outcome.total else float(outcome.status == "passed")
-        value = fraction if self.credit == "fraction" else float(outcome.status == "passed")
+        value = fraction if credit == "fraction" else float(outcome.status == "passed")
         forgeable = outcome.verdict == "program"
         if forgeable:
             value *= self.forgeable_credit
-        return RewardResult(value, {"pass_fraction": fraction, "forgeable": float(forgeable)},
-                            {"status": outcome.status, "verdict": outcome.verdict})
+        components = {"pass_fraction": fraction, "forgeable": float(forgeable)}
+        components.update({f"tampered/{kind}": float(kind in outcome.tampering) for kind in TAMPERING})
+        return RewardResult(value, components, {"status": outcome.status, "verdict": outcome.verdict})
 
     def close(self) -> None:
         if self._sandbox is not None and hasattr(self._sandbox, "close"):

@@ -8,7 +8,9 @@ rewards becomes ``rollout.reward`` (after the optional per-domain normalization)
 component is kept unweighted in ``rollout.reward_components``.
 
 A rollout whose grader failed (``RewardResult.error``) is removed from its group and
-counted in ``reward/dropped``; a group left empty is removed from the step. A reward that
+counted in ``reward/dropped``; a group left empty is removed from the step. The newest such
+failure is kept as ``last_error`` (the reward's name and its error), for the message of a
+run that stops because a grader keeps failing. A reward that
 raises is contained the same way: its batch is scored again one rollout at a time, and
 only the rollouts whose scoring raises are dropped (counted in ``reward/errors`` too).
 
@@ -67,6 +69,7 @@ class Rewarder:
         self.normalizer = RunningNormalizer(
             {domains[name]: s for name, s in (normalize or {}).items()}, default_normalize)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="reward")
+        self.last_error: Optional[tuple[str, str]] = None
 
     def _items(self, groups: list[Group]) -> dict[str, Items]:
         items: dict[str, Items] = {name: [] for name in self.rewards}
@@ -123,7 +126,9 @@ class Rewarder:
             kept = []
             for r, rollout in enumerate(group.rollouts):
                 found = per_rollout[(g, r)]
-                if any(result.error for result in found.values()):
+                failed = [(name, result.error) for name, result in found.items() if result.error]
+                if failed:
+                    self.last_error = failed[-1]
                     dropped += 1
                     errors += any(result.diagnostics.get("exception") for result in found.values())
                     continue

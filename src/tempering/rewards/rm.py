@@ -30,7 +30,8 @@ from tempering.rewards.model import load_reward_model, reward_text, sequence_sco
 
 
 class PairsError(ValueError):
-    """A pairs file the user must fix; the message names the file, line and field."""
+    """A pairs file the user must fix (one to read: the message names the file, line and field; one
+    to write: its path, count or operand sizes)."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,11 @@ from tempering.types import Group, Problem
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How tokens are drawn. Training sets the first fields; the penalties, ``logit_bias`` and
+    the stopping rules after ``greedy`` come from ``temper serve``'s requests, and the
+    penalties and bias change the distribution whose log-probs are recorded (the learner
+    applies neither, so a run leaves them off)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     """Nucleus mass; 1 = off. Decides which tokens can be drawn, not the recorded log-probs."""
@@ -30,6 +35,25 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     """Strings that end a completion (kept in it)."""
     greedy: bool = False
+    top_k: int = 0
+    """Draw among the k most likely tokens; 0 = off. Like top_p, not in the recorded log-probs."""
+    min_p: float = 0.0
+    """Draw only tokens at least this share of the most likely one's probability; 0 = off."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the completion holds so far; 0 = off."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time the completion holds it; 0 = off."""
+    repetition_penalty: float = 1.0
+    """Logits of tokens in the prompt or completion so far divided by it (positive ones) or
+    multiplied by it (negative ones); 1 = off."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """``(token id, bias)`` pairs added to the logits."""
+    min_tokens: int = 0
+    """Tokens drawn before an end-of-sequence, stop token or stop string may end a completion."""
+    ignore_eos: bool = False
+    """Keep sampling past end-of-sequence tokens (stop tokens and strings still end it)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a completion besides the end-of-sequence ones (kept in it)."""
     max_prompt_tokens: int = 0
     """Longest prompt, in tokens; 0 = the model's context minus ``max_new_tokens``
     (``tempering.rollout.prompts``)."""

@@ -42,6 +42,7 @@ continuous batching across calls.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -55,6 +56,8 @@ from tempering.rollout.prompts import encode_prompt, fit_prompt, prompt_limit, u
 from tempering.types import Group, Problem, Prompt, Rollout
 
 _BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
+_UNPROCESSED = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": (),
+                "min_tokens": 0}  # the settings under which the logits are drawn from as the model gives them
 
 
 def _top_p_filter(probs_BV: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,6 +127,51 @@ class RowStreams:
         return uniform_B
 
 
+def _truncated(weights_BV: torch.Tensor, top_k: int, min_p: float) -> torch.Tensor:
+    """A copy of ``weights_BV`` (each row's largest entry 1, as ``exp(x - max)`` makes it)
+    with the tokens outside the ``top_k`` most likely, or under ``min_p`` of the most likely
+    one's weight, zeroed (0 = off; tokens tied with the k-th are kept)."""
+    kept_BV = weights_BV.clone()
+    if min_p:
+        kept_BV[weights_BV < min_p] = 0.0
+    if top_k and top_k < weights_BV.shape[-1]:
+        kept_BV[weights_BV < weights_BV.topk(top_k, dim=-1).values[:, -1:]] = 0.0
+    return kept_BV
+
+
+def processed_logits(logits_BV: torch.Tensor, params: SamplingParams, output_BT: torch.Tensor,
+                     prompt_seen_BV: Optional[torch.Tensor], end_ids: torch.Tensor) -> torch.Tensor:
+    """The logits a token is drawn from after ``params``' ``logit_bias``, ``min_tokens`` and
+    penalties (vLLM's order), changed in place; ``output_BT`` holds the tokens each row drew so
+    far and ``prompt_seen_BV`` which tokens its prompt holds (needed for ``repetition_penalty``
+    only). ``end_ids`` are the tokens that would end the completion.
+
+    >>> p = SamplingParams(presence_penalty=1.0, frequency_penalty=0.5, logit_bias=((0, 2.0),))
+    >>> processed_logits(torch.zeros(1, 3), p, torch.tensor([[1, 1]]), None, torch.tensor([2])).tolist()
+    [[2.0, -2.0, 0.0]]
+    """
+    if params.logit_bias:
+        ids, biases = zip(*params.logit_bias)
+        logits_BV[:, list(ids)] += torch.tensor(biases, device=logits_BV.device)
+    if output_BT.shape[1] < params.min_tokens and len(end_ids):
+        logits_BV[:, end_ids] = float("-inf")
+    penalised = params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0
+    if not penalised or (not output_BT.shape[1] and prompt_seen_BV is None):
+        return logits_BV
+    counts_BV = torch.zeros_like(logits_BV).scatter_add_(1, output_BT, torch.ones_like(output_BT, dtype=logits_BV.dtype))
+    if params.repetition_penalty != 1.0:
+        seen_BV = counts_BV > 0 if prompt_seen_BV is None else (counts_BV > 0) | prompt_seen_BV
+        penalty = params.repetition_penalty
+        logits_BV = torch.where(seen_BV, torch.where(logits_BV > 0, logits_BV / penalty, logits_BV * penalty),
+                                logits_BV)
+    return logits_BV.sub_(params.frequency_penalty * counts_BV + params.presence_penalty * (counts_BV > 0))
+
+
+def _holds(ids_PT: torch.Tensor, mask_PT: torch.Tensor, width: int) -> torch.Tensor:
+    """Which of ``width`` vocabulary entries each (padded) row of ``ids_PT`` holds where ``mask_PT`` is 1."""
+    return torch.zeros(len(ids_PT), width, dtype=torch.long, device=ids_PT.device).scatter_add_(1, ids_PT, mask_PT) > 0
+
+
 def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator],
                 uniform_B: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(next_B, logprob_B)``: a token per row and its log-probability under the
@@ -140,11 +188,15 @@ def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Opti
     sum_B1 = weights_BV.sum(dim=-1, keepdim=True)
     if uniform_B is None:
         uniform_B = torch.rand(len(logits_BV), generator=generator, device=generator.device if generator else "cpu")
+    draw_BV, total_B1 = weights_BV, sum_B1
+    if params.top_k or params.min_p:
+        draw_BV = _truncated(weights_BV, params.top_k, params.min_p)
+        total_B1 = draw_BV.sum(dim=-1, keepdim=True)
     if params.top_p < 1.0:
-        kept_BE, order_BE = _top_p_filter(weights_BV.div_(sum_B1), params.top_p)
+        kept_BE, order_BE = _top_p_filter(draw_BV.div_(total_B1), params.top_p)
         next_B = order_BE.gather(-1, _inverse_cdf(kept_BE, uniform_B)[:, None])[:, 0]
     else:
-        next_B = _inverse_cdf(weights_BV, uniform_B)
+        next_B = _inverse_cdf(draw_BV, uniform_B)
     picked_B1 = logits_BV.gather(-1, next_B[:, None])
     return next_B, (picked_B1 - max_B1 - sum_B1.log())[:, 0]
 
@@ -260,14 +312,22 @@ class HFGenerator:
         """Positions the model attends over (0 = it states none)."""
         return getattr(self.model.config, "max_position_embeddings", None) or 0
 
-    @torch.no_grad()
     def sample(self, prompts: list[list[int]], params: SamplingParams,
                generator: Optional[torch.Generator | RowStreams] = None) -> list[tuple[list[int], list[float], str]]:
         """``(completion ids, log-probs, finish reason)`` after each prompt, given as token ids
         (repeats welcome: a repeated prompt is prefilled once); the finish reason is "stop"
-        (end-of-sequence or a stop string) or "length". Multi-turn episodes
+        (end-of-sequence, a stop token or a stop string) or "length". Multi-turn episodes
         (``tempering.envs.runner``) continue their token histories through this. Draws come
         from ``generator``, or with :class:`RowStreams` from each row's own stream."""
+        return self.sample_with_alternatives(prompts, params, generator)[0]
+
+    @torch.no_grad()
+    def sample_with_alternatives(self, prompts: list[list[int]], params: SamplingParams,
+                                 generator: Optional[torch.Generator | RowStreams] = None, alternatives: int = 0
+                                 ) -> tuple[list[tuple[list[int], list[float], str]], list[list[list[tuple[int, float]]]]]:
+        """What :meth:`sample` gives, and for each row, per sampled token, the ``alternatives``
+        most likely ``(token id, log-prob)`` under the distribution it was drawn from (what
+        ``temper serve`` answers for ``logprobs: N``); empty lists when ``alternatives`` is 0."""
         device = self.model.device
         index_of = {ids: i for i, ids in enumerate(dict.fromkeys(map(tuple, prompts)))}
         distinct = list(index_of)
@@ -281,9 +341,13 @@ class HFGenerator:
         n, limit = len(prompts), params.max_new_tokens
         tokens_BT = torch.zeros(n, limit, dtype=torch.long, device=device)
         logprobs_BT = torch.zeros(n, limit, device=device)
+        top_ids_BTN = torch.zeros(n, limit, alternatives, dtype=torch.long, device=device)
+        top_logprobs_BTN = torch.zeros(n, limit, alternatives, device=device)
         lengths_B = torch.full((n,), limit, device=device)
         stopped_B = torch.zeros(n, dtype=torch.bool, device=device)
-        eos_ids = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
+        end_ids = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids))
+        end_ids = torch.tensor(end_ids, dtype=torch.long, device=device)
+        processed = params != replace(params, **_UNPROCESSED)
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
         decoder = self._decoder if self.fast and limit > 1 else None
         with autocast:  # one context for the whole loop, so weights are cast to bf16 once
@@ -291,6 +355,7 @@ class HFGenerator:
             cache = self._new_cache(width if decoder else width + limit,
                                     torch.bfloat16 if self.bf16 and not decoder else None)
             logits_UV, cache = self._forward(ids_PT, mask_PT, positions_PT, cache)
+            prompt_seen_PV = _holds(ids_PT, mask_PT, logits_UV.shape[-1]) if params.repetition_penalty != 1.0 else None
             if decoder:
                 decoder.start(cache, width + limit, torch.bfloat16 if self.bf16 else None, rows=n)
             # histories: the distinct token sequences decoded so far, one cache row each (at
@@ -298,13 +363,20 @@ class HFGenerator:
             mask_UT, position_U = mask_PT, positions_PT[:, -1]
             history_B, row_B = prompt_of_row_B, torch.arange(n, device=device)
             for step in range(limit):
+                logits_BV = logits_UV[history_B]
+                if processed:
+                    seen_BV = None if prompt_seen_PV is None else prompt_seen_PV[prompt_of_row_B[row_B]]
+                    logits_BV = processed_logits(logits_BV, params, tokens_BT[row_B, :step], seen_BV, end_ids)
                 streams = isinstance(generator, RowStreams) and not params.greedy
                 uniform_B = generator.uniform(row_B) if streams else None
-                next_B, logprob_B = pick_tokens(logits_UV[history_B], params, None if streams else generator,
-                                                uniform_B)
+                next_B, logprob_B = pick_tokens(logits_BV, params, None if streams else generator, uniform_B)
                 tokens_BT[row_B, step], logprobs_BT[row_B, step] = next_B, logprob_B
-                done_B = torch.isin(next_B, eos_ids)
-                if params.stop:
+                if alternatives:
+                    scaled_BV = logits_BV if params.greedy else logits_BV / params.temperature
+                    top = scaled_BV.log_softmax(dim=-1).topk(min(alternatives, scaled_BV.shape[-1]), dim=-1)
+                    top_ids_BTN[row_B, step], top_logprobs_BTN[row_B, step] = top.indices, top.values
+                done_B = torch.isin(next_B, end_ids)
+                if params.stop and step + 1 >= params.min_tokens:
                     done_B |= self._stop_string_ends(tokens_BT[row_B, : step + 1], params.stop)
                 lengths_B[row_B[done_B]] = step + 1
                 stopped_B[row_B[done_B]] = True
@@ -325,8 +397,13 @@ class HFGenerator:
                 else:
                     logits_UV, cache = self._forward(token_U[:, None], mask_UT, position_U[:, None], cache)
         tokens, logprobs = tokens_BT.tolist(), logprobs_BT.tolist()
-        return [(tokens[b][:length], logprobs[b][:length], "stop" if stopped else "length")
-                for b, (length, stopped) in enumerate(zip(lengths_B.tolist(), stopped_B.tolist()))]
+        lengths = lengths_B.tolist()
+        outputs = [(tokens[b][:length], logprobs[b][:length], "stop" if stopped else "length")
+                   for b, (length, stopped) in enumerate(zip(lengths, stopped_B.tolist()))]
+        top_ids, top_logprobs = top_ids_BTN.tolist(), top_logprobs_BTN.tolist()
+        tops = [[list(zip(top_ids[b][t], top_logprobs[b][t])) for t in range(length)] if alternatives else []
+                for b, length in enumerate(lengths)]
+        return outputs, tops
 
     def _stop_string_ends(self, tokens_BT: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
         """Rows whose newest token completed one of the ``stop`` strings."""

@@ -11,7 +11,11 @@ does and vLLM does with ``--logprobs-mode processed_logprobs``.
 
 Each problem (each episode turn, through :meth:`ServerGenerator.sample`) is one request, up
 to ``concurrency`` in flight; a server that batches concurrent requests (all of these do)
-sees them together. Every request carries a ``seed`` drawn from the run's generator in a
+sees them together. With several URLs (servers of one model, each at the same policy
+version), the requests of a step are dealt to them in turn, the k-th to server k mod their
+number, and every reload goes to each. A server started with an API key
+(``temper serve --api-key``, vLLM's ``--api-key``) gets it as ``Authorization: Bearer``
+from ``$TEMPER_SERVE_API_KEY``. Every request carries a ``seed`` drawn from the run's generator in a
 fixed order before any is sent, so a run against ``temper serve`` repeats itself. A request
 that fails to connect, times out (``timeout_s``), or gets 429 or a 5xx answer is sent again
 after ``backoff_s``, doubling, up to ``retries`` times; the same seed makes the retry draw
@@ -33,7 +37,7 @@ peft's two files in ``weights_dir/adapter``, loaded with vLLM's ``POST /v1/load_
 as their ``model``, whichever ``reload`` is set (but ``none``). The server's base must be the
 learner's base.
 
-Not done: weight transfer over NCCL, streaming, several servers.
+Not done: weight transfer over NCCL, streaming, servers that differ in model or version.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from tempering.rollout.prompts import encode_prompt, fit_prompt, use_chat_templa
 from tempering.types import Group, Problem, Prompt, Rollout
 
 RELOADS = ("update_weights_from_disk", "vllm", "none")
+API_KEY_VARIABLE = "TEMPER_SERVE_API_KEY"
 
 
 class ServerError(RuntimeError):
@@ -73,8 +78,8 @@ class _Transient(Exception):
 
 @dataclass(frozen=True)
 class ServerSettings:
-    url: str
-    """Base URL, e.g. http://127.0.0.1:8000 (the /v1 paths are added)."""
+    url: str | tuple[str, ...]
+    """Base URL, e.g. http://127.0.0.1:8000 (the /v1 paths are added), or several serving one model."""
     model: Optional[str] = None
     """Model name sent with each request; None = the first the server lists."""
     timeout_s: float = 300.0
@@ -86,6 +91,8 @@ class ServerSettings:
     reload: str = "update_weights_from_disk"
     adapter_name: str = "tempering-lora"
     """The name LoRA adapters are loaded under (runs with adapters only)."""
+    api_key: Optional[str] = None
+    """Bearer token sent with every request; None = ``$TEMPER_SERVE_API_KEY`` when set, else none."""
 
 
 def parse_choice(choice: dict) -> tuple[list[int], list[float], str]:
@@ -118,21 +125,35 @@ class ServerGenerator:
         if settings.reload not in RELOADS:
             raise ValueError(f"reload {settings.reload!r}; known: {', '.join(RELOADS)}")
         self.settings = settings
-        self.url = settings.url.rstrip("/")
+        self.urls = [u.rstrip("/") for u in ((settings.url,) if isinstance(settings.url, str) else settings.url)]
+        if not self.urls:
+            raise ServerError("no server URL is given")
+        self.api_key = settings.api_key or os.environ.get(API_KEY_VARIABLE) or None
         self.tokenizer, self.model_config, self.adapted = tokenizer, model_config, adapted
         self.chat_template = use_chat_template(tokenizer, chat_template)
-        listed = self._request("GET", "/v1/models", None)["data"]
-        if not listed:
-            raise ServerError(f"{self.url}/v1/models lists no model")
-        self.model = settings.model or listed[0]["id"]
-        served = next((m for m in listed if m["id"] == self.model), None)
-        if served is None:
-            raise ServerError(f"{self.url} does not serve {self.model!r} (it serves {', '.join(m['id'] for m in listed)})")
+        self.model = settings.model
+        found = [self._served(url) for url in self.urls]
+        served = found[0]
+        versions = [m.get("policy_version") for m in found]
+        if len(set(versions)) > 1:
+            listing = ", ".join(f"{url} at {version}" for url, version in zip(self.urls, versions))
+            raise ServerError(f"the servers are at different policy versions ({listing}); start them on the same weights")
         self.context_length = int(served.get("max_model_len") or getattr(model_config, "max_position_embeddings", 0) or 0)
         self.served_version: Optional[int] = served.get("policy_version")
         self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="server-request")
         self._weights_dir: Optional[Path] = None
         self.batch_size = sys.maxsize  # every row at once: the pool keeps ``concurrency`` requests in flight
+
+    def _served(self, url: str) -> dict:
+        """``url``'s entry for the model (the first it lists when none is named, then that one for every server)."""
+        listed = self._request("GET", "/v1/models", None, url=url)["data"]
+        if not listed:
+            raise ServerError(f"{url}/v1/models lists no model")
+        self.model = self.model or listed[0]["id"]
+        served = next((m for m in listed if m["id"] == self.model), None)
+        if served is None:
+            raise ServerError(f"{url} does not serve {self.model!r} (it serves {', '.join(m['id'] for m in listed)})")
+        return served
 
     # -- sampling ------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt) -> list[int]:
@@ -161,23 +182,24 @@ class ServerGenerator:
     def _complete_all(self, prompts: list[list[int]], n: int, params: SamplingParams,
                       generator: Optional[torch.Generator]) -> list[list[tuple[list[int], list[float], str]]]:
         seeds = [int(torch.randint(0, 2**62, (1,), generator=generator)) for _ in prompts]
-        futures = [self._pool.submit(self._complete, ids, n, params, seed) for ids, seed in zip(prompts, seeds)]
+        futures = [self._pool.submit(self._complete, self.urls[k % len(self.urls)], ids, n, params, seed)
+                   for k, (ids, seed) in enumerate(zip(prompts, seeds))]
         return [future.result() for future in futures]
 
-    def _complete(self, prompt_ids: list[int], n: int, params: SamplingParams, seed: int
+    def _complete(self, url: str, prompt_ids: list[int], n: int, params: SamplingParams, seed: int
                   ) -> list[tuple[list[int], list[float], str]]:
         body = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": params.max_new_tokens,
                 "temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
                 "stop": list(params.stop), "seed": seed, "logprobs": 0, "return_tokens_as_token_ids": True,
                 "return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": False}
-        reply = self._post("/v1/completions", body)
+        reply = self._request("POST", "/v1/completions", body, url=url)
         version = reply.get("policy_version")
         if version is not None and self.served_version is not None and version != self.served_version:
-            raise ServerError(f"{self.url} sampled with policy version {version}, but version "
+            raise ServerError(f"{url} sampled with policy version {version}, but version "
                               f"{self.served_version} was loaded last: another client changed its weights")
         choices = sorted(reply["choices"], key=lambda c: c["index"])
         if len(choices) != n:
-            raise ServerError(f"{self.url} answered {len(choices)} choices for n={n}")
+            raise ServerError(f"{url} answered {len(choices)} choices for n={n}")
         return [parse_choice(c) for c in choices]
 
     # -- weights -------------------------------------------------------------------------
@@ -196,13 +218,16 @@ class ServerGenerator:
         save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(partial))
         os.replace(partial, folder / "model.safetensors")  # the server never reads a half-written file
         expected = (self.served_version or 0) + 1
-        if self.settings.reload == "vllm":
-            self._post("/collective_rpc", {"method": "update_config", "args": [{"model_config": {"model": str(folder)}}]})
-            self._post("/collective_rpc", {"method": "reload_weights"})
-            self.served_version = expected
-            return
-        reply = self._post("/update_weights_from_disk", {"model_path": str(folder), "version": expected})
-        self._loaded(reply, folder, expected)
+        for url in self.urls:
+            if self.settings.reload == "vllm":
+                update = {"method": "update_config", "args": [{"model_config": {"model": str(folder)}}]}
+                self._request("POST", "/collective_rpc", update, url=url)
+                self._request("POST", "/collective_rpc", {"method": "reload_weights"}, url=url)
+            else:
+                reply = self._request("POST", "/update_weights_from_disk", {"model_path": str(folder),
+                                                                             "version": expected}, url=url)
+                self._loaded(reply, url, folder, expected)
+        self.served_version = expected
 
     def _load_adapter(self, weights: dict[str, torch.Tensor]) -> None:
         """Write the adapters in ``weights`` and have the server sample with them from now on."""
@@ -211,21 +236,22 @@ class ServerGenerator:
         folder = self._folder() / "adapter"
         save_adapters(self.adapted, weights, folder)
         name, expected = self.settings.adapter_name, (self.served_version or 0) + 1
-        reply = self._request("POST", "/v1/load_lora_adapter", {
-            "lora_name": name, "lora_path": str(folder), "load_inplace": True, "version": expected},
-            plain=True)  # load_inplace: replace an adapter of that name; vLLM answers in plain text
+        for url in self.urls:
+            reply = self._request("POST", "/v1/load_lora_adapter", {
+                "lora_name": name, "lora_path": str(folder), "load_inplace": True, "version": expected},
+                plain=True, url=url)  # load_inplace: replace an adapter of that name; vLLM answers in plain text
+            self._loaded(reply, url, folder, expected)
         self.model = name
-        self._loaded(reply, folder, expected)
+        self.served_version = expected
 
-    def _loaded(self, reply: dict, folder: Path, expected: int) -> None:
-        """Check the server's answer to loading ``folder``: success, at version ``expected``."""
+    def _loaded(self, reply: dict, url: str, folder: Path, expected: int) -> None:
+        """Check ``url``'s answer to loading ``folder``: success, at version ``expected``."""
         if reply.get("success") is False:
-            raise ServerError(f"{self.url} could not load the weights in {folder}: {reply.get('message')}")
+            raise ServerError(f"{url} could not load the weights in {folder}: {reply.get('message')}")
         version = reply.get("policy_version", expected)
         if version != expected:
-            raise ServerError(f"{self.url} is at policy version {version} after loading new weights, "
+            raise ServerError(f"{url} is at policy version {version} after loading new weights, "
                               f"not {expected}: another client is changing its weights")
-        self.served_version = version
 
     def _folder(self) -> Path:
         """The weights folder, with the model's config and tokenizer written once (a server
@@ -246,27 +272,27 @@ class ServerGenerator:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- HTTP ----------------------------------------------------------------------------
-    def _post(self, path: str, body: dict) -> dict:
-        return self._request("POST", path, body)
-
-    def _request(self, method: str, path: str, body: Optional[dict], plain: bool = False) -> dict:
-        """The reply's JSON, retried as the module docstring says; a ServerError otherwise.
-        A ``plain`` text reply is read as ``{"message": text}``."""
-        s = self.settings
+    def _request(self, method: str, path: str, body: Optional[dict], plain: bool = False,
+                 url: Optional[str] = None) -> dict:
+        """The reply's JSON from ``url`` (default: the first server), retried as the module
+        docstring says; a ServerError otherwise. A ``plain`` text reply is read as ``{"message": text}``."""
+        s, url = self.settings, url or self.urls[0]
         for attempt in range(s.retries + 1):
             try:
-                return self._once(method, path, body, plain)
+                return self._once(method, url + path, body, plain)
             except _Transient as exc:
                 if attempt == s.retries:
-                    raise ServerError(f"{method} {self.url}{path}: no answer after {s.retries + 1} tries ({exc}); "
+                    raise ServerError(f"{method} {url}{path}: no answer after {s.retries + 1} tries ({exc}); "
                                       "is the server running at rollout.server.url?") from None
                 time.sleep(s.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
-    def _once(self, method: str, path: str, body: Optional[dict], plain: bool = False) -> dict:
+    def _once(self, method: str, address: str, body: Optional[dict], plain: bool = False) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(address, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as response:
                 raw = response.read()
@@ -274,7 +300,7 @@ class ServerGenerator:
         except urllib.error.HTTPError as exc:
             if exc.code == 429 or exc.code >= 500:
                 raise _Transient(f"status {exc.code}") from None
-            raise ServerError(f"{method} {self.url}{path}: status {exc.code}: {_message(exc)}") from None
+            raise ServerError(f"{method} {address}: status {exc.code}: {_message(exc)}") from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, TimeoutError) as exc:
             raise _Transient(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from None
         except json.JSONDecodeError:

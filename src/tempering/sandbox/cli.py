@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from tempering.sandbox.executor import ISOLATION_MODES, Executor
+from tempering.sandbox.executor import ISOLATION_MODES, MAX_WORKERS, Executor
 from tempering.sandbox.languages import SUFFIXES
 from tempering.sandbox.spec import Limits, RunRequest, SandboxUnavailable, SpecError, TestSpec
 
@@ -37,6 +37,11 @@ def _read(path: str, what: str) -> str:
 
 
 def _executor(args) -> Executor:
+    """The pool ``--workers`` and ``--isolation`` ask for; a count out of bounds (0 included:
+    the default is the flag left out) is a usage error."""
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise UsageError(f"--workers {args.workers}: sandbox slots must be between 1 and {MAX_WORKERS} "
+                         "(leave it out for one per CPU)")
     try:
         return Executor(workers=args.workers, isolation=args.isolation)
     except SandboxUnavailable as err:
@@ -158,7 +163,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--workers", type=int, default=None,
-                        help="sandbox slots (default: one per CPU)")
+                        help=f"sandbox slots, 1 to {MAX_WORKERS} (default: one per CPU)")
     common.add_argument("--isolation", choices=ISOLATION_MODES, default="auto",
                         help="auto picks namespaces (root with CAP_SYS_ADMIN), landlock (root "
                              "without it) or bubblewrap; 'none' runs unisolated")

@@ -34,6 +34,8 @@ from tempering.sandbox.spec import (RunRequest, RunResult, SandboxAPI, SandboxUn
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
 ISOLATION_MODES = ("auto", "namespaces", "landlock", "bwrap", "none")
+MAX_WORKERS = 64
+"""Slots of one pool: each pool owns a block of this many uids, one per slot."""
 # Fixed environment of every program: same locale, hash seed, zone and paths on every run.
 ENVIRONMENT = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -225,10 +227,10 @@ class Executor(SandboxAPI):
                  scratch_mb: int = 64, retries: int = 2):
         self.isolation = choose_isolation(isolation)
         self.workers = workers or len(os.sched_getaffinity(0))
-        if not 1 <= self.workers <= 64:
-            raise ValueError(f"workers must be between 1 and 64, got {self.workers}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers must be between 1 and {MAX_WORKERS}, got {self.workers}")
         self.retries = retries
-        uid_base = 1_000_000 + ((os.getpid() % (1 << 20)) * 16 + next(_pools) % 16) * 64
+        uid_base = 1_000_000 + ((os.getpid() % (1 << 20)) * 16 + next(_pools) % 16) * MAX_WORKERS
         self._slots = [_Slot(i, self.isolation, scratch_mb, uid_base) for i in range(self.workers)]
         self._free = queue.SimpleQueue()
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")

@@ -14,6 +14,14 @@ expected values that never leave this process.
 - ``program``: the code must run to its end in the sandbox (Python only). This is the
   weaker verdict used for tests that cannot be split into calls; results say so.
 
+Beside the verdicts, the parent reports what it saw a program do to its harness
+(``TestResult.tampering``, see :data:`~tempering.sandbox.spec.TAMPERING`): the runner's
+messages on the result channel have a fixed order (``start`` then the report of each case,
+a ``done`` only after a program check's end, nothing in a stdio run), so lines outside that
+order, and an exit with status 0 before the checks all ran, are facts about the program,
+however its source spells them. They are reported, never rewarded: cases are judged by
+their values as before.
+
 ``execute`` is any callable ``(job: dict, timeout_s: float) -> reply dict``: the local
 executor or, in tests, anything that speaks the worker protocol.
 """
@@ -137,15 +145,16 @@ def _run_stdio(execute, spec: TestSpec) -> TestResult:
     failed = _compile_failure(reply)
     if failed:
         return TestResult.from_cases(CaseResult(failed.status, 0.0, failed.stderr) for _ in cases)
-    results = []
+    results, tampering = [], set()
     for case, outcome in zip(cases, reply["runs"]):
+        tampering |= _tampering(outcome, [])
         status = outcome["status"]
         if status == "ok":
             same = normalize_output(outcome["stdout"]) == normalize_output(case.stdout)
             status = "passed" if same else "wrong_answer"
         detail = f"printed {outcome['stdout'][:200]!r}" if status == "wrong_answer" else outcome["stderr"][-500:]
         results.append(CaseResult(status, outcome["wall_s"], detail))
-    return TestResult.from_cases(results)
+    return TestResult.from_cases(results, tampering=tampering)
 
 
 def _run_program_check(execute, spec: TestSpec) -> TestResult:
@@ -156,11 +165,12 @@ def _run_program_check(execute, spec: TestSpec) -> TestResult:
         return TestResult.from_cases([CaseResult(failed.status, 0.0, failed.stderr)], "program")
     outcome = reply["runs"][0]
     done = any(_parse(line).get("done") is True for _, line in outcome["events"])
+    tampering = _tampering(outcome, [("done", None)], finished=done)
     status = outcome["status"]
     if status == "ok":
         status = "passed" if done else "runtime_error"
     return TestResult.from_cases([CaseResult(status, outcome["wall_s"], outcome["stderr"][-500:])],
-                                 "program")
+                                 "program", tampering)
 
 
 def _parse(line: str) -> dict:
@@ -171,10 +181,40 @@ def _parse(line: str) -> dict:
     return message if isinstance(message, dict) else {}
 
 
+def _tampering(outcome: dict, expected: list, finished: bool = True) -> set:
+    """The kinds of tampering one run shows. ``expected``: the ``(kind, case)`` messages the
+    runner sends in this run, in order (a run cut short stops anywhere; a ``memory_error``
+    report may come last); ``finished``: whether the run's checks all reported."""
+    messages = [_parse(line) for _, line in outcome["events"]]
+    if messages and messages[-1] == {"memory_error": True}:
+        messages.pop()
+    kinds = set()
+    if len(messages) > len(expected) or any(_shape(m) != e for m, e in zip(messages, expected)):
+        kinds.add("result_channel")
+    if outcome["status"] == "ok" and not finished:
+        kinds.add("early_exit")
+    return kinds
+
+
+def _shape(message: dict):
+    """``(kind, case)`` of a message in a form the runner sends, None for any other."""
+    if message == {"done": True}:
+        return ("done", None)
+    index = message.get("start", message.get("case"))
+    if type(index) is not int:
+        return None
+    if message.keys() == {"start"}:
+        return ("start", index)
+    if message.keys() in ({"case", "value"}, {"case", "error", "message"}):
+        return ("case", index)
+    return None
+
+
 def _run_call(execute, spec: TestSpec) -> TestResult:
     cases = spec.tests.cases
     results = [None] * len(cases)
     pending = list(range(len(cases)))
+    tampering: set = set()
     while pending:
         call = {"entry_point": spec.tests.entry_point,
                 "cases": [[i, _codec.encode(cases[i].args)] for i in pending]}
@@ -185,12 +225,13 @@ def _run_call(execute, spec: TestSpec) -> TestResult:
             for i in pending:
                 results[i] = CaseResult(failed.status, 0.0, failed.stderr)
             break
-        pending = _judge_call_run(spec, reply["runs"][0], pending, results)
-    return TestResult.from_cases(results)
+        pending = _judge_call_run(spec, reply["runs"][0], pending, results, tampering)
+    return TestResult.from_cases(results, tampering=tampering)
 
 
-def _judge_call_run(spec: TestSpec, outcome: dict, pending: list, results: list) -> list:
-    """Fill ``results`` from one run's reports; return the cases still to run."""
+def _judge_call_run(spec: TestSpec, outcome: dict, pending: list, results: list, tampering: set) -> list:
+    """Fill ``results`` from one run's reports and ``tampering`` with what the run shows;
+    return the cases still to run."""
     starts, reports = {}, {}
     for arrived, line in outcome["events"]:
         message = _parse(line)
@@ -201,6 +242,8 @@ def _judge_call_run(spec: TestSpec, outcome: dict, pending: list, results: list)
             starts.setdefault(index, arrived)
         else:
             reports.setdefault(index, (arrived, message))
+    expected = [step for index in pending for step in (("start", index), ("case", index))]
+    tampering |= _tampering(outcome, expected, finished=len(reports) == len(pending))
     run_status = "runtime_error" if outcome["status"] == "ok" else outcome["status"]
     remaining = []
     for index in pending:

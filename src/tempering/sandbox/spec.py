@@ -17,8 +17,16 @@ RUN_STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit"
                 "compile_error", "sandbox_error")
 CASE_STATUSES = ("passed", "wrong_answer", "runtime_error", "timeout", "memory_limit",
                  "output_limit", "compile_error", "sandbox_error")
-COMPARE_MODES = ("json", "eq", "approx", "truthy", "falsy")
+COMPARE_MODES = ("json", "eq", "approx", "truthy", "falsy", "root")
 MAX_NESTING = 100  # list/object levels in a case's arguments or expected value
+MAX_COEFFICIENTS = 1000  # of a ``root`` case's polynomial: bounds the parent's work per case
+TAMPERING = ("result_channel", "early_exit")
+"""What the parent can see a program do to its harness (``TestResult.tampering``):
+``result_channel``: lines on the result channel that the sandbox's runner did not send in
+that order (fake reports, a ``done`` message in a call or stdio run; programs started by
+``execve`` do not have the channel open); ``early_exit``: the program ended its process with status 0 before its
+checks had all run (cases of a call run left unreported, a program check that never
+reached its end)."""
 
 
 class SpecError(ValueError):
@@ -92,7 +100,9 @@ class CallCase:
 
     ``compare``: ``json`` (equal as JSON data: tuples read as lists, ``true`` is not ``1``),
     ``eq`` (Python ``==`` on plain data), ``approx`` (numbers within ``tolerance``),
-    ``truthy`` / ``falsy`` (``expected`` unused).
+    ``truthy`` / ``falsy`` (``expected`` unused), ``root`` (a number ``x`` where the
+    polynomial whose coefficients ``expected`` lists, constant first, is within
+    ``tolerance`` of 0: for problems with many right answers, judged by a property).
     """
 
     args: list
@@ -191,10 +201,18 @@ def _call_case(index: int, case: Any) -> CallCase:
         raise SpecError(f"tests.cases[{index}].tolerance must be a non-negative number, got {tolerance!r}")
     if compare == "approx" and not _is_number(case["expected"]):
         raise SpecError(f"tests.cases[{index}].expected must be a number to compare 'approx'")
+    if compare == "root" and not _is_polynomial(case["expected"]):
+        raise SpecError(f"tests.cases[{index}].expected must be a list of 1 to {MAX_COEFFICIENTS} numbers "
+                        "(the polynomial's coefficients, constant first) to compare 'root'")
     for name in ("args", "expected"):
         if _nesting(case.get(name)) > MAX_NESTING:
             raise SpecError(f"tests.cases[{index}].{name} is nested deeper than {MAX_NESTING} levels")
     return CallCase(case["args"], case.get("expected"), compare, float(tolerance))
+
+
+def _is_polynomial(value: Any) -> bool:
+    return (isinstance(value, list) and 0 < len(value) <= MAX_COEFFICIENTS
+            and all(_is_number(c) for c in value))
 
 
 def _nesting(value: Any) -> int:
@@ -229,7 +247,10 @@ class TestResult:
 
     ``verdict`` is ``parent`` when the trusted parent compared every output, ``program``
     when only the program's own run-to-the-end signal was available (weaker: code in the
-    sandbox could forge it).
+    sandbox could forge it). ``tampering`` lists the kinds of :data:`TAMPERING` the parent
+    saw in the runs: facts about what the program did, for monitors; they never make a
+    case pass, and a program that hides its tampering (a report in the runner's exact form
+    and order) is judged on its values all the same.
     """
 
     __test__ = False  # not a pytest test class
@@ -239,26 +260,29 @@ class TestResult:
     total: int
     cases: tuple
     verdict: str = "parent"
+    tampering: tuple = ()
 
     def to_dict(self) -> dict:
         return {"status": self.status, "passed": self.passed, "total": self.total,
-                "cases": [case.to_dict() for case in self.cases]}
+                "cases": [case.to_dict() for case in self.cases], "tampering": list(self.tampering)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "TestResult":
         cases = tuple(CaseResult(c["status"], c["wall_s"]) for c in data["cases"])
+        tampering = tuple(kind for kind in data.get("tampering", ()) if kind in TAMPERING)
         return cls(data["status"], data["passed"], data["total"], cases,
-                   data.get("verdict", "parent"))
+                   data.get("verdict", "parent"), tampering)
 
     @classmethod
-    def from_cases(cls, cases, verdict: str = "parent") -> "TestResult":
+    def from_cases(cls, cases, verdict: str = "parent", tampering=()) -> "TestResult":
         cases = tuple(cases)
         passed = sum(case.status == "passed" for case in cases)
         if any(case.status == "sandbox_error" for case in cases):
             status = "error"
         else:
             status = "passed" if cases and passed == len(cases) else "failed"
-        return cls(status, passed, len(cases), cases, verdict)
+        return cls(status, passed, len(cases), cases, verdict,
+                   tuple(kind for kind in TAMPERING if kind in tampering))
 
 
 def values_match(case: CallCase, actual: Any) -> bool:
@@ -273,7 +297,23 @@ def values_match(case: CallCase, actual: Any) -> bool:
                 and abs(actual - case.expected) <= case.tolerance)
     if mode == "eq":
         return actual == case.expected
+    if mode == "root":
+        return _is_number(actual) and abs(_polynomial(case.expected, actual)) <= case.tolerance
     return _json_equal(case.expected, actual)
+
+
+def _polynomial(coefficients: list, x) -> float:
+    """The polynomial's value at ``x``, as ``sum(c * math.pow(x, i))`` (HumanEval's ``poly``);
+    inf when it overflows, so that no tolerance accepts it.
+
+    >>> _polynomial([1, 2], -0.5), _polynomial([0, 0, 1], 1e200)
+    (0.0, inf)
+    """
+    try:
+        value = sum(c * math.pow(x, i) for i, c in enumerate(coefficients))
+    except (OverflowError, ValueError):
+        return math.inf
+    return math.inf if math.isnan(value) else value
 
 
 def _is_number(value: Any) -> bool:

@@ -1,10 +1,11 @@
 """Tasks: each owns its data, its prompt rendering and its reward spec.
 
 Importing this package registers the built-in tasks; ``rg:<type>`` names any reasoning-gym
-type (see :mod:`tempering.tasks.reasoning_gym`).
+type (see :mod:`tempering.tasks.reasoning_gym`);
+``code`` and ``code:<kind>`` are procedural Python problems (:mod:`tempering.tasks.code`).
 """
 
-from tempering.tasks import arithmetic, dataset  # noqa: F401  (register the built-in tasks)
+from tempering.tasks import arithmetic, code, dataset  # noqa: F401  (register the built-in tasks)
 from tempering.tasks.base import TASKS, Task, build_task, register_task
 
 __all__ = ["TASKS", "Task", "build_task", "register_task"]

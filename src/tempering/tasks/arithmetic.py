@@ -32,6 +32,7 @@ import random
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from tempering.envs.tools import calc_transcript
 from tempering.tasks.base import StreamState, check_grading, register_task, render
@@ -270,4 +271,4 @@ class ArithmeticTask(StreamState):
 
 
 for _operation in OPERATIONS:
-    register_task(_operation)(lambda _op=_operation, **kw: ArithmeticTask(**{"operation": _op, **kw}))
+    register_task(_operation)(partial(ArithmeticTask, operation=_operation))  # a partial keeps the typed signature

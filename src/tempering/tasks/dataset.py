@@ -176,12 +176,13 @@ class DatasetTask(StreamState):
 
     def drop_records(self, drop: Callable[[Problem], bool]) -> list[Problem]:
         """Leave out the records whose problems ``drop`` picks (prompts too long for the model);
-        return those problems. Refused when it would leave no training or held-out record."""
+        return those problems. Refused, naming the first record, when it would leave no training
+        or held-out record."""
         split = {}
         for name, problems in (("training", self._train), ("held-out", self._eval)):
             split[name] = [(problem, drop(problem)) for problem in problems]
             if problems and all(out for _, out in split[name]):
-                raise DatasetError(f"{self.name}: every {name} record would be left out")
+                raise DatasetError(f"every {name} record would be left out ({len(problems)}, from {problems[0].meta['record']})")
         self._train = [problem for problem, out in split["training"] if not out]
         self._eval = [problem for problem, out in split["held-out"] if not out]
         self.size = len(self._train)

@@ -6,8 +6,8 @@ for the whole function in a fenced block and runs the prompt's import lines + th
 
 Grading is the ``humaneval`` reward: the ``code`` reward with the test spec that
 :func:`tempering.sandbox.humaneval.humaneval_spec` builds (call cases judged by the trusted
-parent where the ``check`` function allows, else the test program run after the code), so
-its options (``credit``, ``workers``, ``url``, ...) are the ``code`` reward's.
+parent, for all 164 problems), so its options (``credit``, ``workers``, ``url``, ...) are
+the ``code`` reward's.
 
 The split: ``eval_fraction`` of the problems, chosen by a stable hash of the task id, are
 held out. HumanEval is small, so training on the rest and evaluating on the held-out part

@@ -1,6 +1,6 @@
 """The quickstart with vLLM as the rollout server, next to the built-in sampler; prints one JSON line.
 
-    python bench/vllm.py [--steps 20] [--port 8011] [--gpu-memory-utilization 0.3] [key=value ...]
+    python bench/vllm_rollouts.py [--steps 20] [--port 8011] [--gpu-memory-utilization 0.3] [key=value ...]
 
 Where vLLM is not installed or torch sees no CUDA device it prints ``{"skipped": why}`` and
 exits 0. Otherwise it serves the quickstart's model (the built-in tiny one, pre-trained

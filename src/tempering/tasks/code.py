@@ -1,0 +1,203 @@
+"""``code``: procedural Python problems, graded by hidden tests that the sandbox's parent judges.
+
+Each problem asks for one small function from a family of :mod:`tempering.tasks.code_families`
+(a spec with drawn constants, the signature and one worked example); its hidden tests are
+call cases (at least ``tests`` of them, the family's edge cases first: empty input, values on
+the boundary, negatives, duplicates), with expected values computed here by the family's
+reference body, so the ``code`` reward's verdict comes from the trusted parent and cannot be
+forged by the program. ``code`` takes every kind of family; ``code:<kind>`` (``code:filter``,
+``code:string``, ...) one kind, so a mixture of those tasks reports accuracy per kind.
+
+``style="raw"``, for the built-in character-level model, writes the spec and the example as
+comments above the ``def`` line, and the completion is the function's body::
+
+    # the items of xs that are at least 7, in order
+    # at_least([3, 9, 7]) == [9, 7]
+    def at_least(xs):
+
+``style="chat"`` asks a chat model for the whole function in a fenced block.
+
+The held-out split is a partition of each family's constants: a problem is held out when its
+(family, constants) hash falls in one of ``EVAL_EVERY`` buckets, so a held-out program is never
+asked for in training, nor written in the pre-training corpus. A family whose constants all
+hash outside that bucket holds out its lowest-hashed constants instead.
+
+``corpus_document`` writes a training problem with its solution for ``temper pretrain``; with
+probability ``wrong_share`` the solution is one of the family's classic bugs, so a model
+pre-trained on it knows the right program and the wrong one, as the arithmetic corpus does.
+
+Not done here: other languages, stdin/stdout programs, problems needing more than one function.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import zlib
+from typing import Any
+
+from tempering.tasks.base import StreamState, register_task
+from tempering.tasks.code_families import FAMILIES, KINDS, Family, Params, reference, run_reference
+from tempering.types import Problem
+
+EVAL_EVERY = 8
+"""One (family, constants) pair in EVAL_EVERY, by a stable hash, is held out for evaluation."""
+
+_ENUMERATE_DRAWS = 100
+"""Draws per level used to find a family's constants when choosing its fallback held-out pair."""
+
+
+def _bucket(family: Family, params: Params) -> int:
+    return zlib.crc32(f"{family.name}:{json.dumps(params, sort_keys=True)}".encode())
+
+
+@functools.lru_cache(maxsize=None)
+def _fallback(family: Family) -> str:
+    """The constants (as JSON) held out when none of a family's level-1 constants falls in
+    the held-out bucket ('' when some do); level 1's constants are drawn at every level."""
+    rng = random.Random(f"enumerate:{family.name}")
+    seen = {json.dumps(family.constants(rng, 1), sort_keys=True) for _ in range(_ENUMERATE_DRAWS)}
+    if any(_bucket(family, json.loads(p)) % EVAL_EVERY == 0 for p in seen):
+        return ""
+    return min(seen, key=lambda p: _bucket(family, json.loads(p)))
+
+
+class CodeTask(StreamState):
+    """Problems from the families of ``kinds`` (all by default) or the named ``families``,
+    at ``levels`` (1..3, one drawn per problem), with at least ``tests`` hidden call cases.
+
+    ``partial``: the reward is the share of cases passed instead of 1 only when all pass.
+    """
+
+    def __init__(self, name: str, seed: int, kinds: list[str] | None = None, families: list[str] | None = None,
+                 levels: list[int] | None = None, style: str = "raw", tests: int = 10, partial: bool = False,
+                 domain: str = "", rewards: dict[str, float] | None = None):
+        kinds = list(kinds or KINDS)
+        if unknown := sorted(set(kinds) - set(KINDS)):
+            raise ValueError(f"unknown code kinds {unknown}; known: {', '.join(KINDS)}")
+        chosen = [f for f in FAMILIES if f.kind in kinds]
+        if families:
+            known = {f.name for f in chosen}
+            if unknown := sorted(set(families) - known):
+                raise ValueError(f"unknown code families {unknown} (of kinds {kinds}); known: {', '.join(sorted(known))}")
+            chosen = [f for f in chosen if f.name in families]
+        self.levels = list(levels or [1])
+        if not self.levels or any(level not in (1, 2, 3) for level in self.levels):
+            raise ValueError(f"levels must be a non-empty list of 1, 2 or 3, got {levels!r}")
+        if style not in ("raw", "chat"):
+            raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
+        if not 8 <= tests <= 64:
+            raise ValueError(f"tests must be between 8 and 64 hidden cases per problem, got {tests}")
+        self.name, self.seed, self.style, self.tests = name, seed, style, tests
+        self.families = chosen
+        self.domain = domain or name
+        self.credit = "fraction" if partial else "all"
+        self.rewards = dict(rewards or {"code": 1.0})
+        self.metric = "code"
+
+    # -- the split --------------------------------------------------------------------
+
+    @staticmethod
+    def is_held_out(family: Family, params: Params) -> bool:
+        return _bucket(family, params) % EVAL_EVERY == 0 or json.dumps(params, sort_keys=True) == _fallback(family)
+
+    def _draw(self, rng: random.Random, want_eval: bool) -> tuple[Family, int, Params]:
+        for _ in range(10_000):
+            family, level = rng.choice(self.families), rng.choice(self.levels)
+            params = family.constants(rng, level)
+            if self.is_held_out(family, params) == want_eval:
+                return family, level, params
+        raise ValueError(f"{self.name}: no {'held-out' if want_eval else 'training'} problem found at levels {self.levels}")
+
+    # -- problems ---------------------------------------------------------------------
+
+    def _cases(self, family: Family, params: Params, rng: random.Random, level: int) -> tuple[list[dict], int]:
+        """The hidden cases, distinct, up to ``tests``: the family's edge cases, then drawn
+        arguments; and how many of them are edge cases."""
+        function, cases, seen = reference(family, params), [], set()
+
+        def add(args: list) -> None:
+            key = json.dumps(args)
+            if key not in seen:
+                seen.add(key)
+                ok, value = run_reference(function, args)
+                if not ok:
+                    raise AssertionError(f"reference of {family.name} {params} failed on {args}")
+                cases.append({"args": args, "expected": value, "compare": family.compare})
+
+        for args in family.edges(params):
+            add(args)
+        edges = len(cases)
+        for _ in range(20 * self.tests):  # bounded: a family with few distinct inputs stops short
+            if len(cases) >= self.tests:
+                break
+            add(family.draw(rng, params, level))
+        return cases, edges
+
+    def _problem(self, family: Family, level: int, params: Params, rng: random.Random) -> Problem:
+        cases, edges = self._cases(family, params, rng, level)
+        example = (cases[edges:] or cases)[0]
+        call = f"{family.name}({', '.join(repr(a) for a in example['args'])})"
+        spec = family.spec.format(**params)
+        identity = f"{family.name}:{json.dumps(params, sort_keys=True)}:{level}:{json.dumps(example['args'])}"
+        meta = {"family": family.name, "kind": family.kind, "level": level, "params": params, "credit": self.credit,
+                "tests": {"kind": "call", "entry_point": family.name, "cases": cases}}
+        if self.style == "raw":
+            prompt: Any = f"# {spec}\n# {call} == {example['expected']!r}\n{family.signature()}\n"
+            meta.update(code_fenced=False, code_prefix=prompt)
+        else:
+            prompt = [{"role": "user", "content": (
+                f"Write a Python function `{family.name}({family.args})` that returns {spec}.\n"
+                f"For example, `{call}` returns `{example['expected']!r}`.\n"
+                "Answer with the whole function in one ```python block.")}]
+        return Problem(task=self.name, id=identity, prompt=prompt, answer=family.source(params),
+                       domain=self.domain, meta=meta)
+
+    def train_problem(self, index: int) -> Problem:
+        rng = random.Random(f"{self.seed}:{self.name}:{index}")
+        self._served(index)
+        family, level, params = self._draw(rng, want_eval=False)
+        return self._problem(family, level, params, rng)
+
+    def eval_problems(self, n: int) -> list[Problem]:
+        rng = random.Random(f"eval:{self.name}")
+        problems: dict[str, Problem] = {}
+        for _ in range(20 * n):  # bounded: a small family set yields fewer than n
+            if len(problems) >= n:
+                break
+            family, level, params = self._draw(rng, want_eval=True)
+            problem = self._problem(family, level, params, rng)
+            problems.setdefault(problem.id, problem)
+        return list(problems.values())
+
+    def solution(self, problem: Problem, buggy: bool = False, bug: int = 0) -> str:
+        """The body a model should write after a raw prompt: the reference, or a classic bug."""
+        family = next(f for f in self.families if f.name == problem.meta["family"])
+        source = family.source(problem.meta["params"], bug if buggy and family.bugs else -1)
+        return source.split("\n", 1)[1]
+
+    def corpus_document(self, index: int, wrong_share: float, tool_share: float = 0.0) -> str:
+        """A pre-training document: a raw prompt and its body, one of the family's bugs with
+        probability ``wrong_share`` (families without bugs are always right)."""
+        if self.style != "raw":
+            raise ValueError(f"{self.name}: pre-training documents are written in style 'raw', not {self.style!r}")
+        problem = self.train_problem(index)
+        rng = random.Random(f"corpus:{self.seed}:{self.name}:{index}")
+        family = next(f for f in self.families if f.name == problem.meta["family"])
+        buggy = bool(family.bugs) and rng.random() < wrong_share
+        bug = rng.randrange(len(family.bugs)) if buggy else 0
+        return problem.meta["code_prefix"] + self.solution(problem, buggy, bug)
+
+
+def build_code_task(name: str, seed: int, **options: Any) -> CodeTask:
+    """``code`` (every kind) or ``code:<kind>``: the kinds option defaults to the name's kind."""
+    _, _, kind = name.partition(":")
+    if kind:
+        if kind not in KINDS:
+            raise ValueError(f"unknown code kind {kind!r} in task {name!r}; known: {', '.join(KINDS)}")
+        options.setdefault("kinds", [kind])
+    return CodeTask(name=name, seed=seed, **options)
+
+
+register_task("code")(build_code_task)

@@ -1,0 +1,99 @@
+"""Every bench runs the way the README says, ``python bench/NAME.py ...`` from the repository
+root, so that a bench broken as a script (an import shadowed by a file beside it, a bad
+argument) fails here; and a bench whose peer side crashes says so and prints no number.
+
+A bench is run for real where that takes seconds on the miniature model, and with ``--help``
+(its imports and arguments) where even its smallest run takes minutes or a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHES = sorted(path.stem for path in (ROOT / "bench").glob("*.py"))
+SMALL = ["threads=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+         "eval.problems_per_task=2", "eval.max_new_tokens=8", "checkpoint.every=0"]
+
+QUICK = {
+    "algorithms": (["--steps", "1", "--estimators", "grpo", "model.path={model}", *SMALL],
+                   lambda out: out["steps"] == 1 and set(out["results"]) == {"grpo"}),
+    "generation": (["--quick", "--model", "{model}", "--threads", "1", "--workloads", "group", "--precisions", "fp32"],
+                   lambda out: out["batch_1"]["tempering_tok_s"] > 0 and out["batch_1"]["generate_tok_s"] > 0),
+    "memory": (["--model", "{model}", "--lengths", "128", "--sides", "tempering", "--budget-gb", "4"],
+               lambda out: out["max_len_tempering"] == 128 and out["peak_mb"]["tempering"]["128"] > 0),
+    "quickstart": (["steps=1", "model.path={model}", *SMALL],
+                   lambda out: out["steps"] == 1 and out["seconds_per_step"]["total"] > 0),
+}
+"""Benches with a run of seconds: the arguments (``{model}``: the miniature model) and a check of the JSON."""
+
+SKIPS = {"gpu": None if torch.cuda.is_available() else "no CUDA device"}
+"""Benches that print only ``{"skipped": why}`` on this machine: the start of the reason."""
+
+
+def run_bench(name: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, f"bench/{name}.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})})
+
+
+def printed_json(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def vllm_skip(bench_module) -> str | None:
+    """Why ``bench/vllm_rollouts.py`` skips here, as the bench decides it in this process."""
+    return bench_module("vllm_rollouts").unavailable()
+
+
+def test_every_bench_has_a_run_here():
+    assert "vs_trl" in BENCHES and "memory" in BENCHES
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_the_bench_runs_as_the_readme_says(name, request, vllm_skip):
+    skip = vllm_skip if name == "vllm_rollouts" else SKIPS.get(name)
+    if name in QUICK:
+        args, check = QUICK[name]
+        model = request.getfixturevalue("tiny_model_dir")
+        out = printed_json(run_bench(name, *(arg.format(model=model) for arg in args)))
+        assert check(out), out
+    elif skip:
+        out = printed_json(run_bench(name))
+        assert list(out) == ["skipped"] and out["skipped"].startswith(skip), out
+    else:
+        result = run_bench(name, "--help")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.startswith(f"usage: {name}.py"), result.stdout
+
+
+@pytest.fixture
+def broken_trl(tmp_path) -> dict:
+    """An environment whose ``import trl`` fails as TRL's own import did beside a stray ``vllm`` module."""
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "__init__.py").write_text("raise ValueError(\"Invalid version: 'N/A'\")\n")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+
+
+def test_memory_bench_with_a_crashing_trl_side_fails_and_prints_no_length(tiny_model_dir, broken_trl):
+    result = run_bench("memory", "--model", str(tiny_model_dir), "--lengths", "128", "--sides", "trl",
+                       "--budget-gb", "4", env=broken_trl)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert "trl side failed at 128 tokens" in result.stderr and "Invalid version: 'N/A'" in result.stderr
+
+
+def test_vs_trl_with_trl_unimportable_fails_before_any_run_and_names_the_extra(broken_trl):
+    result = run_bench("vs_trl", "--models", "tiny", "--quick", env=broken_trl)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "TRL cannot be imported" in result.stderr and ".[bench]" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,88 @@
+"""RL learns: a short GRPO run on the miniature built-in model lifts its mean reward past a
+stated margin, and the same run with the policy-gradient direction reversed or with no
+advantage at all does not.
+
+The miniature model is too weak to get sums right in a few steps, so the reward is one it can
+earn by what it controls directly: an ``answer: N`` line whose N is even (about half of its
+answers to begin with). The margin is far outside the step-to-step noise of 64 rollouts.
+
+The negative controls are the test's own proof that it can fail: they plug a flipped and a
+zeroed estimator in through ``algorithm.advantage: module:function``, the route a user's
+estimator takes, so the only difference from the real run is the sign or size of the signal.
+A build whose loss ascends instead of descending, or whose advantages never reach the loss,
+fails the first case.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from tempering.algorithms.advantages import grpo
+from tempering.config import TrainConfig
+from tempering.train import train
+
+LIFT = 0.25
+"""How much the mean reward of the last steps must exceed that of the first ones."""
+
+RUN = {
+    "steps": 24,
+    "threads": 1,
+    "tasks": [{"name": "add", "options": {"digits": [2]}, "rewards": {f"{__name__}:even_answer": 1.0}}],
+    "rollout": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 32},
+    "algorithm": {"advantage": "grpo"},
+    "learner": {"lr": 3e-3, "warmup_steps": 0, "schedule": "constant"},
+    "eval": {"problems_per_task": 8, "max_new_tokens": 32},
+    "checkpoint": {"every": 0},
+}
+
+
+def even_answer(problem, completion: str) -> float:
+    """1 when the completion ends its work with an ``answer: N`` line and N is even.
+
+    >>> even_answer(None, "7+8=15\\nanswer: 84"), even_answer(None, "answer: 85"), even_answer(None, "84")
+    (1.0, 0.0, 0.0)
+    """
+    match = re.search(r"^answer: (-?\d+)\s*$", completion, re.MULTILINE)
+    return float(match is not None and int(match.group(1)) % 2 == 0)
+
+
+def flipped(inputs) -> torch.Tensor:
+    """GRPO's advantages with the sign reversed: every update moves away from reward."""
+    return -grpo(inputs)
+
+
+def zeroed(inputs) -> torch.Tensor:
+    """No advantage: the policy-gradient term carries nothing."""
+    return torch.zeros_like(grpo(inputs))
+
+
+def _rewards(tiny_model_dir, tmp_path, advantage: str) -> list[float]:
+    pretrain = json.loads((tiny_model_dir / "pretrain.json").read_text())["config"]
+    config = TrainConfig.model_validate({**RUN, "algorithm": {"advantage": advantage}, "pretrain": pretrain,
+                                         "run_dir": str(tmp_path / advantage.replace(":", "_"))})
+    train(config, progress=False)
+    records = [json.loads(line) for line in (tmp_path / advantage.replace(":", "_") / "metrics.jsonl").read_text().splitlines()]
+    return [r["reward"] for r in records]
+
+
+def _lift(rewards: list[float]) -> float:
+    head, tail = rewards[:6], rewards[-6:]
+    return sum(tail) / len(tail) - sum(head) / len(head)
+
+
+@pytest.mark.parametrize("advantage, learns", [
+    ("grpo", True),
+    (f"{__name__}:flipped", False),
+    (f"{__name__}:zeroed", False),
+])
+def test_grpo_lifts_mean_reward_and_its_broken_twins_do_not(tiny_model_dir, tmp_path, advantage, learns):
+    rewards = _rewards(tiny_model_dir, tmp_path, advantage)
+    lift = _lift(rewards)
+    if learns:
+        assert lift > LIFT, f"mean reward moved by {lift:+.3f} (need > {LIFT}): {rewards}"
+    else:
+        assert lift < LIFT / 2, f"a broken signal still moved the reward by {lift:+.3f}: {rewards}"

@@ -1,0 +1,34 @@
+"""``temper``'s argument parsing: config files and overrides may come before, between and
+after the flags, in every command that takes them; unknown flags are still refused."""
+
+import pytest
+
+from tempering.cli import build_parser
+
+
+@pytest.mark.parametrize("argv, field, expected", [
+    (["train", "steps=1", "--quiet", "rollout.group_size=2"], "config_and_overrides",
+     ["steps=1", "rollout.group_size=2"]),
+    (["train", "my.yaml", "--run-dir", "r", "steps=1", "--quiet", "seed=3"], "config_and_overrides",
+     ["my.yaml", "steps=1", "seed=3"]),
+    (["pretrain", "steps=1", "--force", "seed=3"], "config_and_overrides", ["steps=1", "seed=3"]),
+    (["explain", "a.yaml", "--probe", "0", "seed=3"], "config_and_overrides", ["a.yaml", "seed=3"]),
+    (["sft", "data.jsonl", "--quiet", "sft.epochs=2"], "items", ["data.jsonl", "sft.epochs=2"]),
+    (["eval", "builtin:tiny", "--n", "4", "seed=3", "--quiet", "quickstart"], "inputs",
+     ["builtin:tiny", "seed=3", "quickstart"]),
+    (["serve", "M", "--port", "8001", "threads=1"], "inputs", ["M", "threads=1"]),
+])
+def test_items_after_a_flag_join_the_commands_items(argv, field, expected):
+    assert getattr(build_parser().parse_args(argv), field) == expected
+
+
+@pytest.mark.parametrize("argv, unknown", [
+    (["train", "steps=1", "--nosuch", "seed=3"], "--nosuch"),
+    (["report", "run", "--out", "r.html", "extra"], "extra"),
+    (["sandbox", "run", "p.py", "--json", "extra"], "extra"),
+])
+def test_unknown_flags_and_items_a_command_does_not_take_are_refused(argv, unknown, capsys):
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(argv)
+    assert refused.value.code == 2
+    assert f"unrecognized arguments: {unknown}" in capsys.readouterr().err

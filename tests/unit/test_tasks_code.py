@@ -1,0 +1,102 @@
+"""The procedural code task: families, hidden tests, the held-out split and the corpus."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+
+from tempering.tasks import build_task
+from tempering.tasks.code import CodeTask
+from tempering.tasks.code_families import FAMILIES, KINDS, reference, run_reference
+
+
+@pytest.fixture(scope="module")
+def task() -> CodeTask:
+    return build_task("code", seed=0, levels=[1, 2, 3])
+
+
+def test_there_are_at_least_30_families_over_every_kind():
+    kinds = collections.Counter(f.kind for f in FAMILIES)
+    assert len(FAMILIES) >= 30
+    assert set(kinds) == set(KINDS) and min(kinds.values()) >= 3
+
+
+def test_every_problem_has_at_least_8_distinct_hidden_cases_with_edge_cases_first(task):
+    for index in range(600):
+        problem = task.train_problem(index)
+        family = next(f for f in FAMILIES if f.name == problem.meta["family"])
+        cases = problem.meta["tests"]["cases"]
+        assert len(cases) >= 8, (family.name, problem.meta["params"], len(cases))
+        assert len({json.dumps(c["args"]) for c in cases}) == len(cases)
+        edges = [json.dumps(a) for a in family.edges(problem.meta["params"])]
+        assert [json.dumps(c["args"]) for c in cases[: len(set(edges))]] == list(dict.fromkeys(edges))
+
+
+def test_each_bug_fails_a_hidden_case_of_some_problem_and_the_reference_passes_all(task):
+    """The classic bugs are real bugs, told apart by the hidden tests (not on every problem:
+    ``xs[-k:]`` is right unless k is 0, as a dropped carry is harmless without a carry)."""
+    caught = collections.defaultdict(set)
+    for index in range(3000):
+        problem = task.train_problem(index)
+        family = next(f for f in FAMILIES if f.name == problem.meta["family"])
+        params, cases = problem.meta["params"], problem.meta["tests"]["cases"]
+        right = reference(family, params)
+        assert all(run_reference(right, c["args"]) == (True, c["expected"]) for c in cases)
+        for bug in range(len(family.bugs)):
+            wrong = reference(family, params, bug)
+            if any(run_reference(wrong, c["args"]) != (True, c["expected"]) for c in cases):
+                caught[family.name].add(bug)
+    for family in FAMILIES:
+        assert caught[family.name] == set(range(len(family.bugs))), family.name
+    assert sum(bool(f.bugs) for f in FAMILIES) >= 30
+
+
+def test_held_out_problems_are_disjoint_from_training_problems_and_cover_every_family(task):
+    train = {(p.meta["family"], json.dumps(p.meta["params"], sort_keys=True))
+             for p in (task.train_problem(i) for i in range(5000))}
+    held_out = task.eval_problems(600)
+    pairs = {(p.meta["family"], json.dumps(p.meta["params"], sort_keys=True)) for p in held_out}
+    assert not pairs & train
+    assert {f for f, _ in pairs} == {f.name for f in FAMILIES}
+    corpus = [task.corpus_document(i, 0.6) for i in range(2000)]
+    prompts = {p.prompt for p in held_out}
+    assert not any(doc.startswith(prompt) for doc in corpus for prompt in prompts if doc[:20] == prompt[:20])
+
+
+def test_the_stream_is_a_pure_function_of_seed_and_index():
+    a, b = build_task("code", seed=3), build_task("code", seed=3)
+    assert [a.train_problem(i).prompt for i in range(50)] == [b.train_problem(i).prompt for i in range(50)]
+    assert [p.id for p in a.eval_problems(40)] == [p.id for p in b.eval_problems(40)]
+    assert build_task("code", seed=4).train_problem(0).id != a.train_problem(0).id
+
+
+def test_kind_tasks_and_options():
+    strings = build_task("code:string", seed=0)
+    assert {f.kind for f in strings.families} == {"string"}
+    assert all(p.meta["kind"] == "string" for p in strings.eval_problems(20))
+    chat = build_task("code", seed=0, families=["at_least"], style="chat", partial=True)
+    problem = chat.train_problem(0)
+    assert problem.prompt[0]["content"].startswith("Write a Python function `at_least(xs)`")
+    assert problem.meta["credit"] == "fraction" and "code_fenced" not in problem.meta
+    for bad, match in [({"kinds": ["nope"]}, "unknown code kinds"), ({"families": ["nope"]}, "unknown code families"),
+                       ({"levels": [4]}, "levels"), ({"tests": 3}, "tests"), ({"style": "x"}, "style")]:
+        with pytest.raises(ValueError, match=match):
+            build_task("code", seed=0, **bad)
+    with pytest.raises(ValueError, match="unknown code kind 'nope'"):
+        build_task("code:nope", seed=0)
+
+
+def test_corpus_documents_are_the_raw_prompt_and_a_right_or_buggy_body(task):
+    wrong = right = 0
+    for index in range(400):
+        problem = task.train_problem(index)
+        document = task.corpus_document(index, 0.6)
+        assert document.startswith(problem.prompt)
+        body = document[len(problem.prompt):]
+        if body == task.solution(problem):
+            right += 1
+        else:
+            wrong += 1
+    assert 0.45 < wrong / (wrong + right) < 0.7  # 0.6 of the families with bugs, which are most

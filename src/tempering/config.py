@@ -435,6 +435,11 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     data = load_yaml(path if path is not None else builtin_config("quickstart"))
     for assignment in overrides:
         apply_override(data, assignment)
+    return validate_config(data)
+
+
+def validate_config(data: dict[str, Any]) -> TrainConfig:
+    """``data`` (a config's nested keys) as a TrainConfig; a ConfigError names every bad key."""
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:

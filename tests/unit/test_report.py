@@ -69,3 +69,33 @@ def test_a_folder_without_metrics_is_one_message(tmp_path, capsys):
         main(["report", str(tmp_path)])
     assert done.value.code == 2
     assert capsys.readouterr().err.strip() == f"temper report: {tmp_path}: not a run folder (no metrics.jsonl in it)"
+
+
+def test_series_of_different_scale_go_to_separate_axes_and_plots(tmp_path):
+    steps = [{"step": s, "ratio_mean": 1.0 + s * 1e-8, "behaviour_weight": 0.99, "mismatch/abs_logp": s * 1e-7,
+              "mismatch/outside_clip": 0.0, "mismatch/k3": s * 1e-14, "kl": 0.1} for s in (1, 2)]
+    data = _data(build_report([_run(tmp_path / "a", steps)], tmp_path / "r.html").read_text())
+
+    shown = {p["title"]: p for p in data["panels"]}
+    first, second = shown["Sampler/learner mismatch"], shown["Sampler/learner mismatch (2)"]
+    assert first["axes"] == 2 and second["axes"] == 1
+    assert {s["key"]: s["axis"] for s in first["series"]} == {
+        "ratio_mean": 0, "behaviour_weight": 0, "mismatch/outside_clip": 0, "mismatch/abs_logp": 1}
+    assert [s["key"] for s in second["series"]] == ["mismatch/k3"] and shown["KL"]["axes"] == 1
+
+
+def test_the_header_says_model_algorithm_steps_time_and_accuracy_of_finished_and_unfinished_runs(tmp_path):
+    done = _run(tmp_path / "done", [{"step": 1, "step_s": 2.0}, {"step": 2, "step_s": 2.5}])
+    (done / "config.yaml").write_text("steps: 2\nmodel: {path: builtin:tiny}\nalgorithm: {advantage: rloo, "
+                                      "loss: cispo, kl_coef: 0.05}\n")
+    (done / "summary.json").write_text(json.dumps({"model": "/cache/tiny-1", "wall_s": 61.5, "steps": 2,
+                                                   "eval_before": {"accuracy": 0.25}, "eval_after": {"accuracy": 0.5}}))
+    going = _run(tmp_path / "going", [{"step": 1, "step_s": 2.0}, {"step": 2, "step_s": 2.5}])
+
+    data = _data(build_report([done, going], tmp_path / "r.html").read_text())
+
+    assert data["header"] == [
+        {"name": "done", "model": "/cache/tiny-1", "algorithm": "rloo · cispo · KL 0.05", "steps": 2, "planned": 2,
+         "wall_s": 61.5, "finished": True, "before": 0.25, "after": 0.5},
+        {"name": "going", "model": None, "algorithm": "grpo · ppo_clip", "steps": 2, "planned": 2, "wall_s": 4.5,
+         "finished": False, "before": None, "after": None}]

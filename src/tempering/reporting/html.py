@@ -4,8 +4,15 @@ The page reads only what a run folder holds (``metrics.jsonl``, ``samples.jsonl`
 ``config.yaml``, ``summary.json``) and needs no network: its script and style are inlined
 from ``report.js`` and ``report.css`` beside this file, and plots are SVG drawn by that
 script. A plot appears only for metrics some run has; several runs share each plot, one
-colour per run. Python decides what goes where (which keys form which plot, which rollouts
-the browser shows); the script only draws.
+colour per run. Python decides what goes where (which keys form which plot, which axis each
+series is read on, which rollouts the browser shows); the script only draws, smooths (an
+exponential moving average, as TensorBoard's slider does, the raw points kept faint) and
+puts the axis ticks at round numbers.
+
+Quantities of different scale never share an axis: a plot's series are grouped by their
+largest magnitude (a group spans at most :data:`SCALE_GAP` times), the first group read on the
+left axis, the second on the right, further ones in further plots of the same title. So
+``ratio_mean`` (about 1) and ``mismatch/abs_logp`` (about 1e-7) are each visible.
 
 Not done: live updating, zooming, and any statistic the run did not log.
 """
@@ -19,6 +26,8 @@ import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
+
+import yaml
 
 from tempering.config import ConfigError
 from tempering.reporting.metrics import read_jsonl
@@ -60,6 +69,9 @@ PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 PER_DOMAIN = 3
 """Best, worst and random rollouts shown per domain and run."""
 
+SCALE_GAP = 30.0
+"""Largest ratio between the magnitudes (largest absolute values) of series on one axis."""
+
 
 def build_report(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     """Write the report of ``run_dirs`` to ``out`` and return its path."""
@@ -68,7 +80,8 @@ def build_report(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     for run, name in zip(runs, names):
         run["name"] = name
     data = {"runs": [{k: run[k] for k in ("name", "path", "config", "summary")} for run in runs],
-            "panels": panels(runs), "alerts": alerts(runs), "samples": browser(runs)}
+            "header": [header(run) for run in runs], "panels": panels(runs), "alerts": alerts(runs),
+            "samples": browser(runs)}
     out = Path(out)
     out.write_text(render(data), encoding="utf-8")
     return out
@@ -91,8 +104,33 @@ def run_names(paths: list[str]) -> list[str]:
     return [name if names.count(name) == 1 else path for name, path in zip(names, paths)]
 
 
+def header(run: dict) -> dict:
+    """What the report's header says of a run: model, algorithm, steps, wall time and held-out
+    accuracy before and after (None where the run has not said: no summary yet, no config)."""
+    try:
+        config = yaml.safe_load(run["config"] or "{}")
+    except yaml.YAMLError:
+        config = None
+    config = config if isinstance(config, dict) else {}
+    algorithm = config.get("algorithm") or {}
+    parts = [algorithm.get("advantage", "grpo"), algorithm.get("loss", "ppo_clip")]
+    if algorithm.get("kl_coef"):
+        parts.append(f"KL {algorithm['kl_coef']:g}")
+    summary = run["summary"] or {}
+    done = max((r["step"] for r in run["metrics"] if isinstance(r.get("step"), int)), default=0)
+    wall = summary.get("wall_s")
+    if wall is None:  # a run still going, or killed: the steps it logged
+        wall = sum(r["step_s"] for r in run["metrics"] if _number(r.get("step_s"))) or None
+    return {"name": run["name"], "model": summary.get("model") or (config.get("model") or {}).get("path"),
+            "algorithm": " · ".join(parts) if config else None, "steps": done, "planned": config.get("steps"),
+            "wall_s": wall, "finished": bool(summary),
+            "before": (summary.get("eval_before") or {}).get("accuracy"),
+            "after": (summary.get("eval_after") or {}).get("accuracy")}
+
+
 def panels(runs: list[dict]) -> list[dict]:
-    """The plots some run has data for: title, note and series (run, key, [step, value] points)."""
+    """The plots some run has data for: title, note, axes and series (run, key, axis, [step, value]
+    points); a panel whose series differ in scale becomes several (see the module docstring)."""
     compiled = [(title, note, [re.compile(p + "$") for p in patterns]) for title, note, patterns in PANELS]
     found: dict[str, list[dict]] = {}
     for index, run in enumerate(runs):
@@ -101,7 +139,38 @@ def panels(runs: list[dict]) -> list[dict]:
             points = [[r["step"], r[key]] for r in run["metrics"] if _number(r.get(key)) and "step" in r]
             if title is not None and points:
                 found.setdefault(title, []).append({"run": index, "key": key, "points": points})
-    return [{"title": title, "note": note, "series": found[title]} for title, note, _ in PANELS if title in found]
+    shown = []
+    for title, note, _ in PANELS:
+        groups = scale_groups(found.get(title, []))
+        for part, first in enumerate(range(0, len(groups), 2)):
+            pair = groups[first:first + 2]
+            series = [{**s, "axis": axis} for axis, group in enumerate(pair) for s in group]
+            shown.append({"title": title if part == 0 else f"{title} ({part + 1})", "note": note,
+                          "axes": len(pair), "series": series})
+    return shown
+
+
+def scale_groups(series: list[dict]) -> list[list[dict]]:
+    """``series`` grouped by magnitude, largest first, each group spanning at most SCALE_GAP;
+    a key's series (one per run) stay together, and series that are all 0 join the first group.
+
+    >>> sizes = {"ratio_mean": 1.0, "behaviour_weight": 0.98, "mismatch/abs_logp": 3e-7, "outside_clip": 0.0}
+    >>> [[s["key"] for s in g] for g in scale_groups([{"key": k, "points": [[1, v]]} for k, v in sizes.items()])]
+    [['ratio_mean', 'behaviour_weight', 'outside_clip'], ['mismatch/abs_logp']]
+    """
+    size: dict[str, float] = {}
+    for s in series:
+        size[s["key"]] = max(size.get(s["key"], 0.0), *(abs(v) for _, v in s["points"]))
+    order = sorted(size, key=lambda k: -size[k])
+    groups: list[list[str]] = []
+    for key in order:
+        if size[key] == 0 and groups:
+            groups[0].append(key)
+        elif groups and size[groups[-1][0]] <= SCALE_GAP * size[key]:
+            groups[-1].append(key)
+        else:
+            groups.append([key])
+    return [[s for key in group for s in series if s["key"] == key] for group in groups]
 
 
 def _number(value: Any) -> bool:
@@ -171,7 +240,11 @@ console.error = (function (original) {{
 <body data-rendered="0">
 <h1>tempering report</h1>
 <nav id="runs"></nav>
-<h2>Plots</h2><p class="note">x: step. Hover a point for its value.</p><div id="plots"></div>
+<table id="header"></table>
+<h2>Plots</h2><p class="note">x: step. Hover a point for its value; a series on the right axis is marked (right)
+in the legend.</p>
+<p class="controls"><label>smoothing <input id="smoothing" type="range" min="0" max="0.99" step="0.01"></label>
+<output id="smoothing-value"></output></p><div id="plots"></div>
 <h2>Monitor alerts</h2><div id="alerts"></div>
 <h2>Held-out accuracy</h2><div id="summary"></div>
 <h2>Rollouts</h2><p class="note">best, worst and random samples per domain (samples.jsonl)</p><div id="browser"></div>

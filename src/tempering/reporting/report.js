@@ -1,7 +1,9 @@
 // Draws a tempering report from the JSON in #report-data (see tempering/reporting/html.py).
-// Plain DOM and SVG, no libraries. Each plot's <svg> carries data-points (points drawn), the
-// body data-rendered="1" once everything is drawn, and <html> data-errors the page's errors
-// (collected by the script in <head>), so a headless browser's dumped DOM shows all three.
+// Plain DOM and SVG, no libraries. Each plot's <svg> carries data-points (points drawn) and
+// data-axes, each line its data-key and data-axis, the body data-smoothing (the slider's value;
+// #smoothing=W in the address sets it) and data-rendered="1" once everything is drawn, and
+// <html> data-errors the page's errors (collected by the script in <head>), so a headless
+// browser's dumped DOM shows them all.
 "use strict";
 
 const DATA = JSON.parse(document.getElementById("report-data").textContent);
@@ -9,7 +11,7 @@ const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"
                 "#7f7f7f", "#bcbd22"];
 const DASHES = ["", "6 3", "2 2", "8 3 2 3", "1 4"];
 const SVG = "http://www.w3.org/2000/svg";
-const W = 460, H = 240, M = {left: 56, right: 12, top: 10, bottom: 28};
+const W = 460, H = 240, M = {left: 64, right: 12, top: 10, bottom: 28}, RIGHT_AXIS = 64;
 
 function el(tag, attrs, ...children) {
   const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
@@ -25,54 +27,91 @@ function fmt(value) {
   return size !== 0 && (size >= 1e5 || size < 1e-3) ? value.toExponential(2) : String(+value.toPrecision(4));
 }
 
-function ticks(low, high, count) {
-  if (low === high) return [low];
-  const step = (high - low) / (count - 1);
-  return Array.from({length: count}, (_, i) => low + i * step);
+// Axis ticks at round numbers: a step of 1, 2 or 5 times a power of ten, the axis widened to
+// whole steps, so that the labels read 0.2, 0.4, 0.6 and not 0.1812, 0.3624.
+function niceScale(low, high, count, whole) {
+  if (low === high && low === 0) high = 1;  // a series of zeros: the usual 0 to 1
+  else if (low === high) { const pad = Math.abs(low) * 0.1; low -= pad; high += pad; }
+  const raw = (high - low) / (count - 1), power = Math.pow(10, Math.floor(Math.log10(raw)));
+  let step = [1, 2, 5, 10].find(unit => unit * power >= raw * (1 - 1e-9)) * power;
+  if (whole) step = Math.max(1, Math.round(step));
+  const start = Math.floor(low / step + 1e-9) * step, end = Math.ceil(high / step - 1e-9) * step;
+  const ticks = [];
+  for (let i = 0; start + i * step <= end + step * 1e-6; i++) ticks.push(start + i * step);
+  return {low: start, high: end === start ? start + step : end, step, ticks};
 }
 
-function extent(values) {
-  let low = Math.min(...values), high = Math.max(...values);
-  if (low === high) { low -= Math.abs(low) * 0.1 || 1; high += Math.abs(high) * 0.1 || 1; }
-  return [low, high];
+function tickLabel(value, step) {
+  if (Math.abs(value) < step * 1e-6) return "0";
+  const size = Math.abs(value);
+  if (size >= 1e5 || size < 1e-3) return Number(value.toPrecision(6)).toExponential();
+  return value.toFixed(Math.max(0, -Math.floor(Math.log10(step) + 1e-9)));
+}
+
+// TensorBoard's smoothing: an exponential moving average, debiased so the first points are
+// not pulled towards 0.
+function smooth(points, weight) {
+  let last = 0;
+  return points.map(([x, y], i) => {
+    last = last * weight + (1 - weight) * y;
+    return [x, weight ? last / (1 - Math.pow(weight, i + 1)) : y];
+  });
 }
 
 function seriesStyle(series, panel) {
   const many = DATA.runs.length > 1;
   const sameRun = panel.series.filter(s => s.run === series.run);
   const index = many ? sameRun.indexOf(series) : panel.series.indexOf(series);
+  const label = many ? `${DATA.runs[series.run].name} · ${series.key}` : series.key;
   return {color: COLORS[(many ? series.run : index) % COLORS.length],
           dash: many ? DASHES[index % DASHES.length] : "",
-          label: many ? `${DATA.runs[series.run].name} · ${series.key}` : series.key};
+          label: series.axis ? label + " (right)" : label};
 }
 
-function drawPlot(panel) {
-  const points = panel.series.flatMap(s => s.points.filter(p => p[1] !== null));
-  const [x0, x1] = extent(points.map(p => p[0]));
-  const [y0, y1] = extent(points.map(p => p[1]));
-  const sx = x => M.left + (x - x0) / (x1 - x0) * (W - M.left - M.right);
-  const sy = y => H - M.bottom - (y - y0) / (y1 - y0) * (H - M.top - M.bottom);
+function px(coordinate) {
+  return String(Math.round(coordinate * 10) / 10);  // a tenth of a pixel is as fine as a screen shows
+}
+
+function drawAxis(svg, scale, toY, margin, right) {
+  for (const y of scale.ticks) {
+    if (!right) svg.append(el("svg:line", {x1: margin.left, x2: W - margin.right, y1: toY(y), y2: toY(y), class: "grid"}));
+    svg.append(el("svg:text", {x: right ? W - margin.right + 4 : margin.left - 4, y: toY(y) + 4,
+                               "text-anchor": right ? "start" : "end", class: "tick"}, tickLabel(y, scale.step)));
+  }
+  const x = right ? W - margin.right : margin.left;
+  svg.append(el("svg:line", {x1: x, x2: x, y1: M.top, y2: H - M.bottom, class: "axis"}));
+}
+
+function drawPlot(panel, weight) {
+  const margin = {...M, right: panel.axes > 1 ? RIGHT_AXIS : M.right};
+  const drawnOf = s => s.points.filter(p => p[1] !== null);
+  const points = panel.series.flatMap(drawnOf);
+  const xs = niceScale(Math.min(...points.map(p => p[0])), Math.max(...points.map(p => p[0])), 6, true);
+  const sx = x => margin.left + (x - xs.low) / (xs.high - xs.low) * (W - margin.left - margin.right);
   const svg = el("svg:svg", {viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "plot",
-                             "data-title": panel.title, "data-points": points.length});
-  for (const y of ticks(y0, y1, 5)) {
-    svg.append(el("svg:line", {x1: M.left, x2: W - M.right, y1: sy(y), y2: sy(y), class: "grid"}));
-    svg.append(el("svg:text", {x: M.left - 4, y: sy(y) + 4, "text-anchor": "end"}, fmt(y)));
+                             "data-title": panel.title, "data-points": points.length, "data-axes": panel.axes});
+  const toY = [];
+  for (let axis = 0; axis < panel.axes; axis++) {
+    const values = panel.series.filter(s => s.axis === axis).flatMap(s => drawnOf(s).map(p => p[1]));
+    const scale = niceScale(Math.min(...values), Math.max(...values), 5, false);
+    toY.push(y => H - M.bottom - (y - scale.low) / (scale.high - scale.low) * (H - M.top - M.bottom));
+    drawAxis(svg, scale, toY[axis], margin, axis === 1);
   }
-  for (const x of ticks(x0, x1, Math.min(6, new Set(points.map(p => p[0])).size))) {
-    svg.append(el("svg:text", {x: sx(x), y: H - 8, "text-anchor": "middle"}, fmt(Math.round(x * 100) / 100)));
+  for (const x of xs.ticks) {
+    svg.append(el("svg:text", {x: sx(x), y: H - 8, "text-anchor": "middle", class: "tick step"}, tickLabel(x, xs.step)));
   }
-  svg.append(el("svg:line", {x1: M.left, x2: M.left, y1: M.top, y2: H - M.bottom, class: "axis"}));
-  svg.append(el("svg:line", {x1: M.left, x2: W - M.right, y1: H - M.bottom, y2: H - M.bottom, class: "axis"}));
+  svg.append(el("svg:line", {x1: M.left, x2: W - margin.right, y1: H - M.bottom, y2: H - M.bottom, class: "axis"}));
   const legend = el("div", {class: "legend"});
   for (const series of panel.series) {
-    const style = seriesStyle(series, panel);
-    const drawn = series.points.filter(p => p[1] !== null);
-    svg.append(el("svg:polyline", {points: drawn.map(p => `${sx(p[0])},${sy(p[1])}`).join(" "), fill: "none",
-                                   stroke: style.color, "stroke-dasharray": style.dash, "stroke-width": 1.5}));
-    for (const [x, y] of drawn) {
-      svg.append(el("svg:circle", {cx: sx(x), cy: sy(y), r: 2.5, fill: style.color},
-                    el("svg:title", {}, `${style.label}\nstep ${x}: ${fmt(y)}`)));
-    }
+    const style = seriesStyle(series, panel), sy = toY[series.axis];
+    const drawn = drawnOf(series), smoothed = smooth(drawn, weight);
+    const line = (pts, kind) => el("svg:polyline", {points: pts.map(p => `${px(sx(p[0]))},${px(sy(p[1]))}`).join(" "),
+      fill: "none", stroke: style.color, "stroke-dasharray": style.dash, "stroke-width": 1.5, class: kind,
+      "data-key": series.key, "data-axis": series.axis});
+    if (weight) svg.append(line(drawn, "raw faint"));
+    svg.append(line(smoothed, weight ? "smoothed" : "raw"));
+    drawn.forEach(([x, y], i) => svg.append(el("svg:circle", {cx: sx(x), cy: sy(y), r: 2.5, fill: style.color},
+      el("svg:title", {}, `${style.label}\nstep ${x}: ${fmt(y)}` + (weight ? ` (smoothed ${fmt(smoothed[i][1])})` : "")))));
     const swatch = el("svg:svg", {width: 22, height: 8},
                       el("svg:line", {x1: 0, x2: 22, y1: 4, y2: 4, stroke: style.color, "stroke-width": 2,
                                       "stroke-dasharray": style.dash}));
@@ -80,6 +119,40 @@ function drawPlot(panel) {
   }
   return el("figure", {}, el("figcaption", {}, el("b", {}, panel.title), panel.note ? " · " + panel.note : ""),
             svg, legend);
+}
+
+function drawPlots(weight) {
+  const plots = document.getElementById("plots");
+  plots.replaceChildren(...DATA.panels.map(panel => drawPlot(panel, weight)));
+  document.getElementById("smoothing-value").textContent = weight.toFixed(2);
+  document.body.dataset.smoothing = String(weight);
+}
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "n/a";
+  if (seconds < 60) return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+  const minutes = Math.floor(seconds / 60);
+  if (minutes < 60) return `${minutes} min ${Math.round(seconds % 60)} s`;
+  return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+}
+
+function drawHeader(table) {
+  table.append(el("tr", {}, ...["run", "model", "algorithm", "steps", "wall time", "held-out accuracy"]
+    .map(name => el("th", {}, name))));
+  for (const h of DATA.header) {
+    const steps = h.planned !== null && h.planned !== undefined && h.planned !== h.steps ? `${h.steps} of ${h.planned}`
+                                                                                         : String(h.steps);
+    const accuracy = h.before === null && h.after === null ? (h.finished ? "n/a" : "not finished")
+                                                           : `${fmt(h.before)} → ${fmt(h.after)}`;
+    table.append(el("tr", {}, el("td", {}, h.name), el("td", {class: "model"}, h.model || "n/a"),
+                    el("td", {}, h.algorithm || "n/a"), el("td", {}, steps),
+                    el("td", {}, duration(h.wall_s) + (h.finished ? "" : " so far")), el("td", {}, accuracy)));
+  }
+}
+
+function initialSmoothing() {
+  const found = /smoothing=([0-9.]+)/.exec(location.hash);
+  return found ? Math.min(0.99, Math.max(0, Number(found[1]))) : 0.6;
 }
 
 function promptText(prompt) {
@@ -146,8 +219,11 @@ function draw() {
   DATA.runs.forEach((run, i) => document.getElementById("runs").append(
     el("span", {class: "run", style: `border-color: ${COLORS[i % COLORS.length]}`}, `${run.name} `,
        el("small", {}, run.path))));
-  const plots = document.getElementById("plots");
-  DATA.panels.forEach(panel => plots.append(drawPlot(panel)));
+  drawHeader(document.getElementById("header"));
+  const slider = document.getElementById("smoothing");
+  slider.value = String(initialSmoothing());
+  slider.addEventListener("input", () => drawPlots(Number(slider.value)));
+  drawPlots(Number(slider.value));
   const alerts = document.getElementById("alerts");
   alerts.append(DATA.alerts.length ? el("ul", {}, ...DATA.alerts.map(a => el("li", {},
     `${DATA.runs[a.run].name} · step ${a.step}: ${a.monitor} = ${fmt(a.value)}`))) : el("p", {}, "none"));

@@ -12,7 +12,8 @@ Two shapes of reward live in one registry, :data:`REWARDS`:
 
 :func:`build_reward` turns either into a :class:`BatchReward`, so the composer treats
 them alike and can run several at the same time. A user's own reward of either shape
-plugs in as ``module:function`` (or ``module:Class``).
+plugs in as ``module:function`` (or ``module:Class``); one written for TRL or verl as
+``trl:module:function`` or ``verl:module:function`` (:mod:`tempering.rewards.foreign`).
 
 A :class:`RewardResult` with ``error`` set means the *grader* failed (a sandbox fault, a
 verifier crash), not the answer: such a rollout is dropped from the batch and counted,
@@ -67,8 +68,23 @@ LAZY_REWARDS: dict[str, str] = {"humaneval": "tempering.tasks.humaneval:HumanEva
 """Rewards registered by the lazily imported tasks (``tempering.tasks.base.LAZY_TASKS``)."""
 
 
+def _foreign(name: str) -> Optional[tuple[Any, Callable]]:
+    """(adapter class, the user's function) of a ``trl:``/``verl:`` reward name, else None."""
+    convention, _, target = name.partition(":")
+    if ":" not in target:
+        return None
+    from tempering.rewards.foreign import ADAPTERS  # it imports this module
+
+    if convention not in ADAPTERS:
+        return None
+    return ADAPTERS[convention], resolve({}, target, "reward")
+
+
 def resolve_reward(name: str) -> Any:
-    return resolve(REWARDS, name, "reward", LAZY_REWARDS, classes="score_batch")
+    """The registered reward ``name``, or its ``module:function``; for a ``trl:``/``verl:``
+    name the adapter class that scores it (the user's function imported and checked)."""
+    foreign = _foreign(name)
+    return foreign[0] if foreign else resolve(REWARDS, name, "reward", LAZY_REWARDS, classes="score_batch")
 
 
 def as_result(value: Union[Number, RewardResult]) -> RewardResult:
@@ -106,8 +122,12 @@ def build_reward(name: str, options: Optional[dict[str, Any]] = None) -> BatchRe
 
     A bad name or option is a ValueError that names it.
     """
-    reward = resolve_reward(name)
     options = options or {}
+    foreign = _foreign(name)
+    if foreign:
+        adapter, fn = foreign
+        return adapter(fn, name, options)
+    reward = resolve_reward(name)
     if inspect.isclass(reward):
         _check_options(reward.__init__, name, options)
         try:

@@ -74,7 +74,7 @@ def _too_long(problem: Problem, length: int, limit: int, cut: int = 0) -> Config
     """The refusal of a prompt of ``length`` tokens (in its first ``cut`` characters when not 0)."""
     size = (f"over the limit of {limit} tokens (its first {cut} characters are {length} tokens)" if cut
             else f"{length} tokens, over the limit of {limit}")
-    return ConfigError(f"task {problem.task}, record {problem.meta.get('source', problem.id)}: the prompt is "
+    return ConfigError(f"task {problem.task}, record {problem.meta.get('record', problem.id)}: the prompt is "
                        f"{size} (rollout.max_prompt_tokens; 0 = the model's context minus "
                        f"rollout.max_new_tokens); {ADVICE}")
 
@@ -139,4 +139,4 @@ def screen_datasets(tasks: list[Any], encode: Callable[[Any], list[int]], limit:
                               "or set rollout.long_prompts=truncate") from None
         if dropped:
             print(f"task {task.name}: left out {len(dropped)} records whose prompts are over {limit} tokens "
-                  f"(first: {dropped[0].meta['source']})", file=sys.stderr)
+                  f"(first: {dropped[0].meta['record']})", file=sys.stderr)

@@ -1,162 +1,166 @@
-"""User datasets from JSONL or parquet: math, code and free-form tasks.
+"""User datasets (JSONL, JSON, parquet, Hugging Face ``datasets`` folders): math, code and free-form tasks.
 
 ``name: dataset`` with ``options: {path: data/train.jsonl, kind: math}``. One record per line
-(JSONL) or row (parquet); the fields each kind needs:
+(JSONL) or row (parquet, datasets); the files and folders read are
+:func:`tempering.tasks.records.read_records`'. The fields each kind needs:
 
-- ``math``: ``question`` and ``answer`` (text or a number), graded by the ``math`` reward;
-- ``code``: ``prompt`` and ``tests`` in the sandbox's JSON form (``{"kind": "stdio", "cases":
+- ``math``: a prompt and ``answer`` (text or a number), graded by the ``math`` reward;
+- ``code``: a prompt and ``tests`` in the sandbox's JSON form (``{"kind": "stdio", "cases":
   [{"stdin": "1 2\\n", "stdout": "3\\n"}]}`` or ``{"kind": "call", "entry_point": "f",
   "cases": [{"args": [1], "expected": 2}]}``), optionally ``language`` and ``code_prefix``;
   graded by the ``code`` reward in the sandbox;
-- ``text``: ``prompt`` and ``answer``, graded by the reward named in the ``reward`` option
-  (default ``match``; a ``module:function`` of your own works too).
+- ``text``: a prompt and ``answer``, graded by the reward named in the ``reward`` option
+  (default ``match``). With a reward of your own (``module:function``, ``trl:module:function``,
+  ``verl:module:function``) the answer is optional: your reward reads what columns it needs.
 
-Any other fields are kept in ``problem.meta`` for a custom reward. A malformed record is a
-:class:`DatasetError` naming the file, the line (JSONL) or row (parquet), and the field, so the
-fix is one edit away; the whole file is checked when the task is built, not mid-run.
+A field is read from the column ``options.fields`` maps it to (``fields: {prompt: problem,
+answer: solution}``; a dotted name goes into nested records), else from the usual names:
+the prompt from ``prompt``, ``question`` or ``messages``, as text or as chat messages; the
+answer from ``answer``, ``reward_model.ground_truth`` (verl's parquet layout) or
+``ground_truth``. An answer ending in ``#### 42`` (GSM8K's worked solutions) is graded
+against ``42``. So verl's and TRL's datasets are read as they are.
+
+Every column but the prompt's is kept in ``problem.meta`` under its own name, for your
+reward: ``problem.meta["extra_info"]``, ``problem.meta["solution"]``; ``problem.meta["record"]``
+is the record's location (it replaces a column of that name). A malformed record is a
+:class:`DatasetError` naming the file, the line (JSONL) or row (parquet, datasets), and the
+field, so the fix is one edit away; every record is checked when the task is built, not mid-run.
 
 The held-out split is ``eval_fraction`` of the records chosen by a stable hash of the
 prompt text (records with the same prompt land on the same side, so no training prompt is
-ever evaluated), or all of ``eval_path`` when given. The training stream walks the
-training records in a fresh seeded order each epoch.
+ever evaluated), or all of ``eval_path`` or of ``eval_split`` when given. The training
+stream walks the training records in a fresh seeded order each epoch.
 
-Not done here: streaming files larger than memory, remote (hub) datasets, multi-turn records.
+Not done here: streaming files larger than memory, remote (hub) datasets, multi-turn records,
+a task per verl ``data_source`` (the column reaches rewards in ``problem.meta``).
 """
 
 from __future__ import annotations
 
-import json
 import random
 import zlib
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from tempering.sandbox.spec import SpecError, TestSpec
 from tempering.tasks.base import StreamState, register_task
-from tempering.types import Problem, domain_of
+from tempering.tasks.records import (MISSING, DatasetError, chat_messages, final_answer, find, first_column,
+                                     prompt_text, read_records)
+from tempering.types import Problem, Prompt, domain_of
+
+__all__ = ["DatasetError", "DatasetTask", "read_records"]
 
 KINDS = {
-    "math": (("question", "answer"), {"math": 1.0}, "math"),
+    "math": (("prompt", "answer"), {"math": 1.0}, "math"),
     "code": (("prompt", "tests"), {"code": 1.0}, "code"),
     "text": (("prompt", "answer"), None, None),
 }
-"""kind -> (required fields, default rewards, metric); ``text`` takes both from the options."""
+"""kind -> (fields it needs, default rewards, metric); ``text`` takes both from the options."""
+
+COLUMNS = {"prompt": ("prompt", "question", "messages"),
+           "answer": ("answer", "reward_model.ground_truth", "ground_truth"),
+           "tests": ("tests",), "language": ("language",), "code_prefix": ("code_prefix",)}
+"""field -> the columns it is looked for in, in order, when ``options.fields`` does not name one."""
 
 
-class DatasetError(ValueError):
-    """A dataset file that cannot be used; the message names the file, record and field."""
-
-
-def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
-    records = []
-    with path.open("rb") as f:  # bytes, so that a line that is not UTF-8 can be named
-        for number, raw in enumerate(f, start=1):
-            where = f"{path}:{number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DatasetError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
-                                   f"{exc.start + 1}); save the file as UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                records.append((where, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    return records
-
-
-def _read_parquet(path: Path) -> list[tuple[str, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DatasetError(f"{path}: reading parquet needs pyarrow: pip install 'pyarrow>=14'") from None
-    rows = pq.read_table(path).to_pylist()
-    return [(f"{path}: row {i}", row) for i, row in enumerate(rows)]
-
-
-def read_records(path: str | Path) -> list[tuple[str, Any]]:
-    """(location, record) pairs of a ``.jsonl``/``.json`` or ``.parquet`` file."""
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file")
-    if path.suffix == ".parquet":
-        return _read_parquet(path)
-    if path.suffix in (".jsonl", ".json"):
-        return _read_jsonl(path)
-    raise DatasetError(f"{path}: unknown format {path.suffix!r}; use .jsonl or .parquet")
-
-
-def _check(where: str, record: Any, kind: str) -> None:
-    if not isinstance(record, dict):
-        raise DatasetError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
-    for field in KINDS[kind][0]:
-        if field not in record or record[field] is None:
-            raise DatasetError(f"{where}: field {field!r} is missing (a {kind} record needs "
-                               f"{', '.join(KINDS[kind][0])})")
-    text_field = "question" if kind == "math" else "prompt"
-    if not isinstance(record[text_field], str) or not record[text_field].strip():
-        raise DatasetError(f"{where}: field {text_field!r} must be non-empty text")
-    if kind != "code" and not isinstance(record["answer"], (str, int, float)):
-        raise DatasetError(f"{where}: field 'answer' must be text or a number, got {type(record['answer']).__name__}")
-    if kind == "code":
-        try:
-            TestSpec.from_dict({"code": "", "tests": record["tests"]})
-        except SpecError as exc:
-            raise DatasetError(f"{where}: field 'tests': {exc}") from None
+def _check_fields(fields: dict[str, str]) -> None:
+    for field, column in fields.items():
+        if field not in COLUMNS:
+            raise ValueError(f"fields.{field}: not a field a dataset record has; the fields: {', '.join(COLUMNS)}")
+        if not isinstance(column, str) or not column:
+            raise ValueError(f"fields.{field}: must name a column, got {column!r}")
 
 
 class DatasetTask(StreamState):
-    """Records from a user file; see the module docstring for the fields and the split."""
+    """Records from a user file or folder; see the module docstring for the fields and the split."""
 
     def __init__(self, name: str, seed: int, path: str = "", kind: str = "math", reward: str = "match",
-                 eval_fraction: float = 0.1, eval_path: str | None = None, style: str = "chat",
-                 domain: str = "", rewards: dict[str, float] | None = None):
+                 eval_fraction: float = 0.1, eval_path: Optional[str] = None, style: str = "chat",
+                 domain: str = "", rewards: Optional[dict[str, float]] = None,
+                 fields: Optional[dict[str, str]] = None, split: str = "train", eval_split: Optional[str] = None):
         if not path:
-            raise ValueError("a dataset task needs options.path (a .jsonl or .parquet file)")
+            raise ValueError("a dataset task needs options.path (a .jsonl, .json or .parquet file, or a dataset folder)")
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
         if not 0 <= eval_fraction < 1:
             raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
         if style not in ("raw", "chat"):
             raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
+        self.fields = dict(fields or {})
+        _check_fields(self.fields)
         self.name, self.seed, self.kind, self.style = name, seed, kind, style
         self.domain = domain_of(name, domain)
         _, default_rewards, metric = KINDS[kind]
         self.rewards = dict(rewards or default_rewards or {reward: 1.0})
         self.metric = metric or reward
-        records = self._load(path)
-        if eval_path:
-            self._train, self._eval = records, self._load(eval_path)
+        # the built-in rewards compare with the answer; a user's own (module:function) may not need one
+        self._needs_answer = kind != "code" and any(":" not in reward_name for reward_name in self.rewards)
+        records = self._load(path, split)
+        if eval_path or eval_split:
+            self._train, self._eval = records, self._load(eval_path or path, eval_split or split)
         else:
             cut = int(eval_fraction * 2**32)
-            held_out = [zlib.crc32(self._text(r).encode()) < cut for _, r in records]
-            self._train = [rec for rec, out in zip(records, held_out) if not out]
-            self._eval = [rec for rec, out in zip(records, held_out) if out]
+            held_out = [zlib.crc32(prompt_text(p.prompt).encode()) < cut for p in records]
+            self._train = [p for p, out in zip(records, held_out) if not out]
+            self._eval = [p for p, out in zip(records, held_out) if out]
         if not self._train:
             raise DatasetError(f"{path}: no training records left after the held-out split "
                                f"(eval_fraction={eval_fraction})")
         self.size = len(self._train)
         self._order: tuple[int, list[int]] = (-1, [])
 
-    def _load(self, path: str) -> list[tuple[str, dict]]:
-        records = read_records(path)
+    def _load(self, path: str, split: str) -> list[Problem]:
+        records = read_records(path, split)
         if not records:
-            raise DatasetError(f"{path}: the file has no records")
-        for where, record in records:
-            _check(where, record, self.kind)
-        return records
+            raise DatasetError(f"{path}: no records in it")
+        return [self._problem(where, record) for where, record in records]
 
-    def _text(self, record: dict) -> str:
-        return record["question"] if self.kind == "math" else record["prompt"]
+    def _column(self, where: str, record: dict, field: str, required: bool) -> tuple[Optional[str], Any]:
+        """(column, value) of ``field`` in ``record``; (None, MISSING) when absent and not required."""
+        column = first_column(record, self.fields.get(field), COLUMNS[field])
+        value = find(record, column) if column else MISSING
+        if value is MISSING and required:
+            named = f"field {column!r}" if column else f"field {field!r}"
+            mapped = (f" (options.fields.{field})" if field in self.fields
+                      else f" (looked for {', '.join(COLUMNS[field])}; options.fields.{field} names another column)")
+            raise DatasetError(f"{where}: {named} is missing; a {self.kind} record needs "
+                               f"{' and '.join(KINDS[self.kind][0])}{mapped}")
+        return column, value
 
-    def _problem(self, where: str, record: dict) -> Problem:
-        text = self._text(record)
-        prompt: Any = f"{text}\n" if self.style == "raw" else [{"role": "user", "content": text}]
-        meta = {k: v for k, v in record.items() if k not in ("question", "prompt", "answer")}
-        meta["source"] = where
-        return Problem(task=self.name, id=where.rsplit("/", 1)[-1], prompt=prompt,
-                       answer=str(record.get("answer", "")), domain=self.domain, meta=meta)
+    def _prompt(self, where: str, column: str, value: Any) -> Prompt:
+        if isinstance(value, str):
+            if not value.strip():
+                raise DatasetError(f"{where}: field {column!r} must be non-empty text")
+            return f"{value}\n" if self.style == "raw" else [{"role": "user", "content": value}]
+        return chat_messages(where, column, value)
+
+    def _answer(self, where: str, column: Optional[str], value: Any) -> str:
+        if value is MISSING:
+            return ""
+        if not isinstance(value, (str, int, float)):
+            if self._needs_answer:
+                raise DatasetError(f"{where}: field {column!r} must be text or a number, got {type(value).__name__}")
+            return ""
+        return final_answer(value) if isinstance(value, str) else str(value)
+
+    def _problem(self, where: str, record: Any) -> Problem:
+        """The record as a problem, checked field by field (a DatasetError names the first fault)."""
+        if not isinstance(record, dict):
+            raise DatasetError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
+        prompt_column, prompt = self._column(where, record, "prompt", required=True)
+        answer_column, answer = self._column(where, record, "answer", required=self._needs_answer)
+        meta = {k: v for k, v in record.items() if k != prompt_column}
+        for field in ("tests", "language", "code_prefix"):
+            column, value = self._column(where, record, field, required=field == "tests" and self.kind == "code")
+            if value is not MISSING:
+                meta[field] = value
+        if self.kind == "code":
+            try:
+                TestSpec.from_dict({"code": "", "tests": meta["tests"]})
+            except SpecError as exc:
+                raise DatasetError(f"{where}: field 'tests': {exc}") from None
+        meta["record"] = where
+        return Problem(task=self.name, id=where.rsplit("/", 1)[-1], prompt=self._prompt(where, prompt_column, prompt),
+                       answer=self._answer(where, answer_column, answer), domain=self.domain, meta=meta)
 
     def train_problem(self, index: int) -> Problem:
         epoch, position = divmod(index, self.size)
@@ -165,24 +169,24 @@ class DatasetTask(StreamState):
             order = list(range(self.size))
             random.Random(f"{self.seed}:{self.name}:{epoch}").shuffle(order)
             self._order = (epoch, order)
-        return self._problem(*self._train[self._order[1][position]])
+        return self._train[self._order[1][position]]
 
     def eval_problems(self, n: int) -> list[Problem]:
-        return [self._problem(*record) for record in self._eval[:n]]
+        return self._eval[:n]
 
     def drop_records(self, drop: Callable[[Problem], bool]) -> list[Problem]:
         """Leave out the records whose problems ``drop`` picks (prompts too long for the model);
         return those problems. Refused, naming the first record, when it would leave no training
         or held-out record."""
         split = {}
-        for name, records in (("training", self._train), ("held-out", self._eval)):
-            split[name] = [(rec, drop(self._problem(*rec))) for rec in records]
-            if records and all(out for _, out in split[name]):
-                raise DatasetError(f"every {name} record would be left out ({len(records)}, from {records[0][0]})")
-        self._train = [rec for rec, out in split["training"] if not out]
-        self._eval = [rec for rec, out in split["held-out"] if not out]
+        for name, problems in (("training", self._train), ("held-out", self._eval)):
+            split[name] = [(problem, drop(problem)) for problem in problems]
+            if problems and all(out for _, out in split[name]):
+                raise DatasetError(f"every {name} record would be left out ({len(problems)}, from {problems[0].meta['record']})")
+        self._train = [problem for problem, out in split["training"] if not out]
+        self._eval = [problem for problem, out in split["held-out"] if not out]
         self.size = len(self._train)
-        return [self._problem(*rec) for records in split.values() for rec, out in records if out]
+        return [problem for pairs in split.values() for problem, out in pairs if out]
 
     def _extra_state(self) -> dict[str, Any]:
         return {"size": self.size}

@@ -33,7 +33,7 @@ from typing import Any, Optional
 from jinja2 import TemplateError
 
 from tempering.rollout.prompts import chat_ids
-from tempering.tasks.dataset import DatasetError, read_records
+from tempering.tasks.records import DatasetError, read_records
 
 FORMS = "a chat record {\"messages\": [...]} or a prompt/completion record {\"prompt\": ..., \"completion\": ...}"
 

@@ -1,0 +1,140 @@
+"""The Python API behind ``from tempering import ...``: the commands as functions.
+
+Each function does what its command does, from the same config: :func:`train` is ``temper
+train``, :func:`evaluate` is ``temper eval``, :func:`load_model` loads what ``model.path``
+names, :func:`run_code` is ``temper sandbox run``. A config is given as a
+:class:`~tempering.config.TrainConfig`, a dict of its keys, a YAML file or a shipped config's
+name (``quickstart``), with ``key=value`` overrides as on the command line; a bad one raises
+:class:`~tempering.config.ConfigError` naming the key, as the command would print it.
+
+Plug-ins registered with the ``register_*`` decorators live in the process that registered
+them: a run in this process sees them, Ray workers in other processes do not (name those
+``module:function`` in the config instead, which any process can import).
+
+Not here: ``temper eval``'s best-of-k with a reward model and its by-round metrics, ``temper
+serve`` and ``temper report`` (use the commands).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from tempering.config import ConfigError, PretrainConfig, TaskSpec, TrainConfig, apply_override, validate_config
+from tempering.config import load_config as load_config_file
+from tempering.threads import passive_waits
+
+passive_waits()  # before torch is imported (by the functions below): see tempering.threads
+
+ConfigSource = Union[TrainConfig, Mapping[str, Any], str, Path, None]
+"""A config: the object, a dict of its keys, a YAML path or shipped name; None = the quickstart."""
+
+
+def load_config(source: ConfigSource = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The config ``source`` stands for, with ``key=value`` ``overrides`` applied (values read as YAML).
+
+    Examples:
+        >>> load_config({"steps": 5}, ["rollout.group_size=4"]).rollout.group_size
+        4
+    """
+    if source is None or isinstance(source, (str, Path)):
+        return load_config_file(source, list(overrides))
+    data = source.model_dump(mode="json") if isinstance(source, TrainConfig) else copy.deepcopy(dict(source))
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return validate_config(data)
+
+
+def train(config: ConfigSource = None, overrides: Sequence[str] = (), *, run_dir: Optional[str] = None,
+          progress: bool = False, resume: bool = False) -> dict:
+    """Train as ``temper train`` does; return the run's summary (also in ``summary.json``).
+
+    The summary holds ``eval_before`` and ``eval_after`` (accuracy per task), ``steps``,
+    ``wall_s``, ``checkpoint`` (the final model's folder, loadable by :func:`load_model` or
+    ``AutoModelForCausalLM.from_pretrained``) and the rollout counters. ``run_dir`` sets the
+    output folder (default: a new one under ``runs/``); ``resume`` continues the run in it.
+    """
+    from tempering.train import train as run
+
+    settings = load_config(config, overrides)
+    if run_dir is not None:
+        settings = settings.model_copy(update={"run_dir": str(run_dir)})
+    return run(settings, progress=progress, resume=resume)
+
+
+def _with_tasks(config: TrainConfig, tasks: Optional[Sequence[Union[str, Mapping[str, Any]]]]) -> TrainConfig:
+    if tasks is None:
+        return config
+    specs = [TaskSpec(name=t) if isinstance(t, str) else TaskSpec.model_validate(dict(t)) for t in tasks]
+    if not specs:
+        raise ConfigError("tasks: name at least one task, e.g. tasks=['add']")
+    return config.model_copy(update={"tasks": specs})
+
+
+def evaluate(model: Optional[str] = None, config: ConfigSource = None, overrides: Sequence[str] = (), *,
+             tasks: Optional[Sequence[Union[str, Mapping[str, Any]]]] = None, samples: Optional[int] = None,
+             k: Sequence[int] = (), progress: bool = False) -> dict:
+    """Evaluate as ``temper eval`` does: greedy accuracy on each task's held-out problems, and
+    with ``samples`` (n per problem) pass@k and maj@k for each ``k`` (default 1 and n).
+
+    ``model`` is anything ``model.path`` takes (default: the config's); ``tasks`` replaces the
+    config's tasks, as names (``["add", "rg:leg_counting"]``) or task entries (``{"name":
+    "dataset", "options": {...}}``). Returns the dict ``temper eval --json`` writes, less its
+    settings: ``accuracy``, ``per_task``, ``metrics`` (task -> metric -> ``value``, ``ci``), ...
+    """
+    from tempering.build import build_generator, build_tasks, load_model as load_policy
+    from tempering.eval.greedy import build_metrics, close_metrics
+    from tempering.rollout.base import SamplingParams
+    from tempering.eval.sampled import SampledSettings, sampled_evaluate
+
+    settings = _with_tasks(load_config(config, overrides), tasks)
+    sampled = None
+    if samples is not None:
+        ks = tuple(sorted(set(k) or {1, samples}))
+        if samples < 1 or ks[0] < 1 or ks[-1] > samples:
+            raise ConfigError(f"samples={samples}, k={list(ks)}: each k must be between 1 and samples")
+        params = SamplingParams(temperature=settings.rollout.temperature, top_p=settings.rollout.top_p,
+                                max_new_tokens=settings.eval.max_new_tokens)
+        sampled = SampledSettings(samples, ks, params, settings.seed)
+    built = build_tasks(settings)
+    metrics = build_metrics(built, settings.rewards.options)
+    try:
+        policy, tokenizer, resolved = load_policy(settings, model or settings.model.path, progress=progress)
+        generator = build_generator(settings, policy, tokenizer, settings.eval.batch_size)
+        result = sampled_evaluate(generator, built, settings.eval.problems_per_task, settings.eval.max_new_tokens,
+                                  metrics, settings.rewards.options, sampled, {}, False, progress)
+    finally:
+        close_metrics(metrics)
+    return {"model": resolved, **result}
+
+
+def load_model(path: str = "builtin:tiny", *, dtype: str = "float32", device: str = "auto",
+               progress: bool = False) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of anything ``model.path`` takes: ``builtin:tiny`` (pre-trained
+    on first use, then cached), ``builtin:smollm2``, a model folder or checkpoint, a hub id,
+    a ``.gguf`` file. The model is a transformers ``PreTrainedModel`` in eval mode on ``device``
+    (``auto``: CUDA when torch sees a GPU)."""
+    from tempering.models.device import resolve_device
+    from tempering.models.loading import load_policy
+
+    model, tokenizer, _ = load_policy(path, dtype, PretrainConfig(), progress, device=resolve_device(device))
+    return model.eval(), tokenizer
+
+
+def run_code(code: str, language: str = "python", *, stdin: str = "", timeout_s: float = 5.0,
+             memory_mb: int = 512, isolation: str = "auto") -> Any:
+    """Run one untrusted program in the sandbox and return its :class:`~tempering.sandbox.RunResult`
+    (``status``, ``exit_code``, ``stdout``, ``stderr``, ``wall_s``, ``cpu_s``).
+
+    This starts a one-slot pool and stops it after the run; for many programs keep an
+    :class:`~tempering.sandbox.Executor` (``with Executor(workers=4) as sandbox: ...``), whose
+    workers are started once. A machine that cannot isolate programs raises
+    :class:`~tempering.sandbox.SandboxUnavailable` saying why.
+    """
+    from tempering.sandbox import Executor, Limits, RunRequest
+
+    request = RunRequest(code, language, stdin, Limits(timeout_s=timeout_s, memory_mb=memory_mb))
+    with Executor(workers=1, isolation=isolation) as sandbox:
+        return sandbox.run(request)

@@ -78,6 +78,22 @@ class Problem:
 
 
 @dataclass
+class RewardResult:
+    """One rollout's score from one reward (``tempering.rewards``' result type, here so that
+    every reward module can use it without importing the reward registry).
+
+    ``components`` are named sub-scores (logged as ``reward/<reward>/<name>``);
+    ``diagnostics`` are counts or labels for people (``{"extracted": "85"}``); ``error``
+    names an infrastructure fault, in which case ``score`` means nothing.
+    """
+
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    error: Optional[str] = None
+
+
+@dataclass
 class Turn:
     """One model turn of a multi-turn episode and what the environment answered.
 

@@ -46,6 +46,10 @@ ALLOWED: dict[str, set[str]] = {
     # the commands, then the argument parser over them
     **{name: FOUNDATIONS | BELOW_BUILD | {"build", "pretrain"} for name in COMMANDS - {"pretrain"}},
     "cli": FOUNDATIONS | BELOW_BUILD | COMMANDS,
+    # the Python API: the commands as functions, beside the command line
+    "api": FOUNDATIONS | BELOW_BUILD | COMMANDS | {"build"},
+    # the package itself: the API's names, imported on first use (and for type checkers)
+    "tempering": FOUNDATIONS | BELOW_BUILD | {"api"},
 }
 
 

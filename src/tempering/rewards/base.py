@@ -23,28 +23,12 @@ never scored as wrong.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 from tempering.registry import add, resolve
-from tempering.types import Problem, Rollout
+from tempering.types import Problem, RewardResult, Rollout
 
 Number = Union[int, float]
-
-
-@dataclass
-class RewardResult:
-    """One rollout's score from one reward.
-
-    ``components`` are named sub-scores (logged as ``reward/<reward>/<name>``);
-    ``diagnostics`` are counts or labels for people (``{"extracted": "85"}``); ``error``
-    names an infrastructure fault, in which case ``score`` means nothing.
-    """
-
-    score: float
-    components: dict[str, float] = field(default_factory=dict)
-    diagnostics: dict[str, Any] = field(default_factory=dict)
-    error: Optional[str] = None
 
 
 RewardFn = Callable[[Problem, str], Union[Number, RewardResult]]
@@ -73,7 +57,7 @@ def _foreign(name: str) -> Optional[tuple[Any, Callable]]:
     convention, _, target = name.partition(":")
     if ":" not in target:
         return None
-    from tempering.rewards.foreign import ADAPTERS  # it imports this module
+    from tempering.rewards.foreign import ADAPTERS  # loaded on first use: it is rarely needed
 
     if convention not in ADAPTERS:
         return None

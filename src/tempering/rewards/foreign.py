@@ -31,8 +31,7 @@ import math
 import numbers
 from typing import Any, Callable, Sequence
 
-from tempering.rewards.base import RewardResult
-from tempering.types import Problem, Rollout
+from tempering.types import Problem, RewardResult, Rollout
 
 
 def _number(name: str, value: Any) -> float:

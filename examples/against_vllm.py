@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
         return
     model = args.model
     if model is None:  # the built-in tiny model's folder (pre-trained on first use, then cached)
-        from tempering.models.loading import resolve_model_path
+        from tempering.build import resolve_model_path
         from tempering.config import PretrainConfig
 
         model = resolve_model_path("builtin:tiny", PretrainConfig())

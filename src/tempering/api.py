@@ -116,8 +116,8 @@ def load_model(path: str = "builtin:tiny", *, dtype: str = "float32", device: st
     on first use, then cached), ``builtin:smollm2``, a model folder or checkpoint, a hub id,
     a ``.gguf`` file. The model is a transformers ``PreTrainedModel`` in eval mode on ``device``
     (``auto``: CUDA when torch sees a GPU)."""
+    from tempering.build import load_policy
     from tempering.models.device import resolve_device
-    from tempering.models.loading import load_policy
 
     model, tokenizer, _ = load_policy(path, dtype, PretrainConfig(), progress, device=resolve_device(device))
     return model.eval(), tokenizer

@@ -12,16 +12,19 @@ advantage-weighted log-likelihood's). Whether a variant learns well over many st
 benchmark's question (bench/algorithms.py), not this test's.
 """
 
+import importlib
 import json
 import math
 
 import pytest
 import torch
 
-import tempering.train
 from tempering.config import TrainConfig
 from tempering.learner.forward import forward_logprobs
 from tempering.train import train
+
+LOOP = importlib.import_module("tempering.train")
+"""The loop's module (``tempering.train`` as an attribute is the API's function)."""
 
 RUN = {
     "steps": 2,
@@ -111,8 +114,8 @@ def test_a_short_run_is_finite_reports_its_metrics_and_steps_the_right_way(name,
     overrides, keys = CASES[name]
     pretrain = json.loads((tiny_model_dir / "pretrain.json").read_text())["config"]
     config = TrainConfig.model_validate({**RUN, **overrides, "pretrain": pretrain, "run_dir": str(tmp_path / "run")})
-    first = FirstBatch(tempering.train.make_batch)
-    monkeypatch.setattr(tempering.train, "make_batch", first)
+    first = FirstBatch(LOOP.make_batch)
+    monkeypatch.setattr(LOOP, "make_batch", first)
 
     train(config, progress=False)
 

@@ -41,6 +41,7 @@ from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
+from tempering.rollout.vllm_launch import LaunchedServer, VllmSettings, launch, vllm_missing
 from tempering.rollout.prompts import prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
 from tempering.sinks import check_sinks
@@ -326,15 +327,42 @@ def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
 
 
 def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
-    """A generator over ``rollout.server``; a ConfigError when it cannot be used or reached."""
+    """A generator over ``rollout.server`` (started first with ``launch``); a ConfigError when it
+    cannot be used, started or reached."""
     sc = config.rollout.server
-    settings = ServerSettings(sc.url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
-                              sc.weights_dir, sc.reload)
+    launched = launch_server(config, model, tokenizer) if sc.launch == "vllm" else None
+    url = sc.url if launched is None else launched.url
+    reload = "vllm" if launched is not None and sc.reload != "none" else sc.reload
+    settings = ServerSettings(url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
+                              sc.weights_dir, reload)
     try:
         return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template,
-                               adapted=model if config.model.lora is not None else None)
+                               adapted=model if config.model.lora is not None else None, launched=launched)
     except ServerError as exc:
+        if launched is not None:
+            launched.stop()
         raise ConfigError(f"rollout.server.url={sc.url}: {exc}") from None
+
+
+def vllm_settings(config: TrainConfig) -> VllmSettings:
+    """How vLLM runs for this config (``rollout.vllm``); a ConfigError when it is not installed."""
+    missing = vllm_missing()
+    if missing is not None:
+        key = "rollout.server.launch" if config.rollout.server is not None else "rollout.engine"
+        raise ConfigError(f"{key}=vllm: {missing}")
+    vc = config.rollout.vllm
+    return VllmSettings(vc.dtype or config.model.dtype, vc.kv_cache_gib, vc.threads or config.threads, vc.cpu_bind,
+                        vc.compile, config.seed, run_device(config).type == "cpu", vc.start_timeout_s, tuple(vc.args))
+
+
+def launch_server(config: TrainConfig, model, tokenizer) -> LaunchedServer:
+    """vLLM serving the learner's weights as they are now (``rollout.server.launch: vllm``)."""
+    settings = vllm_settings(config)
+    lora_rank = config.model.lora.rank if config.model.lora is not None else 0
+    try:
+        return launch(model, tokenizer, config.rollout.server.url, settings, lora_rank)
+    except RuntimeError as exc:
+        raise ConfigError(f"rollout.server.launch=vllm: {exc}") from None
 
 
 def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:

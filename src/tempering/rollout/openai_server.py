@@ -20,18 +20,23 @@ the same tokens.
 Weight sync: :meth:`ServerGenerator.load_weights` writes the learner's weights as
 ``model.safetensors`` beside the model's config and tokenizer in ``weights_dir`` and asks
 the server to load that folder: ``POST /update_weights_from_disk`` (``temper serve``,
-SGLang) with the server version it should reach, or vLLM's development-mode
-``/collective_rpc`` (``update_config`` to the folder, then ``reload_weights``; start vLLM
-with ``VLLM_SERVER_DEV_MODE=1``). The server's policy version after the reload is checked,
-and every completion reply that states its version must state that one: rollouts are
-sampled by the weights last loaded, and stamped with the learner version those were.
+SGLang) with the server version it should reach, or, with ``reload: vllm``, through vLLM's
+development endpoints (``tempering.rollout.vllm_sync``: reload, prefix cache reset, weight
+version). The server's policy version after the reload is checked, and every completion reply
+that states its version must state that one: rollouts are sampled by the weights last loaded,
+and stamped with the learner version those were.
 
 A run with LoRA adapters (``adapted``: the learner's peft model) syncs the adapters alone:
 peft's two files in ``weights_dir/adapter``, loaded with vLLM's ``POST /v1/load_lora_adapter``
 (``temper serve``; vLLM started with ``--enable-lora`` and
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) under ``adapter_name``, which later requests name
-as their ``model``, whichever ``reload`` is set (but ``none``). The server's base must be the
-learner's base.
+as their ``model``, whichever ``reload`` is set (but ``none``); vLLM gets each step's adapter
+in a fresh folder under a fresh name (``tempering.rollout.vllm_sync``). The server's base must
+be the learner's base.
+
+A server that answers an error (4xx, or a 5xx still there after the retries) is quoted: its
+own message reaches the user. ``launched``, a server this run started
+(``tempering.rollout.vllm_launch``), is stopped by :meth:`ServerGenerator.close`.
 
 Not done: weight transfer over NCCL, streaming, several servers.
 """
@@ -58,6 +63,7 @@ import torch
 
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.prompts import encode_prompt, fit_prompt, use_chat_template
+from tempering.rollout.vllm_sync import VllmSync
 from tempering.types import Group, Problem, Prompt, Rollout
 
 RELOADS = ("update_weights_from_disk", "vllm", "none")
@@ -68,7 +74,12 @@ class ServerError(RuntimeError):
 
 
 class _Transient(Exception):
-    """A failure worth retrying: no connection, a timeout, 429 or a 5xx status."""
+    """A failure worth retrying: no connection, a timeout, 429 or a 5xx status (``answered``: the
+    server replied, and the message quotes it)."""
+
+    def __init__(self, message: str, answered: bool = False):
+        super().__init__(message)
+        self.answered = answered
 
 
 @dataclass(frozen=True)
@@ -114,12 +125,12 @@ class ServerGenerator:
     ``adapted``, a peft model, when only its LoRA adapters are synced."""
 
     def __init__(self, settings: ServerSettings, tokenizer: Any, model_config: Any = None,
-                 chat_template: Optional[bool] = None, adapted: Any = None):
+                 chat_template: Optional[bool] = None, adapted: Any = None, launched: Any = None):
         if settings.reload not in RELOADS:
             raise ValueError(f"reload {settings.reload!r}; known: {', '.join(RELOADS)}")
         self.settings = settings
         self.url = settings.url.rstrip("/")
-        self.tokenizer, self.model_config, self.adapted = tokenizer, model_config, adapted
+        self.tokenizer, self.model_config, self.adapted, self.launched = tokenizer, model_config, adapted, launched
         self.chat_template = use_chat_template(tokenizer, chat_template)
         listed = self._request("GET", "/v1/models", None)["data"]
         if not listed:
@@ -130,6 +141,9 @@ class ServerGenerator:
             raise ServerError(f"{self.url} does not serve {self.model!r} (it serves {', '.join(m['id'] for m in listed)})")
         self.context_length = int(served.get("max_model_len") or getattr(model_config, "max_position_embeddings", 0) or 0)
         self.served_version: Optional[int] = served.get("policy_version")
+        self.vllm = VllmSync(self._request, self.url, ServerError) if settings.reload == "vllm" else None
+        if self.vllm is not None:
+            self.served_version = self.vllm.version
         self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="server-request")
         self._weights_dir: Optional[Path] = None
         self.batch_size = sys.maxsize  # every row at once: the pool keeps ``concurrency`` requests in flight
@@ -196,10 +210,8 @@ class ServerGenerator:
         save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(partial))
         os.replace(partial, folder / "model.safetensors")  # the server never reads a half-written file
         expected = (self.served_version or 0) + 1
-        if self.settings.reload == "vllm":
-            self._post("/collective_rpc", {"method": "update_config", "args": [{"model_config": {"model": str(folder)}}]})
-            self._post("/collective_rpc", {"method": "reload_weights"})
-            self.served_version = expected
+        if self.vllm is not None:
+            self.served_version = self.vllm.load_weights(folder)
             return
         reply = self._post("/update_weights_from_disk", {"model_path": str(folder), "version": expected})
         self._loaded(reply, folder, expected)
@@ -208,6 +220,11 @@ class ServerGenerator:
         """Write the adapters in ``weights`` and have the server sample with them from now on."""
         from tempering.models.lora import save_adapters
 
+        if self.vllm is not None:
+            self.model = self.vllm.load_adapter(lambda folder: save_adapters(self.adapted, weights, folder),
+                                                self._folder(), self.settings.adapter_name)
+            self.served_version = self.vllm.version
+            return
         folder = self._folder() / "adapter"
         save_adapters(self.adapted, weights, folder)
         name, expected = self.settings.adapter_name, (self.served_version or 0) + 1
@@ -243,7 +260,14 @@ class ServerGenerator:
         return self._weights_dir
 
     def close(self) -> None:
+        """Stop sampling; unload vLLM's last adapter; stop the server this run launched."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            if self.vllm is not None and self.launched is None:
+                self.vllm.close()
+        finally:
+            if self.launched is not None:
+                self.launched.stop()
 
     # -- HTTP ----------------------------------------------------------------------------
     def _post(self, path: str, body: dict) -> dict:
@@ -257,9 +281,12 @@ class ServerGenerator:
             try:
                 return self._once(method, path, body, plain)
             except _Transient as exc:
-                if attempt == s.retries:
-                    raise ServerError(f"{method} {self.url}{path}: no answer after {s.retries + 1} tries ({exc}); "
-                                      "is the server running at rollout.server.url?") from None
+                if attempt == s.retries and exc.answered:
+                    raise ServerError(f"{method} {self.url}{path}: {exc} (after {s.retries + 1} tries)") from None
+                report = self.launched.exit_report() if self.launched is not None else None
+                if attempt == s.retries or report is not None:
+                    raise ServerError(f"{method} {self.url}{path}: no answer after {attempt + 1} tries ({exc}); "
+                                      + (report or "is the server running at rollout.server.url?")) from None
                 time.sleep(s.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -273,7 +300,7 @@ class ServerGenerator:
             return _reply(raw, plain)
         except urllib.error.HTTPError as exc:
             if exc.code == 429 or exc.code >= 500:
-                raise _Transient(f"status {exc.code}") from None
+                raise _Transient(f"status {exc.code}: {_message(exc)}", answered=True) from None
             raise ServerError(f"{method} {self.url}{path}: status {exc.code}: {_message(exc)}") from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, TimeoutError) as exc:
             raise _Transient(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from None

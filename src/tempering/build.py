@@ -344,6 +344,12 @@ def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
         raise ConfigError(f"rollout.server.url={sc.url}: {exc}") from None
 
 
+def uses_vllm(config: TrainConfig) -> bool:
+    """Whether rollouts come from vLLM that this run starts (in-process or launched)."""
+    sc = config.rollout.server
+    return sc.launch == "vllm" if sc is not None else config.rollout.engine == "vllm"
+
+
 def vllm_settings(config: TrainConfig) -> VllmSettings:
     """How vLLM runs for this config (``rollout.vllm``); a ConfigError when it is not installed."""
     missing = vllm_missing()
@@ -522,6 +528,8 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, monitor_settings(config.rewards.monitors))
     mixture = build_mixture(config, tasks)
     check_sinks(config.logging.sinks)
+    if uses_vllm(config):
+        vllm_settings(config)
     checkpoint.check_run_dir(config.run_dir, resume)
     parallel = learner_processes(config)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)

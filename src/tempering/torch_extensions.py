@@ -49,10 +49,18 @@ def cuda_only(package: Path) -> bool:
         return False
 
 
-def hide_cuda_extensions() -> list[str]:
-    """Mark the CUDA builds of :data:`EXTENSIONS` absent when torch is a CPU build (no
-    ``libtorch_cuda`` beside it); the names hidden, in order."""
-    torch_dir = _package_dir("torch")
+def _torch_dir() -> Optional[Path]:
+    module = sys.modules.get("torch")
+    if module is not None and getattr(module, "__file__", None):
+        return Path(module.__file__).parent
+    return _package_dir("torch")
+
+
+def hide_cuda_extensions(torch_dir: Optional[Path] = None) -> list[str]:
+    """Mark the not yet imported CUDA builds of :data:`EXTENSIONS` absent when torch (installed
+    in ``torch_dir``; None = where it is found) is a CPU build, with no ``libtorch_cuda`` beside
+    it; the names hidden, in order."""
+    torch_dir = torch_dir or _torch_dir()
     if torch_dir is None or any((torch_dir / "lib").glob("libtorch_cuda*")):
         return []
     hidden = []

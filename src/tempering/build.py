@@ -41,6 +41,7 @@ from tempering.rewards import MonitorSettings, NormalizeSettings, RewardMonitors
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.openai_server import ServerError, ServerGenerator, ServerSettings
+from tempering.rollout.vllm_engine import VllmGenerator
 from tempering.rollout.vllm_launch import LaunchedServer, VllmSettings, launch, vllm_missing
 from tempering.rollout.prompts import prompt_limit, screen_datasets
 from tempering.scheduler import Mixture, Settings
@@ -107,9 +108,9 @@ def check_task_env(config: TrainConfig, spec: EnvSpec) -> None:
     if spec.max_tokens:
         raise ValueError("env.max_tokens does not apply to an agent (rollout.max_new_tokens bounds each call, "
                          "env.max_turns the calls); set it to 0")
-    if config.rollout.server is not None:
-        raise ValueError("an agent's calls are sampled by the built-in sampler, not rollout.server; "
-                         "set rollout.server=null to train it")
+    if config.rollout.server is not None or config.rollout.engine != "builtin":
+        raise ValueError("an agent's calls are sampled by the built-in sampler, not rollout.server or "
+                         "rollout.engine=vllm; set rollout.server=null and rollout.engine=builtin to train it")
 
 
 def resolve_algorithm(config: TrainConfig) -> dict:
@@ -315,6 +316,9 @@ def build_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
     either plays the tasks that have an environment as episodes."""
     if config.rollout.server is not None:
         return with_envs(server_generator(config, model, tokenizer), env_specs(config))
+    if config.rollout.engine == "vllm":
+        return with_envs(VllmGenerator(model, tokenizer, vllm_settings(config), config.model.chat_template),
+                         env_specs(config))
     return local_generator(config, model, tokenizer, batch_size, bf16, share)
 
 
@@ -352,10 +356,13 @@ def uses_vllm(config: TrainConfig) -> bool:
 
 def vllm_settings(config: TrainConfig) -> VllmSettings:
     """How vLLM runs for this config (``rollout.vllm``); a ConfigError when it is not installed."""
+    key = "rollout.server.launch" if config.rollout.server is not None else "rollout.engine"
     missing = vllm_missing()
     if missing is not None:
-        key = "rollout.server.launch" if config.rollout.server is not None else "rollout.engine"
         raise ConfigError(f"{key}=vllm: {missing}")
+    if key == "rollout.engine" and config.model.lora is not None:
+        raise ConfigError("rollout.engine=vllm does not sync LoRA adapters; with model.lora use "
+                          "rollout.server={url: 'http://127.0.0.1:0', launch: vllm}")
     vc = config.rollout.vllm
     return VllmSettings(vc.dtype or config.model.dtype, vc.kv_cache_gib, vc.threads or config.threads, vc.cpu_bind,
                         vc.compile, config.seed, run_device(config).type == "cpu", vc.start_timeout_s, tuple(vc.args))
@@ -399,7 +406,7 @@ def remote_reward_worker(data: dict) -> RewardWorker:
 def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewarder: Rewarder) -> Pipeline:
     """Workers placed as configured: the sync local pipeline shares the learner's model."""
     pc = config.pipeline
-    served = config.rollout.server is not None
+    served = config.rollout.server is not None or config.rollout.engine == "vllm"  # the sampler holds its own copy
     shares = pc.mode == "sync" and pc.backend == "local" and not served
     if pc.backend == "local":
         if max(pc.rollout_workers, pc.reward_workers) > 1:

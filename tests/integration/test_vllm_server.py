@@ -96,13 +96,14 @@ def base_url(served, base_weights):
     return served.url
 
 
-def run(run_dir: Path, lr: float, server: dict, lora: dict | None = None, steps: int = 3) -> list[dict]:
+def run(run_dir: Path, lr: float, server: dict | None, lora: dict | None = None, steps: int = 3,
+        engine: str = "builtin") -> list[dict]:
     config = TrainConfig.model_validate({
         "model": {"lora": lora},
         "steps": steps, "threads": 1, "run_dir": str(run_dir), "pretrain": VLLM_PRETRAIN,
         "tasks": [{"name": "add", "options": {"digits": [2]}}],
         "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16, "temperature": 0.8,
-                    "server": server, "vllm": {"kv_cache_gib": 0.25}},
+                    "server": server, "engine": engine, "vllm": {"kv_cache_gib": 0.25}},
         "learner": {"lr": lr, "warmup_steps": 0},
         "algorithm": {"entropy_coef": 0.01},  # a gradient on every row, whatever the rewards
         "eval": {"problems_per_task": 4, "max_new_tokens": 16},

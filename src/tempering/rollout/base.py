@@ -18,7 +18,7 @@ from typing import Optional, Protocol, runtime_checkable
 
 import torch
 
-from tempering.types import Group, Problem
+from tempering.types import Group, Problem, Rollout
 
 
 @dataclass(frozen=True)
@@ -70,3 +70,20 @@ class TokenSampler(Protocol):
                generator: Optional[torch.Generator] = None) -> list[tuple[list[int], list[float], str]]:
         """``(completion ids, log-probs, finish reason "stop" | "length")`` after each prompt."""
         ...
+
+
+def sampled_groups(problems: list[Problem], prompts: list[list[int]],
+                   outputs: list[list[tuple[list[int], list[float], str]]], tokenizer: object,
+                   policy_version: int) -> list[Group]:
+    """One group per problem from what a sampler drew after its prompt: ``outputs[i]`` holds
+    problem ``i``'s completions as ``(token ids, log-probs, finish reason)``."""
+    return [Group(problem, [Rollout(
+        problem=problem, prompt_ids=prompt_ids, completion_ids=ids, logprobs=logprobs, finish_reason=reason,
+        policy_version=policy_version, text=tokenizer.decode(ids, skip_special_tokens=True))
+        for ids, logprobs, reason in drawn]) for problem, prompt_ids, drawn in zip(problems, prompts, outputs)]
+
+
+def request_seeds(count: int, generator: Optional[torch.Generator]) -> list[int]:
+    """One seed per request of an engine that seeds each request, drawn in order from the run's
+    stream before any is sent, so what each request draws does not depend on what it was batched with."""
+    return [int(torch.randint(0, 2**62, (1,), generator=generator)) for _ in range(count)]

@@ -61,10 +61,10 @@ from typing import Any, Optional
 
 import torch
 
-from tempering.rollout.base import SamplingParams
+from tempering.rollout.base import SamplingParams, request_seeds, sampled_groups
 from tempering.rollout.prompts import encode_prompt, fit_prompt, use_chat_template
 from tempering.rollout.vllm_sync import VllmSync
-from tempering.types import Group, Problem, Prompt, Rollout
+from tempering.types import Group, Problem, Prompt
 
 RELOADS = ("update_weights_from_disk", "vllm", "none")
 
@@ -158,14 +158,8 @@ class ServerGenerator:
         limit = params.max_prompt_tokens or (max(1, self.context_length - params.max_new_tokens)
                                              if self.context_length else 0)
         prompts = [fit_prompt(self.encode_prompt(p.prompt), p, limit, params.long_prompts) for p in problems]
-        groups = []
-        for problem, prompt_ids, outputs in zip(problems, prompts, self._complete_all(prompts, group_size, params,
-                                                                                        generator)):
-            groups.append(Group(problem, [Rollout(
-                problem=problem, prompt_ids=prompt_ids, completion_ids=ids, logprobs=logprobs, finish_reason=reason,
-                policy_version=policy_version, text=self.tokenizer.decode(ids, skip_special_tokens=True))
-                for ids, logprobs, reason in outputs]))
-        return groups
+        outputs = self._complete_all(prompts, group_size, params, generator)
+        return sampled_groups(problems, prompts, outputs, self.tokenizer, policy_version)
 
     def sample(self, prompts: list[list[int]], params: SamplingParams,
                generator: Optional[torch.Generator] = None) -> list[tuple[list[int], list[float], str]]:
@@ -174,7 +168,7 @@ class ServerGenerator:
 
     def _complete_all(self, prompts: list[list[int]], n: int, params: SamplingParams,
                       generator: Optional[torch.Generator]) -> list[list[tuple[list[int], list[float], str]]]:
-        seeds = [int(torch.randint(0, 2**62, (1,), generator=generator)) for _ in prompts]
+        seeds = request_seeds(len(prompts), generator)
         futures = [self._pool.submit(self._complete, ids, n, params, seed) for ids, seed in zip(prompts, seeds)]
         return [future.result() for future in futures]
 

@@ -1,0 +1,52 @@
+"""`rollout.engine: vllm`: vllm.LLM in the rollout worker, weights copied in memory every step.
+
+The model and the checks are tests/integration/test_vllm_server.py's: the learner's recomputed
+log-probs against vLLM's, token by token. Skipped, saying why, where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tempering.rollout.base import SamplingParams
+from tempering.rollout.vllm_engine import VllmGenerator
+from tempering.rollout.vllm_launch import vllm_missing
+from test_vllm_server import SETTINGS, long_prefix_problems, mean_gap, perturbed, run, vllm_policy  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.skipif(vllm_missing() is not None, reason=str(vllm_missing()))
+
+
+def test_in_process_rollouts_match_the_learner_at_lr_0_and_with_every_steps_new_weights(tmp_path):
+    for lr in (0.0, 1e-3):
+        records = run(tmp_path / f"run-{lr}", lr, None, engine="vllm")
+        assert [r["policy_version"] for r in records] == [1, 2, 3]
+        for record in records:
+            assert record["mismatch/abs_logp"] < 1e-6
+            assert record["mismatch/outside_clip"] == 0.0
+    assert max(r["grad_norm"] for r in records) > 0, "the weights moved"
+
+
+def test_new_weights_are_sampled_at_once_and_no_stale_prefix_block_is_reused(vllm_policy):
+    model, tokenizer = vllm_policy
+    problems, params = long_prefix_problems(tokenizer), SamplingParams(temperature=0.8, max_new_tokens=12)
+    set_threads, rng = torch.set_num_threads, torch.random.get_rng_state()
+    generator = VllmGenerator(model, tokenizer, SETTINGS)
+    assert torch.set_num_threads is set_threads, "vLLM's CPU worker replaces it; the engine puts it back"
+    assert torch.equal(torch.random.get_rng_state(), rng), "vLLM seeds torch; the learner's stream is kept"
+    try:
+        def gap(learner) -> float:
+            groups = generator.generate(problems, 4, params, generator=torch.Generator().manual_seed(1))
+            return mean_gap(learner, [r for g in groups for r in g.rollouts], tokenizer.pad_token_id,
+                            params.temperature)
+
+        assert gap(model) < 1e-6  # the header's blocks are cached now
+        first = perturbed(model, 1)
+        assert gap(first) > 1e-3, "the control: weights not loaded are not sampled"
+        generator.load_weights({k: v.clone() for k, v in first.state_dict().items()})
+        assert gap(first) < 1e-6
+        second = perturbed(model, 2)
+        generator.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(second.state_dict().items())})
+        assert gap(second) > 1e-3, "the control: new weights without the reset sample on stale blocks"
+    finally:
+        generator.close()

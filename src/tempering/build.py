@@ -215,6 +215,8 @@ def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) ->
         token_budget=token_budget, packing=lc.packing,
         logprob_chunk=lc.logprob_chunk, gradient_checkpointing=lc.gradient_checkpointing,
         grad_clip=lc.grad_clip, bf16=lc.bf16, off_policy=config.pipeline.off_policy, is_cap=config.pipeline.is_cap,
+        mismatch_correction=config.pipeline.mismatch_correction, mismatch_low=config.pipeline.mismatch_low,
+        mismatch_high=config.pipeline.mismatch_high,
         skip_zero_advantage=lc.skip_zero_advantage, share_prompts=lc.share_prompts,
         merge_duplicates=lc.merge_duplicates,
     )

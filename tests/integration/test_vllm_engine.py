@@ -50,3 +50,25 @@ def test_new_weights_are_sampled_at_once_and_no_stale_prefix_block_is_reused(vll
         assert gap(second) > 1e-3, "the control: new weights without the reset sample on stale blocks"
     finally:
         generator.close()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_masked_importance_sampling_masks_the_tokens_a_bf16_engine_disagrees_on(tmp_path, dtype):
+    band = {"mismatch_correction": "mis_token", "mismatch_low": 0.999, "mismatch_high": 1.001}
+    records = run(tmp_path / "run", 1e-3, None, engine="vllm", steps=2, vllm={"dtype": dtype}, pipeline=band)
+    for record in records:
+        if dtype == "bfloat16":  # bf16 sampling beside the fp32 learner: a real mismatch
+            assert record["mismatch/abs_logp"] > 1e-4
+            assert 0 < record["mismatch/masked"] < 1
+            assert record["mismatch/is_weight"] < 1 - record["mismatch/masked"] + 0.01
+        else:  # the engines agree to fp32 rounding: nothing leaves the band
+            assert record["mismatch/masked"] == 0.0
+            assert record["mismatch/is_weight"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_truncated_importance_sampling_caps_each_tokens_weight(tmp_path):
+    records = run(tmp_path / "run", 1e-3, None, engine="vllm", steps=2, vllm={"dtype": "bfloat16"},
+                  pipeline={"mismatch_correction": "tis", "mismatch_high": 1.0})
+    for record in records:
+        assert 0 < record["mismatch/truncated"] < 1, "the tokens the learner likes more than bf16 vLLM did"
+        assert record["mismatch/is_weight"] <= 1.0 and record["mismatch/masked"] == 0.0

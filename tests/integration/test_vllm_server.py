@@ -97,17 +97,17 @@ def base_url(served, base_weights):
 
 
 def run(run_dir: Path, lr: float, server: dict | None, lora: dict | None = None, steps: int = 3,
-        engine: str = "builtin") -> list[dict]:
+        engine: str = "builtin", vllm: dict | None = None, pipeline: dict | None = None) -> list[dict]:
     config = TrainConfig.model_validate({
         "model": {"lora": lora},
         "steps": steps, "threads": 1, "run_dir": str(run_dir), "pretrain": VLLM_PRETRAIN,
         "tasks": [{"name": "add", "options": {"digits": [2]}}],
         "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16, "temperature": 0.8,
-                    "server": server, "engine": engine, "vllm": {"kv_cache_gib": 0.25}},
+                    "server": server, "engine": engine, "vllm": {"kv_cache_gib": 0.25, **(vllm or {})}},
         "learner": {"lr": lr, "warmup_steps": 0},
         "algorithm": {"entropy_coef": 0.01},  # a gradient on every row, whatever the rewards
         "eval": {"problems_per_task": 4, "max_new_tokens": 16},
-        "checkpoint": {"every": 0},
+        "checkpoint": {"every": 0}, "pipeline": pipeline or {},
     })
     train(config, progress=False)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -192,7 +192,8 @@ def explain(config: TrainConfig, probe: int = 8) -> str:
              f"micro-batches per update: at most {len(parts)}, of up to {max(len(p) for p in parts)} rollouts "
              f"({_sizing(config, seen)}; rollouts of {length}; fewer when rows without signal are skipped or "
              "duplicates merged)",
-             f"off-policy: {_off_policy(config, updates)}"]
+             f"off-policy: {_off_policy(config, updates)}",
+             f"sampler: {_sampler(config)}"]
     if seen.model is not None:
         lines += _costs(config, seen, rows, parts, updates)
     lines += [f"warning: {w}" for w in warnings_for(config, seen) + probe_warnings(config, seen, probe)]
@@ -223,6 +224,24 @@ def _off_policy(config: TrainConfig, updates: int) -> str:
     return (f"{batch}; pipeline async: rollouts up to {pc.max_staleness} policy versions old are trained on (older "
             f"ones dropped, counted as dropped_stale), corrected by pipeline.off_policy={pc.off_policy}"
             + (f" (is_cap {pc.is_cap})" if pc.off_policy == "tis" else ""))
+
+
+def _sampler(config: TrainConfig) -> str:
+    """Which engine samples the rollouts, and the correction for its mismatch with the learner."""
+    rc, pc = config.rollout, config.pipeline
+    if rc.server is not None and rc.server.launch == "vllm":
+        found = "vLLM, launched for the run (rollout.server.launch), weights reloaded from disk every step"
+    elif rc.server is not None:
+        found = f"the server at {rc.server.url} (reload: {rc.server.reload})"
+    elif rc.engine == "vllm":
+        found = "vLLM in this process (rollout.engine), weights copied in memory every step"
+    else:
+        found = ("the built-in sampler (vLLM generates faster for large models and batches, the built-in one "
+                 "for small models and short steps: bench/engines.py)")
+    if pc.mismatch_correction == "none":
+        return found + "; no correction for its mismatch with the learner (pipeline.mismatch_correction)"
+    return (found + f"; its mismatch with the learner corrected by pipeline.mismatch_correction="
+            f"{pc.mismatch_correction} (ratios kept in [{pc.mismatch_low}, {pc.mismatch_high}])")
 
 
 def _costs(config: TrainConfig, seen: Inspection, rows: int, parts: list[list[int]], updates: int) -> list[str]:

@@ -12,6 +12,7 @@ import torch
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.vllm_engine import VllmGenerator
 from tempering.rollout.vllm_launch import vllm_missing
+from test_envs_tokens import check_bookkeeping, logprob_gap, play
 from test_vllm_server import SETTINGS, long_prefix_problems, mean_gap, perturbed, run, vllm_policy  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(vllm_missing() is not None, reason=str(vllm_missing()))
@@ -72,3 +73,15 @@ def test_truncated_importance_sampling_caps_each_tokens_weight(tmp_path):
     for record in records:
         assert 0 < record["mismatch/truncated"] < 1, "the tokens the learner likes more than bf16 vLLM did"
         assert record["mismatch/is_weight"] <= 1.0 and record["mismatch/masked"] == 0.0
+
+
+def test_multi_turn_episodes_through_vllm_keep_exact_tokens(vllm_policy):
+    model, tokenizer = vllm_policy
+    generator = VllmGenerator(model, tokenizer, SETTINGS)
+    try:
+        rollouts = play(generator, ["47+38\n", "52-17\n", "47*6\n"], max_new_tokens=24)
+    finally:
+        generator.close()
+    assert sum(len(r.turns) for r in rollouts) > len(rollouts), "some episodes take several turns"
+    check_bookkeeping(rollouts, tokenizer)
+    assert logprob_gap(model, rollouts, tokenizer.pad_token_id) < 1e-5

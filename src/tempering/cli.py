@@ -213,9 +213,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
         print(f"temper eval: model {resolved}", file=sys.stderr)
         generator = build_generator(config, model, tokenizer, config.eval.batch_size)
-        result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
-                                  metrics, config.rewards.options, settings, selectors, verifier, not args.quiet,
-                                  rounds=rounds)
+        try:
+            result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
+                                      metrics, config.rewards.options, settings, selectors, verifier, not args.quiet,
+                                      rounds=rounds)
+        finally:
+            if hasattr(generator, "close"):  # a vLLM engine or a server it launched
+                generator.close()
     finally:
         close_metrics(metrics)
     _report({"model": resolved, "settings": _settings_record(config, settings, rounds), **result}, args.json)

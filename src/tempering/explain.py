@@ -60,7 +60,8 @@ class Inspection:
 
 def inspect_model(config: TrainConfig) -> Inspection:
     """The model loaded without downloading or pre-training anything, and what it tells."""
-    from tempering.build import build_generator, build_tasks, learner_token_budget, load_model, resolve_algorithm
+    from tempering.build import (build_generator, build_tasks, learner_token_budget, load_model, local_generator,
+                                 resolve_algorithm, uses_vllm)
     from tempering.pretrain import cached_model_dir
 
     path = config.model.path
@@ -72,7 +73,9 @@ def inspect_model(config: TrainConfig) -> Inspection:
         model, tokenizer, _ = load_model(config, path, progress=False)
     except (ModelLoadError, ConfigError, OSError, ImportError) as exc:
         return Inspection(why_not=str(exc).splitlines()[0])
-    generator = build_generator(config, model, tokenizer, config.rollout.batch_size)
+    # vLLM is not started to explain a run: its prompts and probe are the built-in sampler's
+    generator = (local_generator(config, model, tokenizer, config.rollout.batch_size) if uses_vllm(config)
+                 else build_generator(config, model, tokenizer, config.rollout.batch_size))
     prompts = [len(generator.encode_prompt(p.prompt)) for task in build_tasks(config) for p in task.eval_problems(32)]
     critic = needs_values(resolve_algorithm(config)["advantage"])
     return Inspection(model=model, generator=generator, prompt_tokens=max(prompts),

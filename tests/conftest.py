@@ -9,6 +9,7 @@ reward signal; it is not good at arithmetic.
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,11 @@ def bench_module():
         return module
 
     return load
+
+
+@pytest.fixture(scope="session")
+def readme_links() -> list[tuple[str, str]]:
+    """(path, anchor) of every relative link in README.md (anchor '' where there is none)."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    targets = re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text)
+    return [tuple(target.partition("#")[::2]) for target in targets if not re.match(r"[a-z]+:", target)]

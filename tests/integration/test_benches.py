@@ -1,6 +1,7 @@
-"""Every bench runs the way the README says, ``python bench/NAME.py ...`` from the repository
-root, so that a bench broken as a script (an import shadowed by a file beside it, a bad
-argument) fails here; and a bench whose peer side crashes says so and prints no number.
+"""Every bench is on the handbook's benchmarks page and runs the way it says,
+``python bench/NAME.py ...`` from the repository root, so that a bench broken as a script (an
+import shadowed by a file beside it, a bad argument) or left out of the page fails here; and a
+bench whose peer side crashes says so and prints no number.
 
 A bench is run for real where that takes seconds on the miniature model, and with ``--help``
 (its imports and arguments) where even its smallest run takes minutes or a GPU.
@@ -59,7 +60,13 @@ def test_every_bench_has_a_run_here():
 
 
 @pytest.mark.parametrize("name", BENCHES)
-def test_the_bench_runs_as_the_readme_says(name, request, vllm_skip):
+def test_the_benchmarks_page_says_how_to_run_the_bench(name):
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert f"- `python bench/{name}.py" in page, f"docs/benchmarks.md has no entry `python bench/{name}.py ...`"
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_the_bench_runs_as_the_benchmarks_page_says(name, request, vllm_skip):
     skip = vllm_skip if name == "vllm_rollouts" else SKIPS.get(name)
     if name in QUICK:
         args, check = QUICK[name]

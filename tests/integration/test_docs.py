@@ -99,6 +99,16 @@ def test_the_threat_model_is_the_sandbox_docstring_and_nothing_is_fetched(site):
         assert not re.search(r'<(?:link|script)[^>]+(?:href|src)="https?://', text), f"{page} loads from the network"
 
 
+def test_every_readme_link_into_the_handbook_reaches_its_page_and_anchor(site, readme_links):
+    anchored = [(path, anchor) for path, anchor in readme_links if path.startswith("docs/") and anchor]
+    assert anchored, "the README links no section of the handbook"
+    for path, anchor in anchored:
+        name = Path(path).stem
+        page = site / ("index.html" if name == "index" else f"{name}/index.html")
+        assert page.is_file(), f"README links {path}, which the site does not have"
+        assert f'id="{anchor}"' in page.read_text(), f"README links {path}#{anchor}: no such anchor on the page"
+
+
 def _append(path: Path, text: str) -> None:
     path.write_text(path.read_text() + text)
 

@@ -11,8 +11,7 @@ Plug-ins registered with the ``register_*`` decorators live in the process that 
 them: a run in this process sees them, Ray workers in other processes do not (name those
 ``module:function`` in the config instead, which any process can import).
 
-Not here: ``temper eval``'s best-of-k with a reward model and its by-round metrics, ``temper
-serve`` and ``temper report`` (use the commands).
+Not here: ``temper serve`` and ``temper report`` (use the commands).
 """
 
 from __future__ import annotations
@@ -75,39 +74,35 @@ def _with_tasks(config: TrainConfig, tasks: Optional[Sequence[Union[str, Mapping
 
 def evaluate(model: Optional[str] = None, config: ConfigSource = None, overrides: Sequence[str] = (), *,
              tasks: Optional[Sequence[Union[str, Mapping[str, Any]]]] = None, samples: Optional[int] = None,
-             k: Sequence[int] = (), progress: bool = False) -> dict:
+             k: Sequence[int] = (), best_of: Sequence[str] = (), progress: bool = False) -> dict:
     """Evaluate as ``temper eval`` does: greedy accuracy on each task's held-out problems, and
     with ``samples`` (n per problem) pass@k and maj@k for each ``k`` (default 1 and n).
 
     ``model`` is anything ``model.path`` takes (default: the config's); ``tasks`` replaces the
     config's tasks, as names (``["add", "rg:leg_counting"]``) or task entries (``{"name":
-    "dataset", "options": {...}}``). Returns the dict ``temper eval --json`` writes, less its
-    settings: ``accuracy``, ``per_task``, ``metrics`` (task -> metric -> ``value``, ``ci``), ...
+    "dataset", "options": {...}}``). ``best_of`` adds best-of-k for each k: ``"verifier"`` (the
+    sample the task's own grader scores best, an oracle) and ``"rm:PATH"`` (the sample a reward
+    model scores best, as ``temper rm train`` saves one), as ``best_of@k[verifier]`` and
+    ``best_of@k[rm]``. A task run in an environment also gets ``greedy[round<=r]`` and
+    ``pass@k[round<=r]`` for r up to its ``max_turns``.
+
+    Returns the dict ``temper eval --json`` writes: ``accuracy``, ``per_task``, ``metrics``
+    (task -> metric -> ``value``, ``ci``, ``problems``), ``samples``, ``notes``, ``model``,
+    ``settings``, ...; e.g. ``evaluate("runs/x", tasks=["add"], samples=8, k=[1, 8],
+    best_of=["verifier", "rm:runs/rm"])["metrics"]["add"]["best_of@8[rm]"]["value"]``.
     """
-    from tempering.build import build_generator, build_tasks, load_model as load_policy
-    from tempering.eval.greedy import build_metrics, close_metrics
-    from tempering.rollout.base import SamplingParams
-    from tempering.eval.sampled import SampledSettings, sampled_evaluate
+    from tempering.eval_model import parse_best_of, run_evaluation, sampled_settings
 
     settings = _with_tasks(load_config(config, overrides), tasks)
-    sampled = None
-    if samples is not None:
-        ks = tuple(sorted(set(k) or {1, samples}))
-        if samples < 1 or ks[0] < 1 or ks[-1] > samples:
-            raise ConfigError(f"samples={samples}, k={list(ks)}: each k must be between 1 and samples")
-        params = SamplingParams(temperature=settings.rollout.temperature, top_p=settings.rollout.top_p,
-                                max_new_tokens=settings.eval.max_new_tokens)
-        sampled = SampledSettings(samples, ks, params, settings.seed)
-    built = build_tasks(settings)
-    metrics = build_metrics(built, settings.rewards.options)
-    try:
-        policy, tokenizer, resolved = load_policy(settings, model or settings.model.path, progress=progress)
-        generator = build_generator(settings, policy, tokenizer, settings.eval.batch_size)
-        result = sampled_evaluate(generator, built, settings.eval.problems_per_task, settings.eval.max_new_tokens,
-                                  metrics, settings.rewards.options, sampled, {}, False, progress)
-    finally:
-        close_metrics(metrics)
-    return {"model": resolved, **result}
+    chosen = parse_best_of(list(best_of), "best_of")
+    if samples is None:
+        if k or best_of:
+            raise ConfigError("k and best_of need samples, the number of samples per problem")
+        return run_evaluation(settings, model, None, chosen, progress)
+    ks = tuple(sorted(set(k) or {1, samples}))
+    if samples < 1 or ks[0] < 1 or ks[-1] > samples:
+        raise ConfigError(f"samples={samples}, k={list(ks)}: each k must be between 1 and samples")
+    return run_evaluation(settings, model, sampled_settings(settings, samples, ks), chosen, progress)
 
 
 def load_model(path: str = "builtin:tiny", *, dtype: str = "float32", device: str = "auto",

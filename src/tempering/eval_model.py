@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -32,9 +33,6 @@ def _select_tasks(config, names: Optional[str]):
 
 def _sampled_settings(args: argparse.Namespace, config):
     """``--n``/``--k`` as :class:`~tempering.eval.sampled.SampledSettings`; None for greedy only."""
-    from tempering.eval.sampled import SampledSettings
-    from tempering.rollout.base import SamplingParams
-
     if args.n is None:
         if args.k or args.best_of:
             raise ConfigError("--k and --best-of need --n, the number of samples per problem")
@@ -47,19 +45,29 @@ def _sampled_settings(args: argparse.Namespace, config):
         raise ConfigError(f"--k {args.k!r}: expected whole numbers separated by commas, e.g. 1,5") from None
     if ks[0] < 1 or ks[-1] > args.n:
         raise ConfigError(f"--k {args.k}: each k must be between 1 and --n {args.n}")
+    return sampled_settings(config, args.n, ks)
+
+
+def sampled_settings(config, n: int, ks: Sequence[int]):
+    """n samples per problem for the metrics at each of ``ks`` (checked by the caller), drawn at
+    the config's ``rollout.temperature`` and ``top_p`` and cut at ``eval.max_new_tokens``."""
+    from tempering.eval.sampled import SampledSettings
+    from tempering.rollout.base import SamplingParams
+
     params = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                             max_new_tokens=config.eval.max_new_tokens)
-    return SampledSettings(args.n, tuple(ks), params, config.seed)
+    return SampledSettings(n, tuple(ks), params, config.seed)
 
 
-def _best_of(values: list[str]) -> tuple[bool, Optional[str]]:
-    """``(verifier wanted, reward model path or None)`` from the ``--best-of`` values."""
+def parse_best_of(values: Sequence[str], name: str = "--best-of") -> tuple[bool, Optional[str]]:
+    """``(verifier wanted, reward model path or None)`` from the best-of values (``verifier``,
+    ``rm:PATH``); ``name`` is how the caller calls them in a message."""
     for value in values:
         if value != "verifier" and not (value.startswith("rm:") and len(value) > 3):
-            raise ConfigError(f"--best-of {value!r}: expected verifier or rm:PATH (a reward model)")
+            raise ConfigError(f"{name} {value!r}: expected verifier or rm:PATH (a reward model)")
     models = list(dict.fromkeys(value[3:] for value in values if value != "verifier"))
     if len(models) > 1:
-        raise ConfigError(f"--best-of: more than one reward model given ({', '.join(models)}); name one")
+        raise ConfigError(f"{name}: more than one reward model given ({', '.join(models)}); name one")
     return "verifier" in values, (models or [None])[0]
 
 
@@ -76,29 +84,40 @@ def _selectors(rm_path: Optional[str]) -> dict:
 def evaluate_model(args: argparse.Namespace, model_path: Optional[str], config_path: Optional[str],
                    overrides: list[str]) -> int:
     """``temper eval`` with the model, config file and overrides the arguments name."""
+    _check_json_path(args.json)
+    config = _select_tasks(load_config(config_path, overrides), args.tasks)
+    result = run_evaluation(config, model_path, _sampled_settings(args, config), parse_best_of(args.best_of or []),
+                            progress=not args.quiet, announce=True)
+    _report(result, args.json)
+    return 0
+
+
+def run_evaluation(config, model_path: Optional[str], settings, best_of: tuple[bool, Optional[str]] = (False, None),
+                   progress: bool = False, announce: bool = False) -> dict:
+    """Greedy and, with ``settings``, sampled evaluation of the model (default: the config's
+    ``model.path``) on the config's tasks, by round for a task in an environment, best-of-k by
+    ``best_of`` (:func:`parse_best_of`): the dict ``--json`` writes. ``announce`` prints the
+    model loaded on stderr, so that a long evaluation says what it measures."""
     from tempering.build import build_generator, build_tasks, load_model
     from tempering.eval.greedy import build_metrics, close_metrics
     from tempering.eval.sampled import sampled_evaluate
 
-    _check_json_path(args.json)
-    config = _select_tasks(load_config(config_path, overrides), args.tasks)
     tasks = build_tasks(config)
     rounds = _rounds(config, tasks)
-    settings = _sampled_settings(args, config)
-    verifier, rm_path = _best_of(args.best_of or [])
+    verifier, rm_path = best_of
     metrics = build_metrics(tasks, config.rewards.options)  # a bad option stops here, before any model work
     try:
         selectors = _selectors(rm_path)
-        model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
-        print(f"temper eval: model {resolved}", file=sys.stderr)
+        model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=progress)
+        if announce:
+            print(f"temper eval: model {resolved}", file=sys.stderr)
         generator = build_generator(config, model, tokenizer, config.eval.batch_size)
         result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
-                                  metrics, config.rewards.options, settings, selectors, verifier, not args.quiet,
+                                  metrics, config.rewards.options, settings, selectors, verifier, progress,
                                   rounds=rounds)
     finally:
         close_metrics(metrics)
-    _report({"model": resolved, "settings": _settings_record(config, settings, rounds), **result}, args.json)
-    return 0
+    return {"model": resolved, "settings": _settings_record(config, settings, rounds), **result}
 
 
 def _check_json_path(json_path: Optional[str]) -> None:

@@ -1,9 +1,11 @@
 """Integration fixtures: one torch thread (models this small run fastest on one, and on a
-shared CPU more threads only contend) and a real sandbox shared by the tests that grade code."""
+shared CPU more threads only contend), a real sandbox shared by the tests that grade code, and
+a real ``temper serve`` of the miniature model for the tests of its HTTP API."""
 
 import pytest
 import torch
 
+from serving import serving
 from tempering.sandbox import Executor, RunRequest, SandboxUnavailable, choose_isolation
 
 torch.set_num_threads(1)
@@ -22,3 +24,10 @@ def sandbox_executor():
         pytest.skip("the sandbox cannot start a program here")
     yield executor
     executor.close()
+
+
+@pytest.fixture(scope="module")
+def mini_server_url(tiny_model_dir, tempering_cache):
+    """``temper serve`` of the miniature model under the name ``mini``, one per test module: its URL."""
+    with serving(tiny_model_dir, tempering_cache, "--name", "mini") as url:
+        yield url

@@ -10,7 +10,6 @@ task's stop string, and log-probs recomputed by the model here.
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 
 import lm_eval
@@ -18,25 +17,13 @@ import pytest
 import torch
 from lm_eval.tasks import TaskManager
 
-from test_serve_train import serving
+from serving import post
 
 TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_eval"
 
 
 def documents(name: str) -> list[dict]:
     return [json.loads(line) for line in (TASKS / name).read_text().splitlines()]
-
-
-def post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        return json.loads(reply.read())
-
-
-@pytest.fixture(scope="module")
-def server_url(tiny_model_dir, tempering_cache):
-    with serving(tiny_model_dir, tempering_cache, "--name", "mini") as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +44,13 @@ def evaluate(model: str, url: str, tasks: list[str], **options) -> dict:
 
 
 @pytest.fixture(scope="module")
-def completions_run(server_url, offline):
-    return evaluate("local-completions", server_url + "/v1/completions",
+def completions_run(mini_server_url, offline):
+    return evaluate("local-completions", mini_server_url + "/v1/completions",
                     ["tempering_arith_gen", "tempering_arith_ll", "tempering_operators"])
 
 
-def test_generate_until_scores_what_direct_requests_give(completions_run, server_url):
-    direct = [post(server_url + "/v1/completions", {"model": "mini", "prompt": doc["working"], "max_tokens": 12,
+def test_generate_until_scores_what_direct_requests_give(completions_run, mini_server_url):
+    direct = [post(mini_server_url + "/v1/completions", {"model": "mini", "prompt": doc["working"], "max_tokens": 12,
                                                     "temperature": 0, "stop": [":"]})["choices"][0]["text"]
               for doc in documents("arith.jsonl")]
     expected = sum(text == doc["keyword"] for text, doc in zip(direct, documents("arith.jsonl"))) / len(direct)
@@ -96,11 +83,11 @@ def test_a_multiple_choice_task_the_model_knows_scores_above_chance(completions_
     assert accuracy > 0.4, f"{accuracy} over 60 three-way questions (chance: 1/3)"
 
 
-def test_chat_generation_scores_what_direct_chat_requests_give(server_url, offline):
-    run = evaluate("local-chat-completions", server_url + "/v1/chat/completions", ["tempering_arith_gen"],
+def test_chat_generation_scores_what_direct_chat_requests_give(mini_server_url, offline):
+    run = evaluate("local-chat-completions", mini_server_url + "/v1/chat/completions", ["tempering_arith_gen"],
                    apply_chat_template=True)
     docs = documents("arith.jsonl")
-    direct = [post(server_url + "/v1/chat/completions", {
+    direct = [post(mini_server_url + "/v1/chat/completions", {
         "model": "mini", "messages": [{"role": "user", "content": doc["working"]}], "max_tokens": 12,
         "temperature": 0, "stop": [":"]})["choices"][0]["message"]["content"] for doc in docs]
     expected = sum(text == doc["keyword"] for text, doc in zip(direct, docs)) / len(docs)

@@ -30,6 +30,7 @@ from tempering.rollout.hf import HFGenerator, RowStreams
 from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
 from tempering.rollout.server import Limits, start
 from tempering.types import Problem
+from serving import post
 from test_envs_tokens import check_bookkeeping, logprob_gap, play
 
 PROMPTS = ["47+38\n", "52-17\n", "47*6\n"]
@@ -43,12 +44,6 @@ def served(tiny_policy):
     http = start(HFGenerator(model, tokenizer), "mini", batch_size=64)
     yield http, model, tokenizer
     http.shutdown()
-
-
-def post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        return json.loads(reply.read())
 
 
 def completion(url: str, prompt_ids: list[int], seed: int, n: int = 4) -> list[tuple]:

@@ -17,27 +17,14 @@ import openai
 import pytest
 import torch
 
-from test_serve_train import serving
+from serving import post, serving
 
 PROMPT = "57+46\n7+6=13\n"
 
 
 @pytest.fixture(scope="module")
-def server_url(tiny_model_dir, tempering_cache):
-    with serving(tiny_model_dir, tempering_cache, "--name", "mini") as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(server_url):
-    return openai.OpenAI(base_url=server_url + "/v1", api_key="unused", max_retries=0)
-
-
-def post(url: str, body: dict, headers: dict | None = None) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json",
-                                                                      **(headers or {})})
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        return json.loads(reply.read())
+def client(mini_server_url):
+    return openai.OpenAI(base_url=mini_server_url + "/v1", api_key="unused", max_retries=0)
 
 
 def model_logprobs(policy, ids: list[int]) -> list[float]:
@@ -121,7 +108,7 @@ def test_logprobs_carry_the_top_alternatives_under_the_sampled_distribution(clie
     assert all(entry.top_logprobs == [] for entry in bare.choices[0].logprobs.content)
 
 
-def test_echo_with_max_tokens_0_gives_the_prompts_log_probs(client, tiny_policy, server_url):
+def test_echo_with_max_tokens_0_gives_the_prompts_log_probs(client, tiny_policy, mini_server_url):
     _, tokenizer = tiny_policy
     reply = client.completions.create(model="mini", prompt=[PROMPT, "12*3\n"], max_tokens=0, echo=True, logprobs=1)
     assert [c.text for c in reply.choices] == [PROMPT, "12*3\n"]
@@ -131,19 +118,19 @@ def test_echo_with_max_tokens_0_gives_the_prompts_log_probs(client, tiny_policy,
         assert details.token_logprobs[0] is None and details.top_logprobs[0] is None
         assert details.token_logprobs[1:] == pytest.approx(model_logprobs(tiny_policy, ids), abs=1e-5)
         assert all(len(top) in (1, 2) for top in details.top_logprobs[1:])
-    with_one = post(server_url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "echo": True, "logprobs": 0,
+    with_one = post(mini_server_url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "echo": True, "logprobs": 0,
                                                      "temperature": 0})["choices"][0]
     assert with_one["text"].startswith(PROMPT) and len(with_one["logprobs"]["tokens"]) == len(tokenizer(PROMPT)["input_ids"]) + 1
 
 
-def test_content_parts_and_a_tool_call_turn_are_read_as_text(client, server_url):
+def test_content_parts_and_a_tool_call_turn_are_read_as_text(client, mini_server_url):
     plain = [{"role": "user", "content": "57+46\n7+6=13"}, {"role": "assistant", "content": ""},
              {"role": "tool", "content": "13", "tool_call_id": "c1"}]
     parts = [{"role": "user", "content": [{"type": "text", "text": "57+46"}, {"type": "text", "text": "7+6=13"}]},
              {"role": "assistant", "content": None, "tool_calls": [
                  {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 7, \"b\": 6}"}}]},
              {"role": "tool", "content": "13", "tool_call_id": "c1"}]
-    assert post(server_url + "/tokenize", {"messages": parts})["tokens"] == post(server_url + "/tokenize",
+    assert post(mini_server_url + "/tokenize", {"messages": parts})["tokens"] == post(mini_server_url + "/tokenize",
                                                                                  {"messages": plain})["tokens"]
     one = client.chat.completions.create(model="mini", messages=parts, max_tokens=6, seed=4)
     other = client.chat.completions.create(model="mini", messages=plain, max_tokens=6, seed=4)
@@ -203,15 +190,15 @@ def test_a_request_over_the_token_limit_is_refused_naming_the_option(client):
         client.completions.create(model="mini", prompt=[PROMPT] * 2000, n=1000, max_tokens=16)
 
 
-def test_tokenize_and_detokenize_round_trip(server_url, tiny_policy):
+def test_tokenize_and_detokenize_round_trip(mini_server_url, tiny_policy):
     _, tokenizer = tiny_policy
-    tokens = post(server_url + "/tokenize", {"model": "mini", "prompt": PROMPT})
+    tokens = post(mini_server_url + "/tokenize", {"model": "mini", "prompt": PROMPT})
     assert tokens["tokens"] == tokenizer(PROMPT)["input_ids"] and tokens["count"] == len(tokens["tokens"])
     assert tokens["max_model_len"] > 0
-    bare = post(server_url + "/tokenize", {"prompt": PROMPT, "add_special_tokens": False})["tokens"]
+    bare = post(mini_server_url + "/tokenize", {"prompt": PROMPT, "add_special_tokens": False})["tokens"]
     assert bare == tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-    assert post(server_url + "/detokenize", {"model": "mini", "tokens": bare}) == {"prompt": PROMPT}
-    with urllib.request.urlopen(server_url + "/tokenizer_info", timeout=30) as reply:
+    assert post(mini_server_url + "/detokenize", {"model": "mini", "tokens": bare}) == {"prompt": PROMPT}
+    with urllib.request.urlopen(mini_server_url + "/tokenizer_info", timeout=30) as reply:
         assert json.loads(reply.read())["eos_token"] == tokenizer.eos_token
 
 

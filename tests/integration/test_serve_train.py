@@ -11,37 +11,17 @@ A LoRA run syncs its adapters alone, which the server loads onto its base.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import urllib.request
-from contextlib import contextmanager
 
 import pytest
 
+from serving import serving
 from tempering.config import TrainConfig
 from tempering.train import train
 
 
 def _pretrain_config(model_dir) -> dict:
     return json.loads((model_dir / "pretrain.json").read_text())["config"]
-
-
-@contextmanager
-def serving(tiny_model_dir, tempering_cache, *options: str):
-    """``temper serve`` on the miniature model, on a free port of 127.0.0.1 (with more command
-    line ``options``): its URL."""
-    env = {**os.environ, "TEMPERING_CACHE": str(tempering_cache), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "tempering.cli", "serve", str(tiny_model_dir), "threads=1",
-                                "--port", "0", "--quiet", *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env=env, text=True)
-    try:
-        line = process.stdout.readline()
-        assert " at http://" in line, process.stderr.read()
-        yield line.split(" at ")[1].split()[0]
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

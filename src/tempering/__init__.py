@@ -33,7 +33,11 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from tempering.torch_extensions import hide_cuda_extensions
+
 __version__ = "0.1.0"
+
+hide_cuda_extensions()  # before anything imports transformers
 
 EXPORTS: dict[str, str] = {
     # the commands as functions

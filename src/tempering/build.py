@@ -49,6 +49,8 @@ from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.prompts import longest_token, prompt_limit, screen_datasets
 from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
+from tempering.rollout.vllm_engine import VllmGenerator
+from tempering.rollout.vllm_launch import LaunchedServer, VllmSettings, launch, vllm_missing
 from tempering.scheduler import Mixture, Settings
 from tempering.tasks import Task, build_task
 from tempering.threads import ThreadGovernor, auto_threads
@@ -168,9 +170,9 @@ def check_task_env(config: TrainConfig, spec: EnvSpec) -> None:
     if spec.max_tokens:
         raise ValueError("env.max_tokens does not apply to an agent (rollout.max_new_tokens bounds each call, "
                          "env.max_turns the calls); set it to 0")
-    if config.rollout.server is not None:
-        raise ValueError("an agent's calls are sampled by the built-in sampler, not rollout.server; "
-                         "set rollout.server=null to train it")
+    if config.rollout.server is not None or config.rollout.engine != "builtin":
+        raise ValueError("an agent's calls are sampled by the built-in sampler, not rollout.server or "
+                         "rollout.engine=vllm; set rollout.server=null and rollout.engine=builtin to train it")
 
 
 def resolve_algorithm(config: TrainConfig) -> dict:
@@ -280,6 +282,8 @@ def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) ->
         token_budget=token_budget, packing=lc.packing,
         logprob_chunk=lc.logprob_chunk, gradient_checkpointing=lc.gradient_checkpointing,
         grad_clip=lc.grad_clip, bf16=lc.bf16, off_policy=config.pipeline.off_policy, is_cap=config.pipeline.is_cap,
+        mismatch_correction=config.pipeline.mismatch_correction, mismatch_low=config.pipeline.mismatch_low,
+        mismatch_high=config.pipeline.mismatch_high,
         skip_zero_advantage=lc.skip_zero_advantage, share_prompts=lc.share_prompts,
         merge_duplicates=lc.merge_duplicates,
     )
@@ -393,6 +397,9 @@ def build_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
     either plays the tasks that have an environment as episodes."""
     if config.rollout.server is not None:
         return with_envs(server_generator(config, model, tokenizer), env_specs(config))
+    if config.rollout.engine == "vllm":
+        return with_envs(VllmGenerator(model, tokenizer, vllm_settings(config), config.model.chat_template),
+                         env_specs(config))
     return local_generator(config, model, tokenizer, batch_size, bf16, share)
 
 
@@ -405,15 +412,54 @@ def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
 
 
 def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
-    """A generator over ``rollout.server``; a ConfigError when it cannot be used or reached."""
+    """A generator over ``rollout.server`` (started first with ``launch``); a ConfigError when it
+    cannot be used, started or reached."""
     sc = config.rollout.server
-    settings = ServerSettings(sc.url if isinstance(sc.url, str) else tuple(sc.url), sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
-                              sc.weights_dir, sc.reload)
+    launched = launch_server(config, model, tokenizer) if sc.launch == "vllm" else None
+    url = (sc.url if isinstance(sc.url, str) else tuple(sc.url)) if launched is None else launched.url
+    reload = "vllm" if launched is not None and sc.reload != "none" else sc.reload
+    settings = ServerSettings(url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
+                              sc.weights_dir, reload)
     try:
         return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template,
-                               adapted=model if config.model.lora is not None else None)
+                               adapted=model if config.model.lora is not None else None, launched=launched)
     except ServerError as exc:
+        if launched is not None:
+            launched.stop()
         raise ConfigError(f"rollout.server.url={sc.url}: {exc}") from None
+
+
+def uses_vllm(config: TrainConfig) -> bool:
+    """Whether rollouts come from vLLM that this run starts (in-process or launched)."""
+    sc = config.rollout.server
+    return sc.launch == "vllm" if sc is not None else config.rollout.engine == "vllm"
+
+
+def vllm_settings(config: TrainConfig) -> VllmSettings:
+    """How vLLM runs for this config (``rollout.vllm``); a ConfigError when it is not installed."""
+    key = "rollout.server.launch" if config.rollout.server is not None else "rollout.engine"
+    if key == "rollout.server.launch" and not isinstance(config.rollout.server.url, str):
+        raise ConfigError("rollout.server.url: launch: vllm starts one server; give one URL, its host and port "
+                          "(port 0: a free one)")
+    missing = vllm_missing()
+    if missing is not None:
+        raise ConfigError(f"{key}=vllm: {missing}")
+    if key == "rollout.engine" and config.model.lora is not None:
+        raise ConfigError("rollout.engine=vllm does not sync LoRA adapters; with model.lora use "
+                          "rollout.server={url: 'http://127.0.0.1:0', launch: vllm}")
+    vc = config.rollout.vllm
+    return VllmSettings(vc.dtype or config.model.dtype, vc.kv_cache_gib, vc.threads or config.threads, vc.cpu_bind,
+                        vc.compile, config.seed, run_device(config).type == "cpu", vc.start_timeout_s, tuple(vc.args))
+
+
+def launch_server(config: TrainConfig, model, tokenizer) -> LaunchedServer:
+    """vLLM serving the learner's weights as they are now (``rollout.server.launch: vllm``)."""
+    settings = vllm_settings(config)
+    lora_rank = config.model.lora.rank if config.model.lora is not None else 0
+    try:
+        return launch(model, tokenizer, config.rollout.server.url, settings, lora_rank)
+    except RuntimeError as exc:
+        raise ConfigError(f"rollout.server.launch=vllm: {exc}") from None
 
 
 def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:
@@ -444,7 +490,7 @@ def remote_reward_worker(data: dict) -> RewardWorker:
 def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewarder: Rewarder) -> Pipeline:
     """Workers placed as configured: the sync local pipeline shares the learner's model."""
     pc = config.pipeline
-    served = config.rollout.server is not None
+    served = config.rollout.server is not None or config.rollout.engine == "vllm"  # the sampler holds its own copy
     shares = pc.mode == "sync" and pc.backend == "local" and not served
     if pc.backend == "local":
         if max(pc.rollout_workers, pc.reward_workers) > 1:
@@ -532,6 +578,8 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, monitor_settings(config.rewards.monitors))
     mixture = build_mixture(config, tasks)
     check_sinks(config.logging.sinks)
+    if uses_vllm(config):
+        vllm_settings(config)
     checkpoint.check_run_dir(config.run_dir, resume)
     parallel = learner_processes(config)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)

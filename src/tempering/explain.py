@@ -60,7 +60,8 @@ class Inspection:
 
 def inspect_model(config: TrainConfig) -> Inspection:
     """The model loaded without downloading or pre-training anything, and what it tells."""
-    from tempering.build import build_generator, build_tasks, learner_token_budget, load_model, resolve_algorithm
+    from tempering.build import (build_generator, build_tasks, learner_token_budget, load_model, local_generator,
+                                 resolve_algorithm, uses_vllm)
     from tempering.pretrain import cached_model_dir
 
     path = config.model.path
@@ -72,7 +73,9 @@ def inspect_model(config: TrainConfig) -> Inspection:
         model, tokenizer, _ = load_model(config, path, progress=False)
     except (ModelLoadError, ConfigError, OSError, ImportError) as exc:
         return Inspection(why_not=str(exc).splitlines()[0])
-    generator = build_generator(config, model, tokenizer, config.rollout.batch_size)
+    # vLLM is not started to explain a run: its prompts and probe are the built-in sampler's
+    generator = (local_generator(config, model, tokenizer, config.rollout.batch_size) if uses_vllm(config)
+                 else build_generator(config, model, tokenizer, config.rollout.batch_size))
     prompts = [len(generator.encode_prompt(p.prompt)) for task in build_tasks(config) for p in task.eval_problems(32)]
     critic = needs_values(resolve_algorithm(config)["advantage"])
     return Inspection(model=model, generator=generator, prompt_tokens=max(prompts),
@@ -192,7 +195,8 @@ def explain(config: TrainConfig, probe: int = 8) -> str:
              f"micro-batches per update: at most {len(parts)}, of up to {max(len(p) for p in parts)} rollouts "
              f"({_sizing(config, seen)}; rollouts of {length}; fewer when rows without signal are skipped or "
              "duplicates merged)",
-             f"off-policy: {_off_policy(config, updates)}"]
+             f"off-policy: {_off_policy(config, updates)}",
+             f"sampler: {_sampler(config)}"]
     if seen.model is not None:
         lines += _costs(config, seen, rows, parts, updates)
     lines += [f"warning: {w}" for w in warnings_for(config, seen) + probe_warnings(config, seen, probe)]
@@ -223,6 +227,24 @@ def _off_policy(config: TrainConfig, updates: int) -> str:
     return (f"{batch}; pipeline async: rollouts up to {pc.max_staleness} policy versions old are trained on (older "
             f"ones dropped, counted as dropped_stale), corrected by pipeline.off_policy={pc.off_policy}"
             + (f" (is_cap {pc.is_cap})" if pc.off_policy == "tis" else ""))
+
+
+def _sampler(config: TrainConfig) -> str:
+    """Which engine samples the rollouts, and the correction for its mismatch with the learner."""
+    rc, pc = config.rollout, config.pipeline
+    if rc.server is not None and rc.server.launch == "vllm":
+        found = "vLLM, launched for the run (rollout.server.launch), weights reloaded from disk every step"
+    elif rc.server is not None:
+        found = f"the server at {rc.server.url} (reload: {rc.server.reload})"
+    elif rc.engine == "vllm":
+        found = "vLLM in this process (rollout.engine), weights copied in memory every step"
+    else:
+        found = ("the built-in sampler (vLLM generates faster for large models and batches, the built-in one "
+                 "for small models and short steps: bench/engines.py)")
+    if pc.mismatch_correction == "none":
+        return found + "; no correction for its mismatch with the learner (pipeline.mismatch_correction)"
+    return (found + f"; its mismatch with the learner corrected by pipeline.mismatch_correction="
+            f"{pc.mismatch_correction} (ratios kept in [{pc.mismatch_low}, {pc.mismatch_high}])")
 
 
 def _costs(config: TrainConfig, seen: Inspection, rows: int, parts: list[list[int]], updates: int) -> list[str]:

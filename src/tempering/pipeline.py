@@ -104,6 +104,11 @@ class RolloutWorker:
     def load_state_dict(self, state: dict) -> None:
         self.rng.set_state(state["rng"])
 
+    def close(self) -> None:
+        """Release what the generator holds: a server it started, an engine in this process."""
+        if hasattr(self.generator, "close"):
+            self.generator.close()
+
 
 class RewardWorker:
     """Scores groups in place with the tasks' rewards."""

@@ -29,8 +29,11 @@ ALLOWED: dict[str, set[str]] = {
     "models": FOUNDATIONS,
     "sandbox": FOUNDATIONS,
     "checkpoint": FOUNDATIONS | {"models"},
+    # CUDA-only torch extensions hidden beside a CPU torch: imported by the package itself, so it imports nothing
+    "torch_extensions": set(),
     # the middle, in the order of the flow: sampling, rewards, episodes, tasks, what comes next
-    "rollout": FOUNDATIONS | {"models", "sandbox"},
+    # (vLLM is handed the learner's model as a saved folder, and its processes the extension shim)
+    "rollout": FOUNDATIONS | {"models", "sandbox", "checkpoint", "torch_extensions"},
     "rewards": FOUNDATIONS | {"algorithms", "models", "sandbox"},
     "envs": FOUNDATIONS | {"rollout", "rewards", "sandbox"},
     "tasks": FOUNDATIONS | {"envs", "rewards", "rollout", "sandbox"},
@@ -49,7 +52,9 @@ ALLOWED: dict[str, set[str]] = {
     # the Python API: the commands as functions, beside the command line
     "api": FOUNDATIONS | BELOW_BUILD | COMMANDS | {"build"},
     # the package itself: the API's names, imported on first use (and for type checkers)
-    "tempering": FOUNDATIONS | BELOW_BUILD | {"api"},
+    "tempering": FOUNDATIONS | BELOW_BUILD | {"api", "torch_extensions"},
+    # the sitecustomize of vLLM's processes: it imports the package, for the shim above
+    "vllm_site": {"tempering"},
 }
 
 

@@ -131,6 +131,10 @@ class WrappingGenerator:
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.inner.load_weights(weights)
 
+    def close(self) -> None:
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
     def encode_prompt(self, prompt) -> list[int]:
         return self.sampler.encode_prompt(prompt)
 

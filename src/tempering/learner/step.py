@@ -32,7 +32,10 @@ start of the step) and multiply each token's loss by the behaviour weight
 for ``"decoupled"``. When the step makes one update (one epoch, one mini-batch), the
 weights it differentiates are the proximal policy, so ``pi_prox`` is its own forward pass,
 detached; otherwise an extra pass computes it first, and only for batches holding
-rollouts older than the learner's version. Rows may carry ``weights_B``, multiplied into their policy loss (the
+rollouts older than the learner's version. With ``mismatch_correction`` (a sampler that is not
+the learner: vLLM, a server, bf16 sampling) every batch is corrected the same way, fresh ones
+too, by that variant of ``tempering.algorithms.correction`` in place of the behaviour weight
+above. Rows may carry ``weights_B``, multiplied into their policy loss (the
 scheduler's per-domain balance).
 
 How a batch becomes forward passes is planned once per update by ``tempering.learner.plan`` (the
@@ -67,6 +70,7 @@ import torch
 
 from tempering import faults
 from tempering.algorithms import kl_estimate
+from tempering.algorithms.correction import CORRECTIONS, correct
 from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import MISMATCH_KEYS, KLCoefficient, mismatch
 from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
@@ -147,6 +151,12 @@ class LearnerSettings:
     """Correction for stale rollouts: "none", "tis" or "decoupled" (see the module docstring)."""
     is_cap: float
     """Truncation of the behaviour weight for "tis"."""
+    mismatch_correction: str
+    """Correction for a sampler that is not the learner, on every batch: "none" or a name in
+    ``tempering.algorithms.correction.CORRECTIONS``."""
+    mismatch_low: float
+    mismatch_high: float
+    """The band of ``pi_prox / pi_sampler`` that correction keeps (truncates at ``mismatch_high``)."""
     skip_zero_advantage: bool
     """Leave rows whose advantages are all 0 out of the forward pass when that is exact."""
     share_prompts: bool
@@ -192,6 +202,8 @@ class Learner:
         self.version = 0
         if settings.off_policy not in OFF_POLICY:
             raise ValueError(f"off_policy={settings.off_policy!r}; known: {', '.join(OFF_POLICY)}")
+        if settings.mismatch_correction != "none" and settings.mismatch_correction not in CORRECTIONS:
+            raise ValueError(f"mismatch_correction={settings.mismatch_correction!r}; known: none, {', '.join(CORRECTIONS)}")
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the policy's own weights (saved with ``save_pretrained``); with LoRA,
@@ -338,7 +350,12 @@ class Learner:
         loss_BT, metrics = s.loss(LossInputs(
             logprobs_BT=logprobs_BT, old_logprobs_BT=anchor_BT, advantages_BT=micro.advantages_BT,
             mask_BT=mask_BT, clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip))
-        if prox_BT is not None:
+        if prox_BT is not None and s.mismatch_correction != "none":
+            weight_BT, corrected = correct(s.mismatch_correction, prox_BT, micro.old_logprobs_BT, mask_BT,
+                                           s.mismatch_low, s.mismatch_high)
+            loss_BT = loss_BT * weight_BT
+            metrics.update(corrected)
+        elif prox_BT is not None:
             behaviour_BT = torch.exp((prox_BT - micro.old_logprobs_BT) * mask_BT)
             if s.off_policy == "tis":
                 behaviour_BT = behaviour_BT.clamp(max=s.is_cap)
@@ -443,7 +460,8 @@ class Learner:
             self.parallel.tell("step", batch)
         batch = batch.to(self.device)
         stale = bool((batch.policy_versions_B < self.version).any())
-        corrected = self.settings.off_policy != "none" and stale  # fresh batches need no correction
+        # fresh batches need no correction for staleness, but every batch may for the sampler's engine
+        corrected = (self.settings.off_policy != "none" and stale) or self.settings.mismatch_correction != "none"
         whole = self.settings.mini_batches == 1  # then every update's mini-batch is the batch
         prox_from_forward = corrected and self.settings.ppo_epochs == 1 and whole
         prox_pass = corrected and not prox_from_forward

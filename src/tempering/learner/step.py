@@ -71,9 +71,10 @@ import torch
 from tempering import faults
 from tempering.algorithms import kl_estimate
 from tempering.algorithms.correction import CORRECTIONS, correct
-from tempering.algorithms.critic import Critic, clipped_value_loss
 from tempering.algorithms.kl import MISMATCH_KEYS, KLCoefficient, mismatch
-from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
+from tempering.algorithms.losses import (AggregationFn, LossFn, LossInputs, clipped_value_loss, masked_mean,
+                                        zero_at_zero_advantage)
+from tempering.learner.critic import Critic
 from tempering.learner.forward import can_share_prompts, forward_logprobs, plain_head
 from tempering.learner.optim import guarded_step
 from tempering.learner.parallel import DataParallel, gather_into, idle_pass, load_optimizer_state, optimizer_state

@@ -40,7 +40,8 @@ from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import ModelLoadError
 from tempering.models.lora import apply_lora
 from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
-from tempering.placement import LocalHandle, RayHandle, actor_placement, pool, ray_running, start_ray
+from tempering.placement import (RayReward, RayRollout, RewardHandle, RolloutHandle, actor_placement, ray_running,
+                                 reward_pool, rollout_pool, start_ray)
 from tempering.registry import resolve
 from tempering.reporting.sinks import check_sinks
 from tempering.rewards import (MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, TaskRewards,
@@ -496,8 +497,7 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
         if max(pc.rollout_workers, pc.reward_workers) > 1:
             raise ConfigError("pipeline.rollout_workers and reward_workers above 1 need pipeline.backend=ray")
         policy = model if shares or served else copy.deepcopy(model).eval()  # a server holds its own copy
-        rollout = LocalHandle(rollout_worker(config, policy, tokenizer))
-        reward = LocalHandle(RewardWorker(rewarder))
+        rollout, reward = rollout_worker(config, policy, tokenizer), RewardWorker(rewarder)
     else:
         if pc.reward_workers > 1 and normalizes(config):
             raise ConfigError("pipeline.reward_workers > 1: each reward actor would keep its own normalization "
@@ -514,7 +514,7 @@ def normalizes(config: TrainConfig) -> bool:
     return any(n.mode != "none" for n in [rc.normalize, *rc.task_normalize.values()])
 
 
-def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
+def ray_workers(config: TrainConfig) -> tuple[RolloutHandle, RewardHandle]:
     """The rollout and reward actors ``pipeline`` asks for, each built from the config inside its actor."""
     start_ray(config.pipeline.ray_address)
     pc = config.pipeline
@@ -522,13 +522,13 @@ def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
     tag = f"{os.getpid()}-{id(config):x}"
     threads = max(1, config.threads // 2) if config.threads else auto_threads(share=2)
     bundles = actor_placement(config)
-    rollouts = [RayHandle(remote_rollout_worker, (data, threads, i), f"tempering-rollout-{tag}" + (f"-{i}" if i else ""),
-                          pc.restart_limit, pc.rollout_cpus, num_gpus=pc.rollout_gpus, placement=next(bundles))
+    rollouts = [RayRollout(remote_rollout_worker, (data, threads, i), f"tempering-rollout-{tag}" + (f"-{i}" if i else ""),
+                           pc.restart_limit, pc.rollout_cpus, num_gpus=pc.rollout_gpus, placement=next(bundles))
                 for i in range(pc.rollout_workers)]
-    rewards = [RayHandle(remote_reward_worker, (data,), f"tempering-reward-{tag}" + (f"-{i}" if i else ""),
+    rewards = [RayReward(remote_reward_worker, (data,), f"tempering-reward-{tag}" + (f"-{i}" if i else ""),
                          pc.restart_limit, pc.reward_cpus, placement=next(bundles))
                for i in range(pc.reward_workers)]
-    return pool(rollouts), pool(rewards)
+    return rollout_pool(rollouts), reward_pool(rewards)
 
 
 @dataclass

@@ -42,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "learner": FOUNDATIONS | {"algorithms", "models"},
     "eval": FOUNDATIONS | {"rewards", "rollout", "tasks"},
     "reporting": FOUNDATIONS,
-    "pipeline": FOUNDATIONS | {"rollout"},
+    "pipeline": FOUNDATIONS | {"placement", "rollout"},
     "placement": FOUNDATIONS,
     # pre-training makes builtin:tiny, which build resolves; build makes everything below it
     "pretrain": FOUNDATIONS | {"learner", "models", "tasks"},

@@ -522,8 +522,9 @@ def ray_workers(config: TrainConfig) -> tuple[RolloutHandle, RewardHandle]:
     tag = f"{os.getpid()}-{id(config):x}"
     threads = max(1, config.threads // 2) if config.threads else auto_threads(share=2)
     bundles = actor_placement(config)
-    rollouts = [RayRollout(remote_rollout_worker, (data, threads, i), f"tempering-rollout-{tag}" + (f"-{i}" if i else ""),
-                           pc.restart_limit, pc.rollout_cpus, num_gpus=pc.rollout_gpus, placement=next(bundles))
+    rollouts = [RayRollout(remote_rollout_worker, (data, threads, i),
+                           f"tempering-rollout-{tag}" + (f"-{i}" if i else ""), pc.restart_limit, pc.rollout_cpus,
+                           num_gpus=pc.rollout_gpus, placement=next(bundles))
                 for i in range(pc.rollout_workers)]
     rewards = [RayReward(remote_reward_worker, (data,), f"tempering-reward-{tag}" + (f"-{i}" if i else ""),
                          pc.restart_limit, pc.reward_cpus, placement=next(bundles))
@@ -538,9 +539,8 @@ class Run:
     config: TrainConfig
     threads: ThreadGovernor
     """torch's CPU threads: the configured count, or the free cores counted again every few steps."""
-    run_dir: Path
-    lock: Any
-    """Held on the run folder while this process writes it (``tempering.checkpoint.open_run_dir``)."""
+    folder: checkpoint.RunFolder
+    """The run folder, held while this process writes it, and where the run continues from."""
     model: Any
     tokenizer: Any
     model_path: str
@@ -555,6 +555,10 @@ class Run:
     """Greedy held-out accuracy of the current policy (see ``tempering.eval.greedy``)."""
     owns_ray: bool
     """Whether this run started the Ray cluster it uses (and so shuts it down)."""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.folder.path
 
     def close(self) -> None:
         if self.learner.parallel is not None:
@@ -592,14 +596,14 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     screen_datasets(tasks, eval_generator.encode_prompt, prompt_limit(model.config, rc.max_prompt_tokens,
                     rc.max_new_tokens), rc.long_prompts, longest_token(tokenizer))
     teacher = load_teacher(config, tokenizer, progress)
-    run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
+    folder = checkpoint.open_run(config.run_dir, resume)
     learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
                                   config.rewards.options)
     owns_ray = config.pipeline.backend == "ray" and not ray_running()
     pipeline = build_pipeline(config, mixture, policy, tokenizer, rewarder)
-    return Run(config, threads, run_dir, lock, policy, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
+    return Run(config, threads, folder, policy, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
                mixture, learner, pipeline, evaluation, owns_ray)
 
 

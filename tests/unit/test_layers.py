@@ -25,11 +25,12 @@ COMMANDS = {"train", "sft", "pretrain", "rm", "eval_model", "serve_model", "expl
 
 ALLOWED: dict[str, set[str]] = {
     **{name: FOUNDATIONS for name in FOUNDATIONS},
-    # the bottom: maths on tensors, model loading, the sandbox, and checkpoints over models
+    # the bottom: maths on tensors, model loading, the sandbox, and checkpoints over models (with
+    # the run folder, whose step logs resume cuts back)
     "algorithms": FOUNDATIONS,
     "models": FOUNDATIONS,
     "sandbox": FOUNDATIONS,
-    "checkpoint": FOUNDATIONS | {"models"},
+    "checkpoint": FOUNDATIONS | {"models", "reporting"},
     # CUDA-only torch extensions hidden beside a CPU torch: imported by the package itself, so it imports nothing
     "torch_extensions": set(),
     # the middle, in the order of the flow: sampling, rewards, episodes, tasks, what comes next

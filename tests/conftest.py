@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,17 @@ def tiny_policy(tiny_model_dir):
     from tempering.models.loading import load_model
 
     return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def ipv6_loopback():
+    """``"::1"``, or the test is skipped where this machine has no IPv6 loopback to bind."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    return "::1"
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,8 @@ from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import ModelLoadError
 from tempering.models.lora import apply_lora
 from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
-from tempering.placement import LocalHandle, RayHandle, actor_placement, pool, ray_running, start_ray
+from tempering.placement import (RayReward, RayRollout, RewardHandle, RolloutHandle, actor_placement, ray_running,
+                                 reward_pool, rollout_pool, start_ray)
 from tempering.registry import resolve
 from tempering.reporting.sinks import check_sinks
 from tempering.rewards import (MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, TaskRewards,
@@ -496,8 +497,7 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
         if max(pc.rollout_workers, pc.reward_workers) > 1:
             raise ConfigError("pipeline.rollout_workers and reward_workers above 1 need pipeline.backend=ray")
         policy = model if shares or served else copy.deepcopy(model).eval()  # a server holds its own copy
-        rollout = LocalHandle(rollout_worker(config, policy, tokenizer))
-        reward = LocalHandle(RewardWorker(rewarder))
+        rollout, reward = rollout_worker(config, policy, tokenizer), RewardWorker(rewarder)
     else:
         if pc.reward_workers > 1 and normalizes(config):
             raise ConfigError("pipeline.reward_workers > 1: each reward actor would keep its own normalization "
@@ -514,7 +514,7 @@ def normalizes(config: TrainConfig) -> bool:
     return any(n.mode != "none" for n in [rc.normalize, *rc.task_normalize.values()])
 
 
-def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
+def ray_workers(config: TrainConfig) -> tuple[RolloutHandle, RewardHandle]:
     """The rollout and reward actors ``pipeline`` asks for, each built from the config inside its actor."""
     start_ray(config.pipeline.ray_address)
     pc = config.pipeline
@@ -522,13 +522,14 @@ def ray_workers(config: TrainConfig) -> tuple[RayHandle, RayHandle]:
     tag = f"{os.getpid()}-{id(config):x}"
     threads = max(1, config.threads // 2) if config.threads else auto_threads(share=2)
     bundles = actor_placement(config)
-    rollouts = [RayHandle(remote_rollout_worker, (data, threads, i), f"tempering-rollout-{tag}" + (f"-{i}" if i else ""),
-                          pc.restart_limit, pc.rollout_cpus, num_gpus=pc.rollout_gpus, placement=next(bundles))
+    rollouts = [RayRollout(remote_rollout_worker, (data, threads, i),
+                           f"tempering-rollout-{tag}" + (f"-{i}" if i else ""), pc.restart_limit, pc.rollout_cpus,
+                           num_gpus=pc.rollout_gpus, placement=next(bundles))
                 for i in range(pc.rollout_workers)]
-    rewards = [RayHandle(remote_reward_worker, (data,), f"tempering-reward-{tag}" + (f"-{i}" if i else ""),
+    rewards = [RayReward(remote_reward_worker, (data,), f"tempering-reward-{tag}" + (f"-{i}" if i else ""),
                          pc.restart_limit, pc.reward_cpus, placement=next(bundles))
                for i in range(pc.reward_workers)]
-    return pool(rollouts), pool(rewards)
+    return rollout_pool(rollouts), reward_pool(rewards)
 
 
 @dataclass
@@ -538,9 +539,8 @@ class Run:
     config: TrainConfig
     threads: ThreadGovernor
     """torch's CPU threads: the configured count, or the free cores counted again every few steps."""
-    run_dir: Path
-    lock: Any
-    """Held on the run folder while this process writes it (``tempering.checkpoint.open_run_dir``)."""
+    folder: checkpoint.RunFolder
+    """The run folder, held while this process writes it, and where the run continues from."""
     model: Any
     tokenizer: Any
     model_path: str
@@ -555,6 +555,10 @@ class Run:
     """Greedy held-out accuracy of the current policy (see ``tempering.eval.greedy``)."""
     owns_ray: bool
     """Whether this run started the Ray cluster it uses (and so shuts it down)."""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.folder.path
 
     def close(self) -> None:
         if self.learner.parallel is not None:
@@ -592,14 +596,14 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     screen_datasets(tasks, eval_generator.encode_prompt, prompt_limit(model.config, rc.max_prompt_tokens,
                     rc.max_new_tokens), rc.long_prompts, longest_token(tokenizer))
     teacher = load_teacher(config, tokenizer, progress)
-    run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
+    folder = checkpoint.open_run(config.run_dir, resume)
     learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
                                   config.rewards.options)
     owns_ray = config.pipeline.backend == "ray" and not ray_running()
     pipeline = build_pipeline(config, mixture, policy, tokenizer, rewarder)
-    return Run(config, threads, run_dir, lock, policy, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
+    return Run(config, threads, folder, policy, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
                mixture, learner, pipeline, evaluation, owns_ray)
 
 

@@ -26,7 +26,10 @@ and why. Checkpoints of the earlier format list sizes only; for them the sizes, 
 ``trainer.pt`` (a zip archive) carries and the safetensors headers are checked.
 
 The run folder itself is locked (``flock`` on ``.lock``) by the one process writing into
-it; the kernel drops the lock when that process ends, however it ends.
+it; the kernel drops the lock when that process ends, however it ends. ``temper train`` and
+``temper sft`` share one lifecycle of it (:func:`open_run`, :class:`RunFolder`): lock, resume
+point, the resolved ``config.yaml`` of a run that starts, the step logs cut back to the step
+the run continues from, ``summary.json`` and the lock let go at the end.
 
 Not done here: sharded (multi-rank) checkpoints and remote storage.
 """
@@ -46,17 +49,19 @@ import time
 import weakref
 import zipfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional, TypeVar
 
 import numpy as np
 import torch
 
 from tempering import faults
-from tempering.config import ConfigError
+from tempering.config import ConfigError, TrainConfig, save_resolved
 from tempering.models.loading import load_weights_from
 from tempering.models.lora import is_adapted, saved_form
+from tempering.reporting.metrics import truncate_metrics
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 
@@ -212,6 +217,50 @@ def open_run_dir(run_dir: Optional[str], resume: bool) -> tuple[Path, RunLock]:
         lock.release()
         raise
     return path, lock
+
+
+STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
+"""A run's logs of one record per step (a command that writes no samples has none to cut)."""
+Restored = TypeVar("Restored")
+
+
+@dataclass
+class RunFolder:
+    """A run folder this process holds, from its lock to its ``summary.json``."""
+
+    path: Path
+    lock: RunLock
+    resume_from: Optional[Path]
+    """The checkpoint the run continues from; None: it starts at step 0."""
+
+    def start(self, config: TrainConfig, restore: Callable[[Path], Restored]) -> Optional[Restored]:
+        """``restore(resume_from)``'s answer for a run that continues; for one that starts, its
+        resolved config written and None. Either way the step logs keep only the steps up to
+        the one the run continues from, so they have no gaps and no repeats."""
+        if self.resume_from is None:
+            save_resolved(config, self.path / "config.yaml")
+            restored, step = None, 0
+        else:
+            restored, step = restore(self.resume_from), int(STEP_DIR.match(self.resume_from.name).group(1))
+        for name in STEP_LOGS:
+            truncate_metrics(self.path / name, step)
+        return restored
+
+    def finish(self, summary: dict) -> None:
+        """Write ``summary.json`` and let the folder go."""
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.lock.release()
+
+
+def open_run(run_dir: Optional[str], resume: bool) -> RunFolder:
+    """The run folder made (see :func:`open_run_dir`) and locked, with the checkpoint that
+    ``resume`` continues from (:func:`resume_point`)."""
+    path, lock = open_run_dir(run_dir, resume)
+    try:
+        return RunFolder(path, lock, resume_point(path) if resume else None)
+    except ConfigError:
+        lock.release()
+        raise
 
 
 def _fsync_tree(path: Path) -> None:

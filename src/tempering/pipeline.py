@@ -9,8 +9,8 @@ Two workers with small interfaces do the work between the scheduler and the lear
 - :class:`RewardWorker` scores groups in place (``score``) and owns the reward
   normalizer's statistics.
 
-They are plain classes; a *handle* places one, in this process or as a Ray actor
-(``tempering.placement``).
+They are plain classes; a *handle* places one, in this process (the worker itself) or as a
+Ray actor, typed by ``tempering.placement``'s protocols.
 
 :class:`Pipeline` turns them into *rounds*: ``prompts`` problems drawn from the scheduler,
 sampled, scored and observed by the scheduler; the learner asks for them one at a time
@@ -48,13 +48,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from tempering import faults
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.types import Group, Problem, Round
+
+if TYPE_CHECKING:  # placement reads the config, which the pipeline does not
+    from tempering.placement import RewardHandle, RolloutHandle
 
 LOG = logging.getLogger("tempering.pipeline")
 
@@ -75,7 +78,11 @@ class GraderOutage(RuntimeError):
 
 
 class RolloutWorker:
-    """Samples groups with a :class:`~tempering.rollout.base.Generator` and owns its random stream."""
+    """Samples groups with a :class:`~tempering.rollout.base.Generator` and owns its random stream.
+    In this process it is its own :class:`~tempering.placement.RolloutHandle`."""
+
+    restarts = 0
+    """A worker in this process is never restarted."""
 
     def __init__(self, generator: Generator, sampling: SamplingParams, group_size: int, seed: int):
         self.generator = generator
@@ -111,7 +118,10 @@ class RolloutWorker:
 
 
 class RewardWorker:
-    """Scores groups in place with the tasks' rewards."""
+    """Scores groups in place with the tasks' rewards; in this process its own
+    :class:`~tempering.placement.RewardHandle`."""
+
+    restarts = 0
 
     def __init__(self, rewarder: Any):
         self.rewarder = rewarder
@@ -147,7 +157,7 @@ class Counters:
 class Pipeline:
     """Scored rounds for the learner, made on demand (sync) or ahead by a feeder thread (async)."""
 
-    def __init__(self, mixture: Any, rollout: Any, reward: Any, prompts: int, mode: str = "sync",
+    def __init__(self, mixture: Any, rollout: RolloutHandle, reward: RewardHandle, prompts: int, mode: str = "sync",
                  max_staleness: int = 1, buffer_rounds: int = 1, shares_policy: bool = False,
                  max_outage_rounds: int = 0, outage_backoff_s: float = 0.0):
         if mode not in ("sync", "async"):
@@ -172,11 +182,11 @@ class Pipeline:
         if hasattr(rollout, "on_restart"):
             rollout.on_restart = self._refresh_rollout
 
-    def _refresh_rollout(self, handle: Any) -> None:
+    def _refresh_rollout(self, handle: RolloutHandle) -> None:
         """A restarted rollout worker: the newest weights, and a random stream of its own."""
         if self._last_weights is not None:
-            handle.call("set_weights", *self._last_weights)
-        handle.call("reseed", handle.restarts)
+            handle.set_weights(*self._last_weights)
+        handle.reseed(handle.restarts)
 
     # -- making rounds -------------------------------------------------------------------
     def _make_round(self) -> Round:
@@ -184,7 +194,7 @@ class Pipeline:
         with self._cond:
             pending, self._pending = self._pending, None
         if pending is not None:
-            sync_s = self.rollout.call("set_weights", *pending)
+            sync_s = self.rollout.set_weights(*pending)
             self.counters.weight_syncs += 1
         with self._cond:
             problems, self._outage_problems = self._outage_problems, None
@@ -208,13 +218,13 @@ class Pipeline:
         outages = 0
         while True:
             t0 = time.perf_counter()
-            groups = self.rollout.call("sample", problems)
+            groups = self.rollout.sample(problems)
             t1 = time.perf_counter()
-            groups, record = self.reward.call("score", groups)
+            groups, record = self.reward.score(groups)
             generate_s, reward_s = generate_s + t1 - t0, reward_s + time.perf_counter() - t1
             if groups or not record.get("reward/dropped"):
                 return groups, record, generate_s, reward_s
-            reward, error = self.reward.call("last_error")  # set: something was dropped
+            reward, error = self.reward.last_error()  # set: something was dropped
             outages += 1
             if outages > self.max_outage_rounds:
                 with self._cond:
@@ -286,12 +296,12 @@ class Pipeline:
         start = time.perf_counter()
         self.learner_version = version
         if self.shares_policy:
-            self.rollout.call("set_weights", {}, version)  # same tensors: only the version moves
+            self.rollout.set_weights({}, version)  # same tensors: only the version moves
             return time.perf_counter() - start
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self._last_weights = (weights, version)
         if self.mode == "sync":
-            self.rollout.call("set_weights", weights, version)
+            self.rollout.set_weights(weights, version)
             self.counters.weight_syncs += 1
         else:
             with self._cond:
@@ -325,15 +335,15 @@ class Pipeline:
 
     def state_dict(self) -> dict:
         """Call with the feeder paused (async)."""
-        return {"buffer": [copy.copy(r) for r in self._buffer], "rollout": self.rollout.call("state_dict"),
-                "reward": self.reward.call("state_dict"), "counters": copy.deepcopy(self.counters),
+        return {"buffer": [copy.copy(r) for r in self._buffer], "rollout": self.rollout.state_dict(),
+                "reward": self.reward.state_dict(), "counters": copy.deepcopy(self.counters),
                 "outage_problems": self._outage_problems}
 
     def load_state_dict(self, state: dict) -> None:
         self._buffer = deque(state["buffer"])
         self._outage_problems = state.get("outage_problems")
-        self.rollout.call("load_state_dict", state["rollout"])
-        self.reward.call("load_state_dict", state["reward"])
+        self.rollout.load_state_dict(state["rollout"])
+        self.reward.load_state_dict(state["reward"])
         self.counters = state["counters"]
 
     def close(self) -> None:

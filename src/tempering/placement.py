@@ -1,12 +1,16 @@
 """Where workers run: in this process, or as Ray actors, alone or several of a kind.
 
-The pipeline's workers (``tempering.pipeline``) are plain classes. A *handle* places one:
-:class:`LocalHandle` calls it in this process; :class:`RayHandle` runs it as a Ray actor (a
-named one, so operators and tests can find it), restarts it when it dies and re-issues the
-call that was in flight, up to ``restart_limit`` times.
+The pipeline's workers (``tempering.pipeline``) are plain classes, and the pipeline calls
+them through a *handle* typed by a small protocol, :class:`RolloutHandle` or
+:class:`RewardHandle`. In this process a worker is its own handle (it never restarts);
+:class:`RayRollout` and :class:`RayReward` run one as a Ray actor (a named one, so operators
+and tests can find it), restart it when it dies and re-issue the call that was in flight, up
+to ``restart_limit`` times. Their methods are the worker's; every ``.remote`` call stays in
+this module.
 
-Several workers of a kind share a round through a :class:`WorkerPool`: problems (or groups)
-are cut into contiguous shares, one per worker, called at once; weights go to every worker.
+Several workers of a kind share a round through a pool (:class:`RolloutPool`,
+:class:`RewardPool`): problems (or groups) are cut into contiguous shares, one per worker,
+called at once; weights go to every worker.
 On Ray (joined or started by :func:`start_ray`), a placement group can reserve every actor's
 CPUs and GPUs before any starts (:func:`actor_placement`).
 
@@ -19,25 +23,49 @@ from __future__ import annotations
 import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Protocol, runtime_checkable
 
 from tempering.config import ConfigError, TrainConfig
-from tempering.types import Group
+from tempering.types import Group, Problem
 
 
-class LocalHandle:
-    """A worker called directly in this process."""
+@runtime_checkable
+class RolloutHandle(Protocol):
+    """The rollout side as the pipeline calls it: a worker in this process (the worker itself,
+    ``tempering.pipeline.RolloutWorker``), one Ray actor (:class:`RayRollout`) or a pool of
+    either (:class:`RolloutPool`). ``restarts``: how often its actors were restarted."""
 
-    def __init__(self, worker: Any):
-        self.worker = worker
-        self.restarts = 0
+    restarts: int
 
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.worker, method)(*args)
+    def sample(self, problems: list[Problem]) -> list[Group]: ...
 
-    def close(self) -> None:
-        if hasattr(self.worker, "close"):
-            self.worker.close()
+    def set_weights(self, weights: dict, version: int) -> float: ...
+
+    def reseed(self, salt: int) -> None: ...
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class RewardHandle(Protocol):
+    """The reward side as the pipeline calls it: ``tempering.pipeline.RewardWorker`` in this
+    process, one Ray actor (:class:`RayReward`) or a pool of either (:class:`RewardPool`)."""
+
+    restarts: int
+
+    def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]: ...
+
+    def last_error(self) -> Optional[tuple[str, str]]: ...
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class RayHandle:
@@ -45,11 +73,15 @@ class RayHandle:
 
     ``build(*args)`` makes the worker inside the actor (a module-level function, so Ray can
     ship it by name); after a restart, ``on_restart(handle)`` brings the new actor up to date
-    (weights, statistics).
+    (weights, statistics). The subclasses say which worker it is: their methods are the
+    worker's, each one Ray call on the actor (``shell``, the actor's class).
     """
 
+    shell: type
+    restarts: int
+
     def __init__(self, build: Callable[..., Any], args: tuple, name: str, restart_limit: int,
-                 num_cpus: float = 1.0, on_restart: Optional[Callable[["RayHandle"], None]] = None,
+                 num_cpus: float = 1.0, on_restart: Optional[Callable[[Any], None]] = None,
                  num_gpus: float = 0.0, placement: Any = None):
         import ray
 
@@ -68,16 +100,18 @@ class RayHandle:
 
             group, bundle = self.placement
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, bundle)
-        remote = self._ray.remote(_ActorShell).options(name=name, num_cpus=self.num_cpus, num_gpus=self.num_gpus,
-                                                        max_concurrency=1, lifetime=None, **options)
+        remote = self._ray.remote(self.shell).options(name=name, num_cpus=self.num_cpus, num_gpus=self.num_gpus,
+                                                       max_concurrency=1, lifetime=None, **options)
         actor = remote.remote(self.build, self.args)
-        self._ray.get(actor.call.remote("ping"))
+        self._ray.get(actor.ping.remote())
         return actor
 
-    def call(self, method: str, *args: Any) -> Any:
+    def _get(self, call: Callable[[Any], Any]) -> Any:
+        """The answer of ``call(actor)`` (a Ray object reference), a dead actor restarted and
+        asked again, up to ``restart_limit`` times."""
         while True:
             try:
-                return self._ray.get(self.actor.call.remote(method, *args))
+                return self._ray.get(call(self.actor))
             except (self._ray.exceptions.RayActorError, self._ray.exceptions.ActorUnavailableError):
                 if self.restarts >= self.restart_limit:
                     raise
@@ -87,6 +121,12 @@ class RayHandle:
                 if self.on_restart is not None:
                     self.on_restart(self)
 
+    def state_dict(self) -> Any:
+        return self._get(lambda actor: actor.state_dict.remote())
+
+    def load_state_dict(self, state: Any) -> None:
+        self._get(lambda actor: actor.load_state_dict.remote(state))
+
     def _kill_quietly(self) -> None:
         try:
             self._ray.kill(self.actor)
@@ -95,16 +135,81 @@ class RayHandle:
 
     def close(self) -> None:
         try:
-            self._ray.get(self.actor.call.remote("close"))
+            self._ray.get(self.actor.close.remote())
         except Exception:
             pass
         self._kill_quietly()
 
 
+class _ActorShell:
+    """An actor's class: builds its worker with the builder and passes each call on to it."""
+
+    def __init__(self, build: Callable[..., Any], args: tuple):
+        self.worker = build(*args)
+
+    def ping(self) -> None:
+        """Answered once the worker is built: the actor is up."""
+
+    def state_dict(self) -> Any:
+        return self.worker.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.worker.load_state_dict(state)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class _RolloutShell(_ActorShell):
+    def sample(self, problems: list[Problem]) -> list[Group]:
+        return self.worker.sample(problems)
+
+    def set_weights(self, weights: dict, version: int) -> float:
+        return self.worker.set_weights(weights, version)
+
+    def reseed(self, salt: int) -> None:
+        self.worker.reseed(salt)
+
+
+class _RewardShell(_ActorShell):
+    def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
+        return self.worker.score(groups)
+
+    def last_error(self) -> Optional[tuple[str, str]]:
+        return self.worker.last_error()
+
+
+class RayRollout(RayHandle):
+    """A rollout worker as a Ray actor."""
+
+    shell = _RolloutShell
+
+    def sample(self, problems: list[Problem]) -> list[Group]:
+        return self._get(lambda actor: actor.sample.remote(problems))
+
+    def set_weights(self, weights: dict, version: int) -> float:
+        return self._get(lambda actor: actor.set_weights.remote(weights, version))
+
+    def reseed(self, salt: int) -> None:
+        self._get(lambda actor: actor.reseed.remote(salt))
+
+
+class RayReward(RayHandle):
+    """A reward worker as a Ray actor."""
+
+    shell = _RewardShell
+
+    def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
+        return self._get(lambda actor: actor.score.remote(groups))
+
+    def last_error(self) -> Optional[tuple[str, str]]:
+        return self._get(lambda actor: actor.last_error.remote())
+
+
 class WorkerPool:
-    """Several handles of one kind of worker, called like one: ``sample`` and ``score`` give
-    each worker a contiguous share of their list and join the answers in order; other calls
-    go to every worker (``set_weights`` returns the slowest's seconds; ``state_dict`` a list)."""
+    """Several handles of one kind of worker, called like one (the subclasses say how): a list
+    of problems or groups is cut into contiguous shares, one per worker, called at once; state
+    is a list, one entry per worker."""
 
     def __init__(self, handles: list[Any]):
         self.handles = handles
@@ -123,28 +228,55 @@ class WorkerPool:
         for handle in self.handles:
             handle.on_restart = refresh
 
-    def _each(self, method: str, args_per_worker: list[tuple]) -> list[Any]:
-        futures = [self._threads.submit(h.call, method, *args) for h, args in zip(self.handles, args_per_worker)]
+    def _each(self, call: Callable[..., Any], args_per_worker: list[tuple]) -> list[Any]:
+        """``call(handle, *args)`` for every handle with its own arguments, at once; the answers in order."""
+        futures = [self._threads.submit(call, h, *args) for h, args in zip(self.handles, args_per_worker)]
         return [f.result() for f in futures]
 
-    def call(self, method: str, *args: Any) -> Any:
-        if method in ("sample", "score"):
-            shares = [args[0][s] for s in _shares(len(args[0]), len(self.handles))]
-            answers = self._each(method, [(share,) for share in shares])
-            if method == "sample":
-                return [group for groups in answers for group in groups]
-            return [g for groups, _ in answers for g in groups], merge_records(answers)
-        if method == "load_state_dict":
-            return self._each(method, [(state,) for state in args[0]])
-        answers = self._each(method, [args] * len(self.handles))
-        if method == "last_error":
-            return next((answer for answer in answers if answer is not None), None)
-        return max(answers) if method == "set_weights" else answers
+    def _shared(self, call: Callable[..., Any], items: list) -> list[Any]:
+        """``call(handle, share)`` with each handle's contiguous share of ``items``."""
+        return self._each(call, [(items[s],) for s in _shares(len(items), len(self.handles))])
+
+    def _all(self, call: Callable[..., Any], *args: Any) -> list[Any]:
+        return self._each(call, [args] * len(self.handles))
+
+    def state_dict(self) -> list:
+        return self._all(lambda handle: handle.state_dict())
+
+    def load_state_dict(self, state: list) -> None:
+        self._each(lambda handle, own: handle.load_state_dict(own), [(own,) for own in state])
 
     def close(self) -> None:
         for handle in self.handles:
             handle.close()
         self._threads.shutdown()
+
+
+class RolloutPool(WorkerPool):
+    """Rollout workers sharing a round: their groups joined in order; weights go to every
+    worker, and setting them takes as long as the slowest."""
+
+    def sample(self, problems: list[Problem]) -> list[Group]:
+        answers = self._shared(lambda handle, share: handle.sample(share), problems)
+        return [group for groups in answers for group in groups]
+
+    def set_weights(self, weights: dict, version: int) -> float:
+        return max(self._all(lambda handle: handle.set_weights(weights, version)))
+
+    def reseed(self, salt: int) -> None:
+        self._all(lambda handle: handle.reseed(salt))
+
+
+class RewardPool(WorkerPool):
+    """Reward workers sharing a round: the scored groups joined in order, their records merged
+    (:func:`merge_records`); the last error is the first worker's that has one."""
+
+    def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
+        answers = self._shared(lambda handle, share: handle.score(share), groups)
+        return [g for scored, _ in answers for g in scored], merge_records(answers)
+
+    def last_error(self) -> Optional[tuple[str, str]]:
+        return next((error for error in self._all(lambda handle: handle.last_error()) if error is not None), None)
 
 
 def _shares(count: int, parts: int) -> list[slice]:
@@ -176,18 +308,6 @@ COUNTED = frozenset({"reward/dropped", "reward/errors"})
 """Reward record keys that count rollouts rather than average over them."""
 
 
-class _ActorShell:
-    """The one actor class: builds any worker with its builder and forwards calls to it."""
-
-    def __init__(self, build: Callable[..., Any], args: tuple):
-        self.worker = build(*args)
-
-    def call(self, method: str, *args: Any) -> Any:
-        if method == "ping" or (method == "close" and not hasattr(self.worker, "close")):
-            return None
-        return getattr(self.worker, method)(*args)
-
-
 def start_ray(address: Optional[str]) -> None:
     """Connect to the Ray cluster at ``address``, or start a private local one here (None), unless
     this process is connected already; a ConfigError when Ray is not installed."""
@@ -209,9 +329,14 @@ def ray_running() -> bool:
     return ray.is_initialized()
 
 
-def pool(handles: list[RayHandle]) -> Any:
-    """One handle as it is; several as a :class:`WorkerPool` sharing each round."""
-    return handles[0] if len(handles) == 1 else WorkerPool(handles)
+def rollout_pool(handles: list[RayRollout]) -> RolloutHandle:
+    """One handle as it is; several as a :class:`RolloutPool` sharing each round."""
+    return handles[0] if len(handles) == 1 else RolloutPool(handles)
+
+
+def reward_pool(handles: list[RayReward]) -> RewardHandle:
+    """One handle as it is; several as a :class:`RewardPool` sharing each round."""
+    return handles[0] if len(handles) == 1 else RewardPool(handles)
 
 
 def actor_placement(config: TrainConfig) -> Iterator[Any]:

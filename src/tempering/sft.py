@@ -23,7 +23,6 @@ lengths beyond one row (a record longer than ``sft.max_length`` is refused or sk
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -35,14 +34,14 @@ from tqdm import tqdm
 
 from tempering import checkpoint, faults
 from tempering.build import load_model, logprob_chunk, saves_merged, with_lora
-from tempering.config import ConfigError, TrainConfig, save_resolved
+from tempering.config import ConfigError, TrainConfig
 from tempering.learner.forward import forward_logprobs
 from tempering.learner.optim import adamw, guarded_step, lr_factor
 from tempering.learner.packing import plan_micro_batches
 from tempering.learner.plan import Layout
 from tempering.models.compat import enable_checkpointing
 from tempering.models.lora import adapter_state, load_adapter_state
-from tempering.reporting.metrics import MetricsWriter, truncate_metrics
+from tempering.reporting.metrics import MetricsWriter
 from tempering.rollout.prompts import use_chat_template
 from tempering.tasks.dataset import DatasetError
 from tempering.tasks.sft_records import Example, encode_all, load_split, plan_steps
@@ -171,14 +170,9 @@ def sft(config: TrainConfig, progress: bool = True, resume: bool = False) -> dic
     optimizer = adamw(model, sc.lr, lc.betas, sc.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, sc.warmup_steps, len(steps), sc.schedule, sc.min_lr_ratio))
-    run_dir, lock = checkpoint.open_run_dir(config.run_dir, resume)
-    first_step, loss_before = 0, None
-    found = checkpoint.resume_point(run_dir) if resume else None
-    if found is not None:
-        first_step, loss_before = restore(found, model, optimizer, schedule)
-    else:
-        save_resolved(config, run_dir / "config.yaml")
-    truncate_metrics(run_dir / "metrics.jsonl", first_step)
+    folder = checkpoint.open_run(config.run_dir, resume)
+    run_dir = folder.path
+    first_step, loss_before = folder.start(config, lambda found: restore(found, model, optimizer, schedule)) or (0, None)
     if loss_before is None:
         loss_before = heldout_loss(model, data.heldout, passes, sc.batch_tokens)
 
@@ -214,8 +208,7 @@ def sft(config: TrainConfig, progress: bool = True, resume: bool = False) -> dic
         "wall_s": time.perf_counter() - start, "model": model_path, "checkpoint": str(final),
         "resumed_from": first_step if resume else None,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    lock.release()
+    folder.finish(summary)
     if progress:
         print(f"held-out loss (token-mean NLL of answer tokens, {len(data.heldout)} records): "
               f"before {loss_before:.4f}  after {loss_after:.4f}")

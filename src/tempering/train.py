@@ -18,7 +18,6 @@ Under ``torchrun`` this loop runs on rank 0; the other ranks only follow its lea
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -30,13 +29,13 @@ from tempering.algorithms import AdvantageInputs
 from tempering.algorithms.advantages import AdvantageFn
 from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_penalty
 from tempering.build import Run, build_follower, build_run, saves_merged
-from tempering.config import AlgorithmConfig, ConfigError, TrainConfig, save_resolved
+from tempering.config import AlgorithmConfig, ConfigError, TrainConfig
 from tempering.faults import TrainingDiverged
 from tempering.learner.parallel import follow
 from tempering.learner.step import Learner, collate
 from tempering.pipeline import GraderOutage
 from tempering.reporting.live import LiveView
-from tempering.reporting.metrics import before_after_table, truncate_metrics
+from tempering.reporting.metrics import before_after_table
 from tempering.reporting.samples import SampleWriter
 from tempering.reporting.sinks import StepLog
 from tempering.scheduler import cap_domain_tokens, domain_token_weights_B
@@ -101,14 +100,9 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         return {}
     run = build_run(config, progress, resume)
     first_step, eval_before, timings = 0, None, {"generate_s": 0.0, "reward_s": 0.0, "learn_s": 0.0}
-    found = checkpoint.resume_point(run.run_dir) if resume else None
-    if found is not None:
-        state = restore(found, run)
+    state = run.folder.start(config, lambda found: restore(found, run))
+    if state is not None:
         first_step, eval_before, timings = state["step"], state["eval_before"], state["timings"]
-    else:
-        save_resolved(config, run.run_dir / "config.yaml")
-    truncate_metrics(run.run_dir / "metrics.jsonl", first_step)
-    truncate_metrics(run.run_dir / "samples.jsonl", first_step)
     if eval_before is None:
         eval_before = run.evaluate()
 
@@ -171,8 +165,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                      "dropped_stale": counters.dropped_stale, "left_in_buffer": run.pipeline.buffered,
                      "worker_restarts": run.pipeline.restarts},
     }
-    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    run.lock.release()
+    run.folder.finish(summary)
     if progress:
         print(before_after_table(eval_before, eval_after))
         print(run.mixture.table())

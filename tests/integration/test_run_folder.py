@@ -159,3 +159,52 @@ def test_two_runs_never_write_one_folder_and_a_killed_run_leaves_no_lock(tmp_pat
     _wait_for_a_step(third, run, after=min(done, len(_steps(run))))
     third.send_signal(signal.SIGKILL)
     third.wait(timeout=60)
+
+
+def _temper(command: str, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TEMPERING_KILL_AT", None)
+    if kill_at:
+        env["TEMPERING_KILL_AT"] = kill_at
+    return subprocess.run([sys.executable, "-m", "tempering.cli", command, "--quiet", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _sft_records(path: Path) -> Path:
+    from tempering.tasks import build_task
+
+    task = build_task("add", seed=0, digits=[2])
+    with path.open("w") as f:
+        for i in range(120):
+            problem = task.train_problem(i)
+            f.write(json.dumps({"prompt": problem.prompt, "completion": task.solution(problem)}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_both_commands_hold_the_folder_and_resume_with_the_log_cut_back_to_the_checkpoint(command, tmp_path,
+                                                                                         tiny_model_dir):
+    run = tmp_path / "run"
+    settings = {"train": ["steps=5", *ARGS[:-2], "checkpoint.every=2"],
+                "sft": [str(_sft_records(tmp_path / "add.jsonl")), "threads=1", "sft.batch_tokens=1024",
+                        "sft.epochs=1", "checkpoint.every=2"]}[command]
+    killed = _temper(command, *settings, f"model.path={tiny_model_dir}", "--run-dir", str(run), kill_at="learn:4")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert _steps(run) == [1, 2, 3] and checkpoint.latest(run).name == "step-00000002"
+
+    holder = subprocess.Popen([sys.executable, "-c", f"from tempering import checkpoint; import sys\n"
+                               f"held = checkpoint.open_run({str(run)!r}, resume=True); print('held', flush=True)\n"
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        refused = _temper(command, "--resume", str(run))
+    finally:
+        holder.communicate("", timeout=60)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"run folder {run} is in use by another temper process (pid {holder.pid})" in refused.stderr
+    assert _steps(run) == [1, 2, 3], "a refused run writes nothing"
+
+    resumed = _temper(command, "--resume", str(run))
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_from"] == 2 and _steps(run) == list(range(1, summary["steps"] + 1))

@@ -226,3 +226,10 @@ def test_off_loopback_the_api_key_is_required_of_every_request(tiny_model_dir, t
         assert keyed.completions.create(model=keyed.models.list().data[0].id, prompt=PROMPT, max_tokens=3).choices
         with urllib.request.urlopen(url + "/health", timeout=30) as reply:
             assert json.loads(reply.read())["status"] == "ok"
+
+
+def test_it_listens_on_the_ipv6_loopback(tiny_model_dir, tempering_cache, ipv6_loopback):
+    with serving(tiny_model_dir, tempering_cache, "--host", ipv6_loopback) as url:
+        assert url.startswith("http://[::1]:")
+        ipv6 = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        assert ipv6.completions.create(model=ipv6.models.list().data[0].id, prompt=PROMPT, max_tokens=3).choices

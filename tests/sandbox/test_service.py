@@ -1,6 +1,6 @@
 """The CLI contract, the HTTP service and its client, and a small load test.
 
-Servers are started by these tests on 127.0.0.1 only: the ``serve`` command as a
+Servers are started by these tests on the loopback only (127.0.0.1, once ::1): the ``serve`` command as a
 subprocess (as users run it) and, where a test needs to look inside, an in-process server.
 """
 
@@ -276,6 +276,17 @@ def test_fifo_semaphore_lets_no_request_overtake_an_earlier_one():
 def test_non_loopback_needs_a_token(executor):
     with pytest.raises(ValueError, match="without a token"):
         SandboxHTTPServer(executor, "0.0.0.0", 0)
+
+
+def test_serve_listens_on_the_ipv6_loopback(bench_module, ipv6_loopback):
+    bench = bench_module("sandbox_load")
+    process, url = bench.start_server(workers=1, token=TOKEN, extra=("--host", ipv6_loopback))
+    try:
+        assert url.startswith("http://[::1]:")
+        with SandboxClient(url, TOKEN) as client:
+            assert client.run(RunRequest("print(6 * 7)")).stdout == "42\n"
+    finally:
+        assert bench.stop_server(process) == 0
 
 
 def test_small_load_has_no_lost_duplicated_or_leaked(bench_module):

@@ -188,3 +188,38 @@ def test_a_run_folder_is_locked_against_other_processes_until_released(tmp_path:
     assert f"is in use by another temper process (pid {os.getpid()})" in result.stderr
     lock.release()
     assert subprocess.run([sys.executable, "-c", other]).returncode == 0
+
+
+def _log(path: Path, steps: list[int], torn: str = "") -> None:
+    path.write_text("".join(json.dumps({"step": step}) + "\n" for step in steps) + torn)
+
+
+def test_a_run_that_starts_writes_its_config_and_one_that_resumes_cuts_its_logs_to_the_checkpoint(tmp_path: Path):
+    from tempering.config import TrainConfig
+
+    config = TrainConfig(steps=7, run_dir=str(tmp_path / "run"))
+    started = checkpoint.open_run(config.run_dir, resume=False)
+    assert started.resume_from is None
+    assert started.start(config, restore=lambda found: pytest.fail("nothing to restore")) is None
+    assert "steps: 7" in (started.path / "config.yaml").read_text()
+    checkpoint.save(started.path, 2, _model(), None, {"step": 2})
+    _log(started.path / "metrics.jsonl", [1, 2, 3], torn='{"step": 4, "lo')
+    _log(started.path / "samples.jsonl", [1, 2, 3])
+    started.finish({"steps": 3})
+    assert json.loads((started.path / "summary.json").read_text()) == {"steps": 3}
+
+    resumed = checkpoint.open_run(config.run_dir, resume=True)
+    assert resumed.start(config.model_copy(update={"steps": 9}), restore=lambda found: found.name) == "step-00000002"
+    assert [json.loads(line)["step"] for line in (resumed.path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert [json.loads(line)["step"] for line in (resumed.path / "samples.jsonl").read_text().splitlines()] == [1, 2]
+    assert "steps: 7" in (resumed.path / "config.yaml").read_text(), "a resumed run keeps the config it started with"
+    resumed.lock.release()
+
+
+def test_open_run_refuses_a_folder_another_process_holds(tmp_path: Path):
+    held = checkpoint.open_run(str(tmp_path / "run"), resume=False)
+    other = f"from tempering import checkpoint\ncheckpoint.open_run({str(held.path)!r}, resume=True)"
+    result = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True)
+    assert f"is in use by another temper process (pid {os.getpid()})" in result.stderr
+    held.finish({})
+    assert subprocess.run([sys.executable, "-c", other]).returncode == 0

@@ -2,7 +2,8 @@
 
 import torch
 
-from tempering.algorithms.critic import Critic, clipped_value_loss
+from tempering.algorithms.losses import clipped_value_loss
+from tempering.learner.critic import Critic
 from tempering.models.tiny import build_model
 
 

@@ -4,7 +4,8 @@ Every ``src/tempering`` file's imports are read from its syntax tree, those insi
 too (a lazy import is still a dependency, only a later one). Each module belongs to a *part*:
 its folder, or for a module at the top its own name. :data:`ALLOWED` says which other parts
 each part may import; a part not in the table (a new loose module at the top, a new folder)
-fails until it is placed there on purpose.
+fails until it is placed there on purpose. :data:`PURE_MATHS` names the parts that hold maths
+on tensors only: they may not build or run a model.
 """
 
 import ast
@@ -24,11 +25,12 @@ COMMANDS = {"train", "sft", "pretrain", "rm", "eval_model", "serve_model", "expl
 
 ALLOWED: dict[str, set[str]] = {
     **{name: FOUNDATIONS for name in FOUNDATIONS},
-    # the bottom: maths on tensors, model loading, the sandbox, and checkpoints over models
+    # the bottom: maths on tensors, model loading, the sandbox, and checkpoints over models (with
+    # the run folder, whose step logs resume cuts back)
     "algorithms": FOUNDATIONS,
     "models": FOUNDATIONS,
     "sandbox": FOUNDATIONS,
-    "checkpoint": FOUNDATIONS | {"models"},
+    "checkpoint": FOUNDATIONS | {"models", "reporting"},
     # CUDA-only torch extensions hidden beside a CPU torch: imported by the package itself, so it imports nothing
     "torch_extensions": set(),
     # the middle, in the order of the flow: sampling, rewards, episodes, tasks, what comes next
@@ -41,7 +43,7 @@ ALLOWED: dict[str, set[str]] = {
     "learner": FOUNDATIONS | {"algorithms", "models"},
     "eval": FOUNDATIONS | {"rewards", "rollout", "tasks"},
     "reporting": FOUNDATIONS,
-    "pipeline": FOUNDATIONS | {"rollout"},
+    "pipeline": FOUNDATIONS | {"placement", "rollout"},
     "placement": FOUNDATIONS,
     # pre-training makes builtin:tiny, which build resolves; build makes everything below it
     "pretrain": FOUNDATIONS | {"learner", "models", "tasks"},
@@ -56,6 +58,40 @@ ALLOWED: dict[str, set[str]] = {
     # the sitecustomize of vLLM's processes: it imports the package, for the shim above
     "vllm_site": {"tempering"},
 }
+
+PURE_MATHS = {"algorithms"}
+"""Parts that hold maths on tensors: no ``torch.nn`` module (a layer, a parameter, its init;
+``torch.nn.functional`` is maths), nothing from ``transformers`` or ``peft``. Running a model
+is the learner's (``learner/forward.py``, ``learner/critic.py``)."""
+
+MODEL_LIBRARIES = ("transformers", "peft")
+
+
+def dotted(node: ast.AST) -> str:
+    """``torch.nn.Linear`` of an attribute chain on a name, else ''."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(names)]) if isinstance(node, ast.Name) else ""
+
+
+def model_code(source: str) -> list[str]:
+    """What in ``source`` builds or runs a model: imports of the model libraries or of
+    ``torch.nn`` beyond ``functional``, and uses of ``torch.nn.X`` for any other ``X``."""
+    def is_model(name: str) -> bool:
+        return (name.split(".")[0] in MODEL_LIBRARIES
+                or (name == "torch.nn" or name.startswith("torch.nn.")) and not name.startswith("torch.nn.functional"))
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if is_model(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found += [f"{node.module}.{alias.name}" for alias in node.names if is_model(f"{node.module}.{alias.name}")]
+        elif isinstance(node, ast.Attribute) and dotted(node).count(".") == 2 and is_model(dotted(node)):
+            found.append(dotted(node))
+    return found
 
 
 def modules() -> dict[str, Path]:
@@ -152,3 +188,17 @@ def test_the_checks_find_a_back_import_and_a_cycle():
     assert cycles(edges) == [["tempering.learner.step", "tempering.models.loading", "tempering.pretrain"]]
     assert "pretrain" not in ALLOWED[part("tempering.models.loading")]
     assert part("tempering.eval.greedy") == "eval" and part("tempering.build") == "build"
+
+
+def test_the_pure_maths_parts_build_and_run_no_model():
+    found = {name: model_code(path.read_text(encoding="utf-8")) for name, path in modules().items()
+             if part(name) in PURE_MATHS}
+    assert not {name: uses for name, uses in found.items() if uses}, found
+
+
+def test_the_model_check_finds_a_layer_and_lets_functional_maths_pass():
+    layer = "import torch\nhead = torch.nn.Linear(4, 1)\ntorch.nn.init.zeros_(head.bias)\n"
+    assert model_code(layer) == ["torch.nn.Linear", "torch.nn.init"]
+    assert model_code("from transformers import AutoModel\nfrom torch import nn\n") == ["transformers.AutoModel",
+                                                                                        "torch.nn"]
+    assert model_code("import torch\nx = torch.nn.functional.pad(torch.zeros(2), (1, 0))\n") == []

@@ -9,7 +9,6 @@ from tempering import pipeline as pipeline_module
 from tempering.build import scheduler_settings
 from tempering.config import SchedulerConfig
 from tempering.pipeline import GraderOutage, Pipeline, RewardWorker, RolloutWorker
-from tempering.placement import LocalHandle
 from tempering.rewards import Rewarder
 from tempering.rewards.base import RewardResult
 from tempering.rollout.base import SamplingParams
@@ -53,8 +52,8 @@ def _pipeline(down_until: int, max_outage_rounds: int, backoff_s: float = 0.0, m
     task.rewards = {GRADER: 1.0}
     rewarder = Rewarder([task], {GRADER: {"down_until": down_until}})
     generator = Rounds()
-    rollout = LocalHandle(RolloutWorker(generator, SamplingParams(), group_size=2, seed=0))
-    made = Pipeline(Mixture([task], [1.0], 0, "static", scheduler_settings(SchedulerConfig())), rollout, LocalHandle(RewardWorker(rewarder)), prompts=2,
+    rollout = RolloutWorker(generator, SamplingParams(), group_size=2, seed=0)
+    made = Pipeline(Mixture([task], [1.0], 0, "static", scheduler_settings(SchedulerConfig())), rollout, RewardWorker(rewarder), prompts=2,
                     mode=mode, max_outage_rounds=max_outage_rounds, outage_backoff_s=backoff_s)
     return made, generator
 

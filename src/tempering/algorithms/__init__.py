@@ -1,9 +1,11 @@
 """RL maths as registries of plain functions on tensors: advantage estimators, policy losses,
 loss aggregation modes, KL estimators and their adaptive coefficient, DAPO's dynamic sampling
-and overlong shaping, the critic's value loss, and log-probs from logits. Variants are added
-as new registry entries; the loop selects them by name from the config.
+and overlong shaping, the critic's value loss, log-probs from logits, and the whole objective
+that the learner differentiates (``objective.py``). Variants are added as new registry
+entries; the loop selects them by name from the config.
 
-Not here: running a model (``tempering.learner.forward``), optimizer steps
+Not here: running a model (``tempering.learner.forward``, the critic's value head in
+``tempering.learner.critic``), modules with parameters (``torch.nn`` layers), optimizer steps
 (``tempering.learner``), or reading a config (``tempering.build`` passes plain values).
 """
 

@@ -7,7 +7,8 @@ micro-batches gives exactly the full-batch value (gradient accumulation changes 
 
 Every loss sees one row per sequence, so a sequence-level loss (GSPO) reduces over ``T``.
 Losses return ``-advantage * something``: minimising them raises the probability of tokens
-with positive advantage. The entropy bonus, KL term and value loss are added by the learner.
+with positive advantage. The entropy bonus and KL term are added by the learner; ``clipped_value_loss`` is the
+critic's (PPO with GAE).
 
 Importance ratios are ``exp`` of a log-ratio clamped to ``±LOG_RATIO_LIMIT``: a float32
 ``exp`` overflows to inf above about 88 and underflows to 0 below about -103, and either
@@ -211,3 +212,17 @@ def token_sum_norm(loss_BT: torch.Tensor, mask_BT: torch.Tensor, batch_tokens: i
     constant (the generation budget), so neither a sequence's length nor the batch's token
     count rescales its tokens' gradients."""
     return (loss_BT * mask_BT).sum() / max(batch_sequences * norm_length, 1)
+
+
+def clipped_value_loss(values_BT: torch.Tensor, old_values_BT: torch.Tensor, returns_BT: torch.Tensor,
+                       clip: float) -> torch.Tensor:
+    """Per-token ``0.5 * max((v - R)^2, (v_clipped - R)^2)``, ``v_clipped`` within ``clip`` of the old value.
+
+    As PPO's ratio clip, the clipped term stops the value from moving far from the value
+    the advantages were computed with in one batch; ``clip = 0`` means no clipping.
+    """
+    unclipped_BT = (values_BT - returns_BT) ** 2
+    if clip <= 0:
+        return 0.5 * unclipped_BT
+    moved_BT = old_values_BT + (values_BT - old_values_BT).clamp(-clip, clip)
+    return 0.5 * torch.maximum(unclipped_BT, (moved_BT - returns_BT) ** 2)

@@ -8,8 +8,10 @@ critic's values (:meth:`Learner.values`), a KL penalty folded into the reward
 (:meth:`Learner.teacher_logprobs`; the teacher is loaded from its config on every start, so
 checkpoints do not hold it).
 
-Each update's loss is the policy loss, minus the entropy bonus, plus the KL term (when in
-the loss) and the clipped value loss (with a critic), aggregated over the mini-batch.
+Each update's loss is ``tempering.algorithms.objective.objective``: the policy loss times the
+behaviour weight and the row weight, minus the entropy bonus, plus the KL term (when in the
+loss) and the clipped value loss (with a critic), aggregated over the mini-batch; the learner
+runs the models that give it its tensors.
 Micro-batches accumulate gradients; aggregation is normalised by mini-batch counts, so an
 update does not depend on the micro-batch size beyond floating-point summation order.
 Importance ratios are always against the sampler's log-probs, so later updates of a batch
@@ -70,10 +72,11 @@ import torch
 
 from tempering import faults
 from tempering.algorithms import kl_estimate
-from tempering.algorithms.correction import CORRECTIONS, correct
-from tempering.algorithms.critic import Critic, clipped_value_loss
+from tempering.algorithms.correction import CORRECTIONS
 from tempering.algorithms.kl import MISMATCH_KEYS, KLCoefficient, mismatch
-from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, masked_mean, zero_at_zero_advantage
+from tempering.algorithms.losses import masked_mean, zero_at_zero_advantage
+from tempering.algorithms.objective import ObjectiveInputs, ObjectiveSettings, objective
+from tempering.learner.critic import Critic
 from tempering.learner.forward import can_share_prompts, forward_logprobs, plain_head
 from tempering.learner.optim import guarded_step
 from tempering.learner.parallel import DataParallel, gather_into, idle_pass, load_optimizer_state, optimizer_state
@@ -112,29 +115,18 @@ OFF_POLICY = ("none", "tis", "decoupled")
 
 
 @dataclass(kw_only=True)
-class LearnerSettings:
-    """How the learner computes an update. Every field is required: ``tempering.build.learner_settings``
-    fills them from the config, so a test that builds them there runs a real run's path."""
+class LearnerSettings(ObjectiveSettings):
+    """How the learner computes an update: the objective's settings and these. Every field is
+    required: ``tempering.build.learner_settings`` fills them from the config, so a test that
+    builds them there runs a real run's path."""
 
-    loss: LossFn
-    aggregation: AggregationFn
-    clip_low: float
-    clip_high: float
-    dual_clip: float
-    entropy_coef: float
     kl_coef: float
-    kl_estimator: str
-    kl_clamp: float
-    """Bound on each token's KL estimate; 0 = none."""
+    """The KL coefficient to start from; 0 = no reference model."""
     kl_in_reward: bool
     kl_target: float
     kl_horizon: int
     critic: Optional[str]
     """None, "head" (a value head on the policy) or "model" (a separate critic model)."""
-    value_coef: float
-    value_clip: float
-    norm_length: int
-    """The aggregation's constant (``token_sum_norm``)."""
     ppo_epochs: int
     mini_batches: int
     temperature: float
@@ -147,16 +139,6 @@ class LearnerSettings:
     gradient_checkpointing: bool
     grad_clip: float
     bf16: bool
-    off_policy: str
-    """Correction for stale rollouts: "none", "tis" or "decoupled" (see the module docstring)."""
-    is_cap: float
-    """Truncation of the behaviour weight for "tis"."""
-    mismatch_correction: str
-    """Correction for a sampler that is not the learner, on every batch: "none" or a name in
-    ``tempering.algorithms.correction.CORRECTIONS``."""
-    mismatch_low: float
-    mismatch_high: float
-    """The band of ``pi_prox / pi_sampler`` that correction keeps (truncates at ``mismatch_high``)."""
     skip_zero_advantage: bool
     """Leave rows whose advantages are all 0 out of the forward pass when that is exact."""
     share_prompts: bool
@@ -346,42 +328,20 @@ class Learner:
                                         s.clip_low, s.clip_high)
         if prox_from_forward:  # the step's one update: its weights are the proximal policy
             prox_BT = logprobs_BT.detach().float() * mask_BT
-        anchor_BT = micro.old_logprobs_BT if prox_BT is None else prox_BT
-        loss_BT, metrics = s.loss(LossInputs(
-            logprobs_BT=logprobs_BT, old_logprobs_BT=anchor_BT, advantages_BT=micro.advantages_BT,
-            mask_BT=mask_BT, clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip))
-        if prox_BT is not None and s.mismatch_correction != "none":
-            weight_BT, corrected = correct(s.mismatch_correction, prox_BT, micro.old_logprobs_BT, mask_BT,
-                                           s.mismatch_low, s.mismatch_high)
-            loss_BT = loss_BT * weight_BT
-            metrics.update(corrected)
-        elif prox_BT is not None:
-            behaviour_BT = torch.exp((prox_BT - micro.old_logprobs_BT) * mask_BT)
-            if s.off_policy == "tis":
-                behaviour_BT = behaviour_BT.clamp(max=s.is_cap)
-            loss_BT = loss_BT * behaviour_BT
-            metrics["behaviour_weight"] = masked_mean(behaviour_BT, mask_BT)
-        if micro.weights_B is not None:
-            loss_BT = loss_BT * micro.weights_B[:, None]
-        if s.entropy_coef > 0:
-            loss_BT = loss_BT - s.entropy_coef * entropy_BT
+        ref_BT = values_BT = None
         if self.reference is not None and not s.kl_in_reward:
             with torch.no_grad(), self._autocast():
                 ref_BT = self._reference_logprobs(micro, part)
-            kl_BT = kl_estimate(logprobs_BT, ref_BT, s.kl_estimator, s.kl_clamp)
-            loss_BT = loss_BT + self.kl.value * kl_BT
-            metrics["kl"] = masked_mean(kl_BT.detach(), mask_BT)
         if self.critic is not None:
             with self._autocast():
                 values_BT = (self.critic.values_from_hidden(out.hidden_BTH) if shared_critic
-                             else self.critic.values(micro.input_ids_BT, micro.attention_mask_BT))
-            value_loss_BT = clipped_value_loss(values_BT.float(), micro.values_BT, micro.returns_BT, s.value_clip)
-            loss_BT = loss_BT + s.value_coef * value_loss_BT
-            metrics["value_loss"] = masked_mean(value_loss_BT.detach(), mask_BT)
-        loss = s.aggregation(loss_BT, mask_BT, tokens, sequences, s.norm_length)
+                             else self.critic.values(micro.input_ids_BT, micro.attention_mask_BT)).float()
+        loss, metrics = objective(ObjectiveInputs(
+            logprobs_BT=logprobs_BT, sampler_logprobs_BT=micro.old_logprobs_BT, advantages_BT=micro.advantages_BT,
+            mask_BT=mask_BT, entropy_BT=entropy_BT, batch_tokens=tokens, batch_sequences=sequences,
+            prox_logprobs_BT=prox_BT, weights_B=micro.weights_B, ref_logprobs_BT=ref_BT, kl_coef=self.kl.value,
+            values_BT=values_BT, old_values_BT=micro.values_BT, returns_BT=micro.returns_BT), s)
         loss.backward()
-        metrics["loss"] = float(loss.detach())
-        metrics["entropy"] = masked_mean(entropy_BT.detach(), mask_BT)
         if measure:
             metrics.update(mismatch_metrics)
         return metrics

@@ -65,7 +65,7 @@ import time
 import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -79,7 +79,7 @@ from tempering.rollout.openai_api import (RequestError, Sampled, Streamed, Wire,
                                           error_body, event_stream, flag, logprobs_asked, refuse_unsupported,
                                           sampling_request, usage)
 from tempering.rollout.prompts import chat_ids, encode_prompt
-from tempering.sandbox.server import http_url
+from tempering.sandbox.server import HTTPServer
 
 MAX_BODY_BYTES = 64 << 20
 
@@ -474,7 +474,7 @@ def _version(body: dict) -> Optional[int]:
     return version
 
 
-class OpenAIHTTPServer(ThreadingHTTPServer):
+class OpenAIHTTPServer(HTTPServer):
     """One thread per connection; the sampling itself happens on the batcher's thread.
     ``api_key``: the bearer token every request but ``GET /health`` must carry (None: none)."""
 
@@ -483,11 +483,7 @@ class OpenAIHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0, api_key: Optional[str] = None):
         self.app, self.api_key = server, api_key
-        super().__init__((host, port), _Handler)
-
-    @property
-    def url(self) -> str:
-        return http_url(self.server_address)
+        super().__init__(host, port, _Handler)
 
 
 class _Handler(BaseHTTPRequestHandler):

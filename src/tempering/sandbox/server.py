@@ -74,6 +74,20 @@ def http_url(address: tuple) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class HTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server on an IPv4 or IPv6 ``host`` (the socket family follows the
+    address; the base class always opens IPv4), saying where it listens as :func:`http_url`.
+    This service's and ``temper serve``'s both build on it."""
+
+    def __init__(self, host: str, port: int, handler: type):
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__((host, port), handler)
+
+    @property
+    def url(self) -> str:
+        return http_url(self.server_address)
+
+
 class QueueTimeout(Exception):
     """A job found no room or no slot before its deadline."""
 
@@ -123,7 +137,7 @@ class FifoSemaphore:
             self._changed.notify_all()
 
 
-class SandboxHTTPServer(ThreadingHTTPServer):
+class SandboxHTTPServer(HTTPServer):
     """One thread per connection, capped; jobs queued for the executor's slots."""
 
     daemon_threads = True
@@ -142,12 +156,7 @@ class SandboxHTTPServer(ThreadingHTTPServer):
         self.batches = ThreadPoolExecutor(executor.workers, thread_name_prefix="sandbox-batch")
         self.connections = 0
         self.lock = threading.Lock()
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        super().__init__((host, port), _Handler)
-
-    @property
-    def url(self) -> str:
-        return http_url(self.server_address)
+        super().__init__(host, port, _Handler)
 
     @property
     def queued(self) -> int:

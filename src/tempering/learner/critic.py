@@ -14,8 +14,9 @@ Two placements:
 
 The head starts at zero (every value 0), so the first advantages are plain returns, and
 the first update sends no gradient into a shared trunk (the head's weights are 0). The
-critic trains with the policy's optimizer and learning rate. Not done: saving the critic
-with the final checkpoint (it is only needed to keep training).
+critic trains with the policy's optimizer and learning rate; its loss is
+``tempering.algorithms.losses.clipped_value_loss``. Not done: saving the critic with the final
+checkpoint (it is only needed to keep training).
 """
 
 from __future__ import annotations
@@ -50,17 +51,3 @@ class Critic:
         """Values of a batch, running the trunk."""
         out = self.trunk(input_ids=input_ids_BT, attention_mask=attention_mask_BT, output_hidden_states=True)
         return self.values_from_hidden(out.hidden_states[-1])
-
-
-def clipped_value_loss(values_BT: torch.Tensor, old_values_BT: torch.Tensor, returns_BT: torch.Tensor,
-                       clip: float) -> torch.Tensor:
-    """Per-token ``0.5 * max((v - R)^2, (v_clipped - R)^2)``, ``v_clipped`` within ``clip`` of the old value.
-
-    As PPO's ratio clip, the clipped term stops the value from moving far from the value
-    the advantages were computed with in one batch; ``clip = 0`` means no clipping.
-    """
-    unclipped_BT = (values_BT - returns_BT) ** 2
-    if clip <= 0:
-        return 0.5 * unclipped_BT
-    moved_BT = old_values_BT + (values_BT - old_values_BT).clamp(-clip, clip)
-    return 0.5 * torch.maximum(unclipped_BT, (moved_BT - returns_BT) ** 2)

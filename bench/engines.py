@@ -1,7 +1,7 @@
 """Rollout engines side by side: the built-in sampler against vLLM (in-process and served); prints one JSON line.
 
     python bench/engines.py [--model builtin:tiny] [--batch-sizes 8,32,64] [--group-size 8]
-        [--max-new-tokens 64] [--rl-steps 5] [--compile] [--threads N] [--repeats 2] [--skip-rl]
+        [--max-new-tokens 64] [--rl-steps 5] [--compile] [--threads N] [--repeats 2] [--skip-rl] [--trl]
 
 Where vLLM is not installed it prints ``{"skipped": why}`` and exits 0.
 
@@ -17,10 +17,15 @@ RL: ``--rl-steps`` steps of the quickstart (evaluation off) with each way of sam
 weights reloaded from disk each step, fp32) and ``vllm_engine_bf16`` (bf16 sampling beside the
 fp32 learner: a real mismatch); for each, seconds per step (total, generation, weight sync;
 the first step, which carries start-up costs, left out) and the mean ``mismatch/abs_logp`` and
-``mismatch/k3``. ``key=value`` overrides apply to every run. Output::
+``mismatch/k3``. ``key=value`` overrides apply to every run.
+
+The peer, with ``--trl``: TRL's ``GRPOTrainer`` sampling with colocated vLLM
+(``use_vllm=True, vllm_mode="colocate"``) for ``--rl-steps`` steps of the same task, batch
+and length on the same model: its seconds per step, or, where it does not run, the exception
+it stopped with and whether any step completed (needs the bench extra, TRL). Output::
 
     {"generation": {"batch_N": {"builtin_tok_s", "vllm_eager_tok_s", ...}}, "rl": {ENGINE: {...}},
-     "settings": {...}}
+     "trl_colocated": {...}, "settings": {...}}
 """
 
 from __future__ import annotations
@@ -109,6 +114,60 @@ def rl(args, threads: int, overrides: list[str]) -> dict:
     return found
 
 
+def trl_colocated(args, threads: int, pretrain: PretrainConfig) -> dict:
+    """TRL's GRPO with colocated vLLM on the quickstart's task and batch (see the module docstring)."""
+    import os
+    import socket
+
+    try:
+        from datasets import Dataset
+        from transformers import TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except Exception as err:  # TRL's import probes vLLM's, which can raise more than ImportError
+        return {"error": f"TRL cannot be imported ({type(err).__name__}: {err}); pip install -e '.[bench]'"}
+    config = load_config(builtin_config("quickstart"), [f"model.path={args.model}"])
+    rc = config.rollout
+    model, tokenizer, _ = load_policy(args.model, "float32", pretrain, progress=False)
+    task = build_task("add", seed=0, digits=[2])
+    dataset = Dataset.from_list([{"prompt": task.train_problem(i).prompt, "answer": task.train_problem(i).answer}
+                                 for i in range(args.rl_steps * rc.prompts_per_step)])
+
+    def exact(prompts, completions, answer, **_):
+        return [float(str(a) in c) for c, a in zip(completions, answer)]
+
+    ends: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, *_, **__):
+            ends.append(time.perf_counter())
+
+    with socket.socket() as probe:  # colocated vLLM joins a torch.distributed group of one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    with tempfile.TemporaryDirectory() as out:
+        trl_args = GRPOConfig(
+            output_dir=out, max_steps=args.rl_steps, seed=0, use_cpu=True, per_device_train_batch_size=rc.group_size,
+            gradient_accumulation_steps=rc.prompts_per_step, num_generations=rc.group_size,
+            max_completion_length=args.max_new_tokens, temperature=rc.temperature, learning_rate=config.learner.lr,
+            beta=0.0, report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True,
+            use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+        start = time.perf_counter()
+        try:
+            trainer = GRPOTrainer(model=model, reward_funcs=[exact], args=trl_args, train_dataset=dataset,
+                                  processing_class=tokenizer, callbacks=[StepClock()])
+            trainer.train()
+        except Exception as err:
+            import traceback
+
+            inside = [f for f in traceback.extract_tb(err.__traceback__) if f"{os.sep}trl{os.sep}" in f.filename]
+            return {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                    "raised_in_trl": [f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in inside[-2:]],
+                    "steps_completed": len(ends), "threads": threads}
+    durations = [b - a for a, b in zip([start] + ends, ends)][1:] or [ends[0] - start]
+    return {"s_per_step": statistics.fmean(durations), "steps_completed": len(ends), "threads": threads}
+
+
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:tiny")
@@ -120,6 +179,7 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch and vLLM threads; 0 = every core torch sees")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-rl", action="store_true")
+    parser.add_argument("--trl", action="store_true", help="also TRL's GRPO with colocated vLLM (the bench extra)")
     args, overrides = parser.parse_known_args(argv)
     why = vllm_missing()
     if why is not None:
@@ -130,6 +190,8 @@ def main(argv: list[str]) -> dict:
     result = {"generation": generation(args, threads, pretrain)}
     if not args.skip_rl:
         result["rl"] = rl(args, threads, overrides)
+    if args.trl:
+        result["trl_colocated"] = trl_colocated(args, threads, pretrain)
     result["settings"] = {"model": args.model, "group_size": args.group_size, "max_new_tokens": args.max_new_tokens,
                           "threads": threads, "rl_steps": args.rl_steps, "torch": torch.__version__,
                           "vllm": __import__("vllm").__version__}

@@ -26,6 +26,8 @@ SMALL = ["threads=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "rol
 QUICK = {
     "algorithms": (["--steps", "1", "--estimators", "grpo", "model.path={model}", *SMALL],
                    lambda out: out["steps"] == 1 and set(out["results"]) == {"grpo"}),
+    "code_baselines": (["--problems", "2"],
+                       lambda out: len(out["per_task"]) == 7 and 0 <= out["mean"]["best_constant"] <= 1),
     "generation": (["--quick", "--model", "{model}", "--threads", "1", "--workloads", "group", "--precisions", "fp32"],
                    lambda out: out["batch_1"]["tempering_tok_s"] > 0 and out["batch_1"]["generate_tok_s"] > 0),
     "memory": (["--model", "{model}", "--lengths", "128", "--sides", "tempering", "--budget-gb", "4"],

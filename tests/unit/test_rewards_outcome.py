@@ -68,28 +68,46 @@ def _rollouts(texts):
     return [Rollout(None, [1], [2], [0.0], text, "stop", 0) for text in texts]
 
 
+ADD = "```python\ndef add(a, b):\n    return a + b\n```"
+
+
+def _adds(n):
+    """``n`` different programs (the same function, each with its own comment)."""
+    return [ADD.replace("return", f"# version {i}\n    return") for i in range(n)]
+
+
 def test_code_credit_all_or_fraction_and_no_code_scores_zero_without_running():
-    code = "```python\ndef add(a, b):\n    return a + b\n```"
     for credit, expected in (("all", [1.0, 0.0, 0.0]), ("fraction", [1.0, 0.5, 0.0])):
         reward = CodeReward(credit=credit)
         reward._sandbox = ScriptedSandbox([[["passed", "passed"], ["passed", "wrong_answer"]]])
-        results = reward.score_batch([_code_problem()] * 3, _rollouts([code, code, "no code, sorry"]))
+        results = reward.score_batch([_code_problem()] * 3, _rollouts([*_adds(2), "no code, sorry"]))
         assert [r.score for r in results] == expected
         assert len(reward._sandbox.calls[0]) == 2          # the one without code never ran
         assert results[2].diagnostics == {"no_code": 1}
 
 
 def test_a_sandbox_fault_is_retried_then_reported_as_an_error_never_as_a_wrong_answer():
-    code = "```python\ndef add(a, b):\n    return a + b\n```"
     reward = CodeReward(retries=1)
     reward._sandbox = ScriptedSandbox([
         [["passed", "passed"], ["sandbox_error", "passed"], ["sandbox_error"]],
         [["passed", "passed"], ["sandbox_error"]],  # retry: the first recovers, the second does not
     ])
-    results = reward.score_batch([_code_problem()] * 3, _rollouts([code] * 3))
+    results = reward.score_batch([_code_problem()] * 3, _rollouts(_adds(3)))
     assert [len(specs) for specs in reward._sandbox.calls] == [3, 2]
     assert [r.score for r in results[:2]] == [1.0, 1.0]
     assert results[2].error == "sandbox_error"
+
+
+def test_a_program_written_twice_for_one_problem_runs_once_and_both_get_its_verdict():
+    """A group's samples often repeat a program word for word (more so as the policy sharpens):
+    each distinct program of a problem runs once per batch."""
+    other = ADD.replace("a + b", "a - b")
+    reward = CodeReward(credit="fraction")
+    reward._sandbox = ScriptedSandbox([[["passed", "passed"], ["passed", "wrong_answer"], ["passed", "passed"]]])
+    problems = [_code_problem(0)] * 4 + [_code_problem(1)]
+    results = reward.score_batch(problems, _rollouts([ADD, other, ADD, other, ADD]))
+    assert [len(specs) for specs in reward._sandbox.calls] == [3]  # (0, ADD), (0, other), (1, ADD)
+    assert [r.score for r in results] == [1.0, 0.5, 1.0, 0.5, 1.0]
 
 
 def test_a_code_problem_without_tests_is_an_error_naming_it():

@@ -100,3 +100,17 @@ def test_corpus_documents_are_the_raw_prompt_and_a_right_or_buggy_body(task):
         else:
             wrong += 1
     assert 0.45 < wrong / (wrong + right) < 0.7  # 0.6 of the families with bugs, which are most
+
+
+def test_a_training_mixture_of_code_tasks_updates_without_a_curriculum():
+    """The code task's drawn levels are not a curriculum's level count: a mixture's update
+    (every step of a run) neither fails on them nor reports a level."""
+    from tempering.build import scheduler_settings
+    from tempering.config import SchedulerConfig
+    from tempering.scheduler import StaticMixture
+
+    tasks = [build_task("code:filter", seed=0, levels=[1, 2]), build_task("code:string", seed=0)]
+    mixture = StaticMixture(tasks, [1.0, 1.0], seed=0, settings=scheduler_settings(SchedulerConfig()))
+    record = mixture.update()
+    assert record["domain/code:filter/weight"] == 0.5
+    assert not any(key.endswith("/level") for key in record)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import re
 import threading
+from dataclasses import replace
 import warnings
 from typing import Literal, Optional, Sequence
 
@@ -153,13 +154,19 @@ class CodeReward:
                         self.timeout_s, self.memory_mb)
 
     def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]:
+        """Each distinct (problem, program) of the batch runs once, every test in one sandbox
+        run, and each rollout that wrote it gets that verdict: a group's samples often
+        repeat a program word for word, the more so as the policy sharpens."""
         results: list[Optional[RewardResult]] = [None] * len(problems)
-        runnable = {}
+        runnable, first_of, copies = {}, {}, []
         for i, (problem, rollout) in enumerate(zip(problems, rollouts)):
             code = self.code_of(problem, rollout.text)
             if code is None:
                 results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"no_code": 1})
+            elif (problem.key, code) in first_of:
+                copies.append((i, first_of[problem.key, code]))
             else:
+                first_of[problem.key, code] = i
                 runnable[i] = self.spec(problem, code)
         error = "sandbox_error"
         for _ in range(self.retries + 1):
@@ -177,6 +184,9 @@ class CodeReward:
                     del runnable[i]
         for i in runnable:
             results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error=error)
+        for i, original in copies:  # a copy each, so that no later change to one reaches another
+            first = results[original]
+            results[i] = replace(first, components=dict(first.components), diagnostics=dict(first.diagnostics))
         return results
 
     def _result(self, outcome, credit: str) -> RewardResult:

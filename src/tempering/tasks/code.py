@@ -82,8 +82,9 @@ class CodeTask(StreamState):
             if unknown := sorted(set(families) - known):
                 raise ValueError(f"unknown code families {unknown} (of kinds {kinds}); known: {', '.join(sorted(known))}")
             chosen = [f for f in chosen if f.name in families]
-        self.levels = list(levels or [1])
-        if not self.levels or any(level not in (1, 2, 3) for level in self.levels):
+        # not ``levels``: that name is the scheduler's curriculum protocol (a count of levels)
+        self.drawn_levels = list(levels or [1])
+        if not self.drawn_levels or any(level not in (1, 2, 3) for level in self.drawn_levels):
             raise ValueError(f"levels must be a non-empty list of 1, 2 or 3, got {levels!r}")
         if style not in ("raw", "chat"):
             raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
@@ -104,11 +105,11 @@ class CodeTask(StreamState):
 
     def _draw(self, rng: random.Random, want_eval: bool) -> tuple[Family, int, Params]:
         for _ in range(10_000):
-            family, level = rng.choice(self.families), rng.choice(self.levels)
+            family, level = rng.choice(self.families), rng.choice(self.drawn_levels)
             params = family.constants(rng, level)
             if self.is_held_out(family, params) == want_eval:
                 return family, level, params
-        raise ValueError(f"{self.name}: no {'held-out' if want_eval else 'training'} problem found at levels {self.levels}")
+        raise ValueError(f"{self.name}: no {'held-out' if want_eval else 'training'} problem found at levels {self.drawn_levels}")
 
     # -- problems ---------------------------------------------------------------------
 

@@ -9,6 +9,12 @@ program (no fenced block expected), and ``meta["credit"]`` to override the rewar
 for that problem (a task's ``partial`` option). Verdicts come from the sandbox's trusted parent, never from the
 program; see :mod:`tempering.sandbox` for the threat model.
 
+The program is the completion's last fenced block (:func:`extract_code`); a reward built with
+``unfenced=True`` also runs the code of an answer that forgot its fence (a chat model's
+``def`` written as plain text, or closed by a fence it never opened), so a model that knows the
+function is not paid nothing for its markup; the ``code_format`` reward then pays for the
+fence itself, separately.
+
 A ``program`` verdict (a user's ``{"kind": "program"}`` tests, which the parent cannot
 split into calls) comes from inside the sandbox and can be forged: such results carry the
 component ``forgeable = 1`` (so a run logs the share of them), and ``forgeable_credit``
@@ -73,6 +79,62 @@ def extract_code(completion: str, language: str = "python") -> Optional[str]:
     return blocks[-1][1] if blocks else None
 
 
+_TOP_LEVEL = re.compile(r"(?:async\s+def|def|class|import|from)\s|@\w")
+"""A line that starts a top-level Python statement an answer's program may begin with."""
+
+
+def unfenced_code(completion: str) -> Optional[str]:
+    """The Python program in an answer written without fences: from the first line that starts
+    a top-level ``def``, ``class``, ``import``, ``from`` or decorator, through the lines that
+    continue it (indented, blank, or another such statement), up to the first other line (prose
+    or a stray fence); None when no line starts one.
+
+    >>> unfenced_code("Sure:\\ndef f(x):\\n    return x\\n\\nThis returns x.")
+    'def f(x):\\n    return x\\n'
+    >>> unfenced_code("import math\\ndef g():\\n    return math.pi\\n```\\nDone")
+    'import math\\ndef g():\\n    return math.pi\\n'
+    >>> unfenced_code("The answer is 4.") is None
+    True
+    """
+    lines = completion.splitlines()
+    start = next((i for i, line in enumerate(lines) if _TOP_LEVEL.match(line)), None)
+    if start is None:
+        return None
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end][0].isspace() or _TOP_LEVEL.match(lines[end])):
+        end += 1
+    return "\n".join(lines[start:end]).rstrip() + "\n"
+
+
+def defines(code: str, entry_point: str) -> bool:
+    """Whether ``code`` has a top-level ``def entry_point(`` line (``async def`` too).
+
+    >>> defines("import os\\ndef add(a, b):\\n    return a + b\\n", "add"), defines("def adder(a): ...", "add")
+    (True, False)
+    """
+    return re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
+
+
+@register_reward("code_format")
+def code_format(problem: Problem, completion: str, *, language: str = "python") -> float:
+    """1 when the completion holds a fenced block in ``language`` (or untagged) and, for call
+    tests, that block defines the entry point; else 0. Nothing is run: this pays for the
+    answer's shape, which the ``code`` reward (with ``unfenced``) does not insist on.
+
+    >>> p = Problem(task="t", id="0", prompt="", answer="", meta={"tests": {"kind": "call", "entry_point": "add",
+    ...     "cases": [{"args": [1, 2], "expected": 3}]}})
+    >>> code_format(p, "```python\\ndef add(a, b):\\n    return a + b\\n```"), code_format(p, "def add(a, b): ...")
+    (1.0, 0.0)
+    >>> code_format(p, "```python\\ndef plus(a, b):\\n    return a + b\\n```")
+    0.0
+    """
+    code = extract_code(completion, language)
+    if code is None:
+        return 0.0
+    tests = problem_tests(problem)
+    return float(tests.kind != "call" or defines(code, tests.entry_point))
+
+
 def check_service(url: str, token: str = "") -> None:
     """A ``ValueError`` naming ``url`` unless a sandbox service answers its ``/health`` there
     (asked once per URL and process, see the module docstring)."""
@@ -106,12 +168,14 @@ class CodeReward:
     rollouts whose run hit a sandbox fault, on top of the executor's own retries.
     ``forgeable_credit``: the factor on the score of a forgeable (``program``) verdict;
     above 0 it pays for what a program can claim about itself, and start-up warns.
+    ``unfenced``: a completion without a fenced block is run as :func:`unfenced_code` reads it
+    (it scores 0 unrun by default).
     """
 
     def __init__(self, *, credit: Literal["all", "fraction"] = "all", language: str = "python",
                  timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 0,
                  isolation: str = "auto", url: str = "", token: str = "", retries: int = 1,
-                 forgeable_credit: float = 0.0):
+                 forgeable_credit: float = 0.0, unfenced: bool = False):
         if credit not in ("all", "fraction"):
             raise ValueError(f"credit must be 'all' or 'fraction', got {credit!r}")
         if not 0 <= forgeable_credit <= 1:
@@ -121,7 +185,7 @@ class CodeReward:
                           "word, which a completion can forge (write the done message, exit 0); such passes earn "
                           "reward. Prefer stdio or call tests, which the parent judges", stacklevel=2)
         self.credit, self.language, self.retries = credit, language, retries
-        self.forgeable_credit = forgeable_credit
+        self.forgeable_credit, self.unfenced = forgeable_credit, unfenced
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
         self._connect = (url, token, workers, isolation)
         self._sandbox = None
@@ -146,7 +210,11 @@ class CodeReward:
         """The program a completion answers with, None when it holds no code block."""
         if not problem.meta.get("code_fenced", True):
             return completion
-        return extract_code(completion, problem.meta.get("language", self.language))
+        language = problem.meta.get("language", self.language)
+        code = extract_code(completion, language)
+        if code is None and self.unfenced and language == "python":
+            return unfenced_code(completion)
+        return code
 
     def spec(self, problem: Problem, code: str) -> TestSpec:
         language = problem.meta.get("language", self.language)

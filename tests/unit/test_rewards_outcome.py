@@ -46,6 +46,17 @@ def test_code_extraction_prefers_the_requested_language_and_tolerates_a_cut_off_
     assert extract_code("x = 1") is None
 
 
+def test_code_extraction_takes_the_block_that_defines_the_entry_point_over_a_later_usage_example():
+    text = "```python\ndef add(a, b):\n    return a + b\n```\nFor example:\n```python\nprint(add(1, 2))\n```"
+    assert extract_code(text, entry_point="add") == "def add(a, b):\n    return a + b\n"
+    assert extract_code(text) == "print(add(1, 2))\n"                        # no entry point: the last block
+    assert extract_code(text, entry_point="sub") == "print(add(1, 2))\n"     # none defines it: the last block
+    reward = CodeReward()
+    reward._sandbox = ScriptedSandbox([[["passed", "passed"]]])
+    reward.score_batch([_code_problem()], _rollouts([text]))
+    assert reward._sandbox.calls[0][0].code == "def add(a, b):\n    return a + b\n"
+
+
 @pytest.mark.parametrize("completion, expected", [
     ("def add(a, b):\n    return a + b", "def add(a, b):\n    return a + b\n"),
     # prose around it, a blank line inside and an import before it

@@ -60,9 +60,11 @@ _ANSWERED: set[str] = set()
 """Sandbox URLs whose service answered the start-up check in this process."""
 
 
-def extract_code(completion: str, language: str = "python") -> Optional[str]:
+def extract_code(completion: str, language: str = "python", entry_point: str = "") -> Optional[str]:
     """The last fenced block in ``language`` (or untagged), else the last fenced block of any
-    tag, else None. An unclosed final fence (a completion cut off mid-block) counts.
+    tag, else None. An unclosed final fence (a completion cut off mid-block) counts. Given an
+    ``entry_point``, the last of those blocks that defines it comes first, so that a usage
+    example fenced after the function is not taken for the program.
 
     >>> extract_code("Here:\\n```python\\nprint(1)\\n```\\nand\\n```\\nprint(2)\\n```")
     'print(2)\\n'
@@ -70,13 +72,15 @@ def extract_code(completion: str, language: str = "python") -> Optional[str]:
     'x = 1\\n'
     >>> extract_code("no code here") is None, extract_code("```python\\nprint(3)\\n")
     (True, 'print(3)\\n')
+    >>> extract_code("```python\\ndef f(): return 1\\n```\\nUse it:\\n```python\\nprint(f())\\n```", entry_point="f")
+    'def f(): return 1\\n'
     """
     text = completion if completion.count("```") % 2 == 0 else completion + "```"
     blocks = [(_ALIASES.get(tag.lower(), tag.lower()), body) for tag, body in _FENCE.findall(text)]
-    for tag, body in reversed(blocks):
-        if tag in (language, ""):
-            return body
-    return blocks[-1][1] if blocks else None
+    ours = [body for tag, body in blocks if tag in (language, "")] or [body for _, body in blocks]
+    if entry_point and (defining := [body for body in ours if defines(body, entry_point)]):
+        return defining[-1]
+    return ours[-1] if ours else None
 
 
 _TOP_LEVEL = re.compile(r"(?:async\s+def|def|class|import|from)\s|@\w")
@@ -128,11 +132,9 @@ def code_format(problem: Problem, completion: str, *, language: str = "python") 
     >>> code_format(p, "```python\\ndef plus(a, b):\\n    return a + b\\n```")
     0.0
     """
-    code = extract_code(completion, language)
-    if code is None:
-        return 0.0
-    tests = problem_tests(problem)
-    return float(tests.kind != "call" or defines(code, tests.entry_point))
+    name = entry_point(problem)
+    code = extract_code(completion, language, name)
+    return float(code is not None and (not name or defines(code, name)))
 
 
 def check_service(url: str, token: str = "") -> None:
@@ -156,6 +158,12 @@ def problem_tests(problem: Problem) -> Tests:
     if tests is None:
         raise ValueError(f"problem {problem.key} has no meta['tests'] for the code reward")
     return TestSpec.from_dict({"code": "", "tests": tests}).tests
+
+
+def entry_point(problem: Problem) -> str:
+    """The function a problem's call tests call; '' for other tests or none."""
+    tests = problem.meta.get("tests")
+    return problem_tests(problem).entry_point if tests is not None else ""
 
 
 @register_reward("code")
@@ -211,7 +219,7 @@ class CodeReward:
         if not problem.meta.get("code_fenced", True):
             return completion
         language = problem.meta.get("language", self.language)
-        code = extract_code(completion, language)
+        code = extract_code(completion, language, entry_point(problem))
         if code is None and self.unfenced and language == "python":
             return unfenced_code(completion)
         return code

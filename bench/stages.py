@@ -15,6 +15,10 @@ split with ``temper eval``; prints one JSON object and a Markdown table.
 Also reports the best constant answer's accuracy on the split (the share of held-out problems
 whose answer is the most common one), so that a gain can be told from learning one answer.
 Each stage's numbers come from ``temper eval``'s JSON, saved beside the runs in ``--out``.
+
+A code config (``--config smollm2-code``, a chat-style ``code`` first task) has no SFT
+records and no constant answer (each problem is a function); ``--n 0`` measures greedy only,
+the number the run's own before/after table holds, for configs whose sampling is costly.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 from tempering.build import build_tasks
 from tempering.config import load_config
 from tempering.tasks.arithmetic import OPERATIONS, ArithmeticTask
+from tempering.tasks.code import CodeTask
 
 
 def temper(*args: str) -> None:
@@ -37,10 +42,11 @@ def temper(*args: str) -> None:
 
 
 def evaluate(model: str, config: str, problems: int, n: int, out: Path) -> dict:
-    """``temper eval``'s metrics for the config's first task: greedy, pass@1, maj@n, best-of-n."""
+    """``temper eval``'s metrics for the config's first task: greedy, pass@1, maj@n, best-of-n
+    (greedy only for ``n`` = 0)."""
     if not out.exists():
-        temper("eval", model, config, "--problems", str(problems), "--n", str(n), "--k", f"1,{n}",
-               "--best-of", "verifier", "--json", str(out), "--quiet")
+        sampled = ["--n", str(n), "--k", f"1,{n}", "--best-of", "verifier"] if n else []
+        temper("eval", model, config, "--problems", str(problems), *sampled, "--json", str(out), "--quiet")
     result = json.loads(out.read_text())
     task, metrics = next(iter(result["metrics"].items()))
     keep = ("greedy", "pass@1", f"maj@{n}", f"best_of@{n}[verifier]")
@@ -52,8 +58,8 @@ def first_task(config_name: str):
     """The config's first task, which the stages train and measure; SFT records are written
     for the built-in arithmetic tasks only (their problems carry their operands)."""
     task = build_tasks(load_config(config_name))[0]
-    if not isinstance(task, ArithmeticTask) or task.style != "chat":
-        raise SystemExit(f"{config_name}: the first task must be a chat-style add, sub or mul task")
+    if not isinstance(task, (ArithmeticTask, CodeTask)) or task.style != "chat":
+        raise SystemExit(f"{config_name}: the first task must be a chat-style add, sub, mul or code task")
     return task
 
 
@@ -67,7 +73,10 @@ def sft_records(task: ArithmeticTask, count: int, path: Path) -> None:
             f.write(json.dumps({"messages": [*problem.prompt, answer]}) + "\n")
 
 
-def constant_answer_accuracy(task: ArithmeticTask, problems: int) -> float:
+def constant_answer_accuracy(task: ArithmeticTask, problems: int) -> float | None:
+    """None for a code task, whose answers are programs, not values one constant could match."""
+    if isinstance(task, CodeTask):
+        return None
     answers = collections.Counter(p.answer for p in task.eval_problems(problems))
     return answers.most_common(1)[0][1] / sum(answers.values())
 
@@ -86,6 +95,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     model_path = load_config(args.config).model.path
     task = first_task(args.config)
+    if isinstance(task, CodeTask) and args.sft_records and not args.sft_run:
+        raise SystemExit(f"{args.config}: SFT records are written for arithmetic tasks only; pass --sft-records 0")
+    if args.n < 0:
+        raise SystemExit(f"--n {args.n}: samples per problem must be 0 (greedy only) or more")
     stages, seconds = {}, {}
 
     t0 = time.perf_counter()
@@ -110,14 +123,22 @@ def main() -> None:
 
     report = {"config": args.config, "n": args.n, "problems": args.problems,
               "best_constant_answer": constant_answer_accuracy(task, args.problems),
+              "run_table": run_table(rl_run, stages["base"]["task"]),
               "stages": stages, "seconds": {k: round(v) for k, v in seconds.items()}}
     print(json.dumps(report, indent=2))
     print(table(report), file=sys.stderr)
 
 
+def run_table(rl_run: Path, task: str) -> dict:
+    """The RL run's own greedy accuracy on ``task`` before and after (its ``summary.json``),
+    which ``temper eval``'s base and rl greedy numbers should repeat."""
+    summary = json.loads((rl_run / "summary.json").read_text())
+    return {when: summary[f"eval_{when}"]["per_task"].get(task) for when in ("before", "after")}
+
+
 def table(report: dict) -> str:
     n = report["n"]
-    columns = ("greedy", "pass@1", f"maj@{n}", f"best_of@{n}[verifier]")
+    columns = ("greedy", "pass@1", f"maj@{n}", f"best_of@{n}[verifier]") if n else ("greedy",)
     lines = ["| stage | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for stage, metrics in report["stages"].items():
         cells = [f"{100 * metrics[c]['value']:.1f}% [{100 * metrics[c]['ci'][0]:.0f}, {100 * metrics[c]['ci'][1]:.0f}]"

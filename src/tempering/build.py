@@ -600,7 +600,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
-                                  config.rewards.options)
+                                  config.rewards.options, stop=config.rollout.stop)
     owns_ray = config.pipeline.backend == "ray" and not ray_running()
     pipeline = build_pipeline(config, mixture, policy, tokenizer, rewarder)
     return Run(config, threads, folder, policy, tokenizer, model_path, tasks, algorithm, rewarder, monitors,

@@ -125,7 +125,7 @@ class RolloutConfig(Strict):
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass; 1 = off")
     max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
-    stop: list[str] = Field(default_factory=list, description="strings that end a completion (kept in it)")
+    stop: list[str] = Field(default_factory=list, description="strings that end a completion (kept in it), in evaluation too")
     batch_size: int = Field(256, ge=1, description="sequences generated together")
     max_prompt_tokens: int = Field(0, ge=0, description="longest prompt, in tokens; 0 = the model's context (max_position_embeddings) minus max_new_tokens")
     long_prompts: Literal["error", "truncate", "skip"] = Field("error", description="a longer prompt: error stops the run naming the record; truncate keeps its last max_prompt_tokens tokens; skip leaves such dataset records out at start-up (a generated problem over the limit is still an error)")

@@ -50,12 +50,13 @@ def _sampled_settings(args: argparse.Namespace, config):
 
 def sampled_settings(config, n: int, ks: Sequence[int]):
     """n samples per problem for the metrics at each of ``ks`` (checked by the caller), drawn at
-    the config's ``rollout.temperature`` and ``top_p`` and cut at ``eval.max_new_tokens``."""
+    the config's ``rollout.temperature`` and ``top_p``, cut at ``eval.max_new_tokens`` and
+    stopped at ``rollout.stop``."""
     from tempering.eval.sampled import SampledSettings
     from tempering.rollout.base import SamplingParams
 
     params = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
-                            max_new_tokens=config.eval.max_new_tokens)
+                            max_new_tokens=config.eval.max_new_tokens, stop=tuple(config.rollout.stop))
     return SampledSettings(n, tuple(ks), params, config.seed)
 
 
@@ -115,7 +116,7 @@ def run_evaluation(config, model_path: Optional[str], settings, best_of: tuple[b
         try:
             result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
                                       metrics, config.rewards.options, settings, selectors, verifier, progress,
-                                      rounds=rounds)
+                                      rounds=rounds, stop=config.rollout.stop)
         finally:
             if hasattr(generator, "close"):  # a vLLM engine or a server it launched
                 generator.close()

@@ -155,7 +155,7 @@ def probe_warnings(config: TrainConfig, seen: Inspection, problems: int) -> list
     if seen.model is None or problems <= 0:
         return []
     result = evaluate(seen.generator, build_tasks(config), problems, config.eval.max_new_tokens,
-                      config.rewards.options)
+                      config.rewards.options, stop=config.rollout.stop)
     found = []
     for name, accuracy in result["per_task"].items():
         count, cut = result["problems"][name], result["truncated"][name]

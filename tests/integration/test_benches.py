@@ -28,6 +28,8 @@ QUICK = {
                    lambda out: out["steps"] == 1 and set(out["results"]) == {"grpo"}),
     "code_baselines": (["--problems", "2"],
                        lambda out: len(out["per_task"]) == 7 and 0 <= out["mean"]["best_constant"] <= 1),
+    "code_families": (["--model", "{model}", "--problems", "1", "--families", "at_least,below", "--max-new-tokens", "8"],
+                      lambda out: {name: e["problems"] for name, e in out["families"].items()} == {"at_least": 1, "below": 1}),
     "generation": (["--quick", "--model", "{model}", "--threads", "1", "--workloads", "group", "--precisions", "fp32"],
                    lambda out: out["batch_1"]["tempering_tok_s"] > 0 and out["batch_1"]["generate_tok_s"] > 0),
     "memory": (["--model", "{model}", "--lengths", "128", "--sides", "tempering", "--budget-gb", "4"],

@@ -8,7 +8,7 @@ import pytest
 
 from tempering.rewards import build_reward
 from tempering.rewards.basic import match
-from tempering.rewards.code import CodeReward, extract_code
+from tempering.rewards.code import CodeReward, code_format, extract_code, unfenced_code
 from tempering.sandbox import CaseResult, TestResult
 from tempering.types import Problem, Rollout
 
@@ -44,6 +44,43 @@ def test_code_extraction_prefers_the_requested_language_and_tolerates_a_cut_off_
     assert extract_code(text, "bash") == "echo hi\n"
     assert extract_code("```python3\nx = 1\n") == "x = 1\n"
     assert extract_code("x = 1") is None
+
+
+def test_code_extraction_takes_the_block_that_defines_the_entry_point_over_a_later_usage_example():
+    text = "```python\ndef add(a, b):\n    return a + b\n```\nFor example:\n```python\nprint(add(1, 2))\n```"
+    assert extract_code(text, entry_point="add") == "def add(a, b):\n    return a + b\n"
+    assert extract_code(text) == "print(add(1, 2))\n"                        # no entry point: the last block
+    assert extract_code(text, entry_point="sub") == "print(add(1, 2))\n"     # none defines it: the last block
+    reward = CodeReward()
+    reward._sandbox = ScriptedSandbox([[["passed", "passed"]]])
+    reward.score_batch([_code_problem()], _rollouts([text]))
+    assert reward._sandbox.calls[0][0].code == "def add(a, b):\n    return a + b\n"
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("def add(a, b):\n    return a + b", "def add(a, b):\n    return a + b\n"),
+    # prose around it, a blank line inside and an import before it
+    ("Here it is:\nimport math\n\ndef add(a, b):\n\n    return a + b\nIt adds.",
+     "import math\n\ndef add(a, b):\n\n    return a + b\n"),
+    # closed by a fence it never opened
+    ("def add(a, b):\n    return a + b\n```\nDone.", "def add(a, b):\n    return a + b\n"),
+    ("@cache\ndef add(a, b):\n    return a + b", "@cache\ndef add(a, b):\n    return a + b\n"),
+    ("You add them: a + b.", None),
+    ("define add(a, b) as a + b", None),                   # "define" is not "def "
+])
+def test_unfenced_code_reads_the_program_from_its_first_statement_to_the_first_prose_line(completion, expected):
+    assert unfenced_code(completion) == expected
+
+
+def test_code_format_wants_a_fenced_block_defining_the_entry_point():
+    problem = _code_problem()
+    assert code_format(problem, "Sure.\n```python\ndef add(a, b):\n    return a + b\n```\nDone.") == 1.0
+    assert code_format(problem, "```\nasync def add(a, b):\n    return a + b\n```") == 1.0
+    assert code_format(problem, "def add(a, b):\n    return a + b") == 0.0          # no fence
+    assert code_format(problem, "```python\ndef adder(a, b):\n    return a + b\n```") == 0.0
+    assert code_format(problem, "```python\n    def add(a, b): pass\n```") == 0.0  # not top level
+    stdio = Problem(task="t", id="1", prompt="", answer="", meta={"tests": {"kind": "stdio", "cases": []}})
+    assert code_format(stdio, "```python\nprint(input())\n```") == 1.0
 
 
 class ScriptedSandbox:
@@ -84,6 +121,19 @@ def test_code_credit_all_or_fraction_and_no_code_scores_zero_without_running():
         assert [r.score for r in results] == expected
         assert len(reward._sandbox.calls[0]) == 2          # the one without code never ran
         assert results[2].diagnostics == {"no_code": 1}
+
+
+def test_unfenced_answers_run_only_when_the_reward_is_built_unfenced():
+    bare, prose = "def add(a, b):\n    return a + b\nThat is all.", "a plus b"
+    strict = CodeReward()
+    strict._sandbox = ScriptedSandbox([])
+    assert [r.diagnostics for r in strict.score_batch([_code_problem()] * 2, _rollouts([bare, prose]))] == \
+        [{"no_code": 1}, {"no_code": 1}]
+    lenient = build_reward("code", {"unfenced": True})
+    lenient._sandbox = ScriptedSandbox([[["passed", "passed"]]])
+    results = lenient.score_batch([_code_problem()] * 2, _rollouts([bare, prose]))
+    assert [r.score for r in results] == [1.0, 0.0]
+    assert [spec.code for spec in lenient._sandbox.calls[0]] == ["def add(a, b):\n    return a + b\n"]
 
 
 def test_a_sandbox_fault_is_retried_then_reported_as_an_error_never_as_a_wrong_answer():

@@ -161,3 +161,31 @@ def test_truncation_notes_name_tasks_cut_off_by_the_length_limit():
         "humaneval: 38 of 41 greedy completions stopped at the limit of 48 new tokens and were graded as cut off; "
         "raise --max-new-tokens (eval.max_new_tokens)"]
     assert truncation_notes({"truncated": {"add": 2}, "problems": {"add": 10}}, 48) == []
+
+
+class RecordingEpisodes(ScriptedEpisodes):
+    """ScriptedEpisodes that keeps the sampling parameters of each call."""
+
+    def __init__(self, problems):
+        super().__init__(problems)
+        self.params = []
+
+    def generate(self, problems, group_size, params, generator=None):
+        self.params.append(params)
+        return super().generate(problems, group_size, params, generator)
+
+
+def test_evaluation_stops_completions_where_the_rollouts_stop():
+    from tempering.config import load_config
+    from tempering.eval_model import _sampled_settings
+
+    task = build_task("add", seed=0)
+    config = load_config(None, ["rollout.stop=[END]"])
+    args = build_parser().parse_args(["eval", "--n", "2"])
+    settings = _sampled_settings(args, config)
+    generator = RecordingEpisodes(task.eval_problems(4))
+    sampled_evaluate(generator, [task], 4, 8, {task.metric: Matches()}, {}, settings, {}, verifier=False,
+                     progress=False, stop=config.rollout.stop)
+    greedy, *sampled = generator.params
+    assert greedy.greedy and greedy.stop == ("END",)
+    assert sampled and all(not p.greedy and p.stop == ("END",) for p in sampled)

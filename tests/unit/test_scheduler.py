@@ -65,3 +65,16 @@ def test_the_mixture_state_holds_each_tasks_stream_state():
 def test_bad_weights_are_refused(weights, message):
     with pytest.raises(ValueError, match=message):
         StaticMixture(_tasks(), weights, seed=0, settings=SETTINGS)
+
+
+def test_a_code_task_drawing_from_several_levels_is_not_taken_for_a_curriculum():
+    from tempering.types import Group, Rollout
+
+    task = build_task("code", seed=0, levels=[1, 2])
+    mixture = StaticMixture([task], [1.0], seed=0, settings=SETTINGS)
+    problem = mixture.next_problems(1)[0]
+    rollout = Rollout(problem, [1], [2], [0.0], "x", "stop", 0, reward_components={"code": 1.0})
+    mixture.observe([Group(problem, [rollout])])
+    record = mixture.update()
+    assert record["domain/code/success"] == 1.0 and "domain/code/level" not in record
+    assert task.drawn_levels == [1, 2]

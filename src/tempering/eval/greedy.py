@@ -46,7 +46,8 @@ def close_metrics(metrics: Mapping[str, BatchReward]) -> None:
 
 def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
              max_new_tokens: int, options: dict[str, dict[str, Any]] | None = None,
-             metrics: Mapping[str, BatchReward] | None = None, progress: bool = False) -> dict:
+             metrics: Mapping[str, BatchReward] | None = None, progress: bool = False,
+             stop: Sequence[str] = ()) -> dict:
     """``{"accuracy", "per_task", "problems", "grader_errors", "truncated", "examples", "score_by_turns"}``.
 
     ``per_task[name]`` is the mean ``metric`` score of the task's greedy completions over the
@@ -58,19 +59,21 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
     from which accuracy by round is read. The metrics are built from ``options`` and
     closed here, unless the caller passes them built (``metrics``, from :func:`build_metrics`)
     and closes them itself. ``progress`` shows a bar of problems, advanced a task at a time.
+    ``stop``: strings that end a completion, the rollouts' own (``rollout.stop``), so that a
+    held-out answer is read as far as a training answer is sampled.
     """
     owned = build_metrics(tasks, options) if metrics is None else None
     try:
         return _evaluate(generator, tasks, problems_per_task, max_new_tokens,
-                         metrics if owned is None else owned, progress)
+                         metrics if owned is None else owned, progress, tuple(stop))
     finally:
         if owned is not None:
             close_metrics(owned)
 
 
 def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int, max_new_tokens: int,
-              metrics: Mapping[str, BatchReward], progress: bool) -> dict:
-    params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
+              metrics: Mapping[str, BatchReward], progress: bool, stop: tuple[str, ...]) -> dict:
+    params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens, stop=stop)
     per_task, problems, grader_errors, truncated, examples, by_turns = {}, {}, {}, {}, {}, {}
     bar = tqdm(total=problems_per_task * len(tasks), desc="greedy", unit="problem", disable=not progress,
                dynamic_ncols=True, leave=False)

@@ -9,6 +9,12 @@ program (no fenced block expected), and ``meta["credit"]`` to override the rewar
 for that problem (a task's ``partial`` option). Verdicts come from the sandbox's trusted parent, never from the
 program; see :mod:`tempering.sandbox` for the threat model.
 
+The program is the completion's last fenced block (:func:`extract_code`); a reward built with
+``unfenced=True`` also runs the code of an answer that forgot its fence (a chat model's
+``def`` written as plain text, or closed by a fence it never opened), so a model that knows the
+function is not paid nothing for its markup; the ``code_format`` reward then pays for the
+fence itself, separately.
+
 A ``program`` verdict (a user's ``{"kind": "program"}`` tests, which the parent cannot
 split into calls) comes from inside the sandbox and can be forged: such results carry the
 component ``forgeable = 1`` (so a run logs the share of them), and ``forgeable_credit``
@@ -54,9 +60,11 @@ _ANSWERED: set[str] = set()
 """Sandbox URLs whose service answered the start-up check in this process."""
 
 
-def extract_code(completion: str, language: str = "python") -> Optional[str]:
+def extract_code(completion: str, language: str = "python", entry_point: str = "") -> Optional[str]:
     """The last fenced block in ``language`` (or untagged), else the last fenced block of any
-    tag, else None. An unclosed final fence (a completion cut off mid-block) counts.
+    tag, else None. An unclosed final fence (a completion cut off mid-block) counts. Given an
+    ``entry_point``, the last of those blocks that defines it comes first, so that a usage
+    example fenced after the function is not taken for the program.
 
     >>> extract_code("Here:\\n```python\\nprint(1)\\n```\\nand\\n```\\nprint(2)\\n```")
     'print(2)\\n'
@@ -64,13 +72,69 @@ def extract_code(completion: str, language: str = "python") -> Optional[str]:
     'x = 1\\n'
     >>> extract_code("no code here") is None, extract_code("```python\\nprint(3)\\n")
     (True, 'print(3)\\n')
+    >>> extract_code("```python\\ndef f(): return 1\\n```\\nUse it:\\n```python\\nprint(f())\\n```", entry_point="f")
+    'def f(): return 1\\n'
     """
     text = completion if completion.count("```") % 2 == 0 else completion + "```"
     blocks = [(_ALIASES.get(tag.lower(), tag.lower()), body) for tag, body in _FENCE.findall(text)]
-    for tag, body in reversed(blocks):
-        if tag in (language, ""):
-            return body
-    return blocks[-1][1] if blocks else None
+    ours = [body for tag, body in blocks if tag in (language, "")] or [body for _, body in blocks]
+    if entry_point and (defining := [body for body in ours if defines(body, entry_point)]):
+        return defining[-1]
+    return ours[-1] if ours else None
+
+
+_TOP_LEVEL = re.compile(r"(?:async\s+def|def|class|import|from)\s|@\w")
+"""A line that starts a top-level Python statement an answer's program may begin with."""
+
+
+def unfenced_code(completion: str) -> Optional[str]:
+    """The Python program in an answer written without fences: from the first line that starts
+    a top-level ``def``, ``class``, ``import``, ``from`` or decorator, through the lines that
+    continue it (indented, blank, or another such statement), up to the first other line (prose
+    or a stray fence); None when no line starts one.
+
+    >>> unfenced_code("Sure:\\ndef f(x):\\n    return x\\n\\nThis returns x.")
+    'def f(x):\\n    return x\\n'
+    >>> unfenced_code("import math\\ndef g():\\n    return math.pi\\n```\\nDone")
+    'import math\\ndef g():\\n    return math.pi\\n'
+    >>> unfenced_code("The answer is 4.") is None
+    True
+    """
+    lines = completion.splitlines()
+    start = next((i for i, line in enumerate(lines) if _TOP_LEVEL.match(line)), None)
+    if start is None:
+        return None
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end][0].isspace() or _TOP_LEVEL.match(lines[end])):
+        end += 1
+    return "\n".join(lines[start:end]).rstrip() + "\n"
+
+
+def defines(code: str, entry_point: str) -> bool:
+    """Whether ``code`` has a top-level ``def entry_point(`` line (``async def`` too).
+
+    >>> defines("import os\\ndef add(a, b):\\n    return a + b\\n", "add"), defines("def adder(a): ...", "add")
+    (True, False)
+    """
+    return re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
+
+
+@register_reward("code_format")
+def code_format(problem: Problem, completion: str, *, language: str = "python") -> float:
+    """1 when the completion holds a fenced block in ``language`` (or untagged) and, for call
+    tests, that block defines the entry point; else 0. Nothing is run: this pays for the
+    answer's shape, which the ``code`` reward (with ``unfenced``) does not insist on.
+
+    >>> p = Problem(task="t", id="0", prompt="", answer="", meta={"tests": {"kind": "call", "entry_point": "add",
+    ...     "cases": [{"args": [1, 2], "expected": 3}]}})
+    >>> code_format(p, "```python\\ndef add(a, b):\\n    return a + b\\n```"), code_format(p, "def add(a, b): ...")
+    (1.0, 0.0)
+    >>> code_format(p, "```python\\ndef plus(a, b):\\n    return a + b\\n```")
+    0.0
+    """
+    name = entry_point(problem)
+    code = extract_code(completion, language, name)
+    return float(code is not None and (not name or defines(code, name)))
 
 
 def check_service(url: str, token: str = "") -> None:
@@ -96,6 +160,12 @@ def problem_tests(problem: Problem) -> Tests:
     return TestSpec.from_dict({"code": "", "tests": tests}).tests
 
 
+def entry_point(problem: Problem) -> str:
+    """The function a problem's call tests call; '' for other tests or none."""
+    tests = problem.meta.get("tests")
+    return problem_tests(problem).entry_point if tests is not None else ""
+
+
 @register_reward("code")
 class CodeReward:
     """Score programs by the share of test cases they pass, a batch at a time.
@@ -106,12 +176,14 @@ class CodeReward:
     rollouts whose run hit a sandbox fault, on top of the executor's own retries.
     ``forgeable_credit``: the factor on the score of a forgeable (``program``) verdict;
     above 0 it pays for what a program can claim about itself, and start-up warns.
+    ``unfenced``: a completion without a fenced block is run as :func:`unfenced_code` reads it
+    (it scores 0 unrun by default).
     """
 
     def __init__(self, *, credit: Literal["all", "fraction"] = "all", language: str = "python",
                  timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 0,
                  isolation: str = "auto", url: str = "", token: str = "", retries: int = 1,
-                 forgeable_credit: float = 0.0):
+                 forgeable_credit: float = 0.0, unfenced: bool = False):
         if credit not in ("all", "fraction"):
             raise ValueError(f"credit must be 'all' or 'fraction', got {credit!r}")
         if not 0 <= forgeable_credit <= 1:
@@ -121,7 +193,7 @@ class CodeReward:
                           "word, which a completion can forge (write the done message, exit 0); such passes earn "
                           "reward. Prefer stdio or call tests, which the parent judges", stacklevel=2)
         self.credit, self.language, self.retries = credit, language, retries
-        self.forgeable_credit = forgeable_credit
+        self.forgeable_credit, self.unfenced = forgeable_credit, unfenced
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
         self._connect = (url, token, workers, isolation)
         self._sandbox = None
@@ -146,7 +218,11 @@ class CodeReward:
         """The program a completion answers with, None when it holds no code block."""
         if not problem.meta.get("code_fenced", True):
             return completion
-        return extract_code(completion, problem.meta.get("language", self.language))
+        language = problem.meta.get("language", self.language)
+        code = extract_code(completion, language, entry_point(problem))
+        if code is None and self.unfenced and language == "python":
+            return unfenced_code(completion)
+        return code
 
     def spec(self, problem: Problem, code: str) -> TestSpec:
         language = problem.meta.get("language", self.language)

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tempering.models import compat
 from tempering.rollout import fast_llama
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.types import Problem
@@ -20,15 +21,16 @@ def _grouped_query_model():
 def _model_steps(model, ids_BT, mask_BT, new_BS):
     """Logits of transformers' forward for each of the tokens ``new_BS`` after the prompt."""
     positions_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+    name = compat.cache_argument(model.forward)  # "cache" since transformers 5.2x, "past_key_values" before
     with torch.no_grad():
         out = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT, use_cache=True)
-        cache, position_B, logits = out.cache, positions_BT[:, -1], []
+        cache, position_B, logits = out[name], positions_BT[:, -1], []
         for step in range(new_BS.shape[1]):
             mask_BT = torch.nn.functional.pad(mask_BT, (0, 1), value=1)
             position_B = position_B + 1
             out = model(input_ids=new_BS[:, step : step + 1], attention_mask=mask_BT,
-                        position_ids=position_B[:, None], cache=cache, use_cache=True)
-            cache = out.cache
+                        position_ids=position_B[:, None], use_cache=True, **{name: cache})
+            cache = out[name]
             logits.append(out.logits[:, -1])
     return logits
 
@@ -50,7 +52,7 @@ def test_decoding_steps_give_the_models_logits_as_rows_leave(selections):
     with torch.no_grad():
         prefill = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT, use_cache=True)
     decoder = fast_llama.LlamaDecoder(model)
-    decoder.start(prefill.cache, capacity=7 + len(selections), dtype=None)
+    decoder.start(prefill[compat.cache_argument(model.forward)], capacity=7 + len(selections), dtype=None)
     rows, position_B, mask = torch.arange(5), positions_BT[:, -1], mask_BT
     for step, keep in enumerate(selections):
         if keep is not None:
@@ -87,7 +89,7 @@ def test_the_bf16_decoder_stays_close_to_float32(tiny_policy):
         prefill = model(input_ids=ids_BT, attention_mask=mask_BT, use_cache=True)
     logits = {}
     for dtype in (None, torch.bfloat16):
-        decoder.start(prefill.cache, capacity=ids_BT.shape[1] + 1, dtype=dtype)
+        decoder.start(prefill[compat.cache_argument(model.forward)], capacity=ids_BT.shape[1] + 1, dtype=dtype)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
             logits[dtype] = decoder.step(torch.tensor([5, 6]), torch.full((2,), ids_BT.shape[1]),
                                          torch.ones(2, ids_BT.shape[1] + 1, dtype=torch.long))

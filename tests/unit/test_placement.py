@@ -23,6 +23,10 @@ def protocol_members(protocol: type) -> tuple[set[str], dict[str, list[str]]]:
     return set(vars(protocol).get("__annotations__", {})), methods
 
 
+RAY_TRACING = "_ray_trace_ctx"
+"""The keyword Ray adds to an actor class's methods, in place, once a run has made it an actor."""
+
+
 def missing(implementation: type, protocol: type, attributes: bool = True) -> list[str]:
     """What ``implementation`` lacks of ``protocol``, or has with other parameters."""
     names, methods = protocol_members(protocol)
@@ -32,7 +36,7 @@ def missing(implementation: type, protocol: type, attributes: bool = True) -> li
         found = getattr(implementation, name, None)
         if not callable(found):
             wrong.append(f"{name}()")
-        elif list(inspect.signature(found).parameters) != parameters:
+        elif [p for p in inspect.signature(found).parameters if p != RAY_TRACING] != parameters:
             wrong.append(f"{name}{inspect.signature(found)}, not ({', '.join(parameters)})")
     return wrong
 

@@ -22,7 +22,11 @@ Each problem is one request with ``n = group_size`` and its own seed from the ru
 Building the engine changes this process's settings, and puts back what it should not keep:
 vLLM's environment variables stay set (later engines read them), while torch's, numpy's and
 Python's random states and ``torch.set_num_threads`` (which vLLM's CPU worker replaces with a
-no-op) are restored, so the learner's seeding and thread control are unaffected.
+no-op) are restored, so the learner's seeding and thread control are unaffected. So is
+``LD_PRELOAD``, which vLLM's CPU platform sets (torch's libgomp, its tcmalloc) for the worker
+processes it would start: an in-process engine starts none, and every later child of the run
+(a ``temper`` subprocess, a grading process) would otherwise load OpenMP before it could ask
+OpenMP's threads to sleep rather than spin.
 
 Not done: LoRA adapters (use ``rollout.server.launch: vllm``), tensor parallelism.
 """
@@ -56,6 +60,7 @@ def _engine(folder: Path, settings: VllmSettings) -> Any:
     from vllm import LLM
 
     saved = torch.random.get_rng_state(), np.random.get_state(), random.getstate(), torch.set_num_threads
+    preload = os.environ.get("LD_PRELOAD")
     try:
         return LLM(model=str(folder), dtype=settings.dtype, seed=settings.seed, enforce_eager=not settings.compile,
                    logprobs_mode="processed_logprobs", enable_chunked_prefill=not settings.cpu,
@@ -65,6 +70,14 @@ def _engine(folder: Path, settings: VllmSettings) -> Any:
         np.random.set_state(saved[1])
         random.setstate(saved[2])
         torch.set_num_threads = saved[3]
+        _restore("LD_PRELOAD", preload)
+
+
+def _restore(name: str, value: Optional[str]) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 class VllmGenerator(RequestSampler):

@@ -17,15 +17,12 @@ never reach it, fail the first case.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 
-from tempering.algorithms.advantages import grpo
-from tempering.config import PretrainConfig, TrainConfig
+from tempering.config import PretrainConfig
 from tempering.pretrain import ensure_pretrained
-from tempering.train import train
+
+from learning import CONTROLS, check_lift, run_metrics
 
 LIFT = 0.08
 """How much the mean reward of the last ten steps must exceed that of the first ten."""
@@ -51,47 +48,16 @@ RUN = {
 }
 
 
-def flipped(inputs) -> torch.Tensor:
-    """GRPO's advantages with the sign reversed: every update moves away from reward."""
-    return -grpo(inputs)
-
-
-def zeroed(inputs) -> torch.Tensor:
-    """No advantage: the policy-gradient term carries nothing."""
-    return torch.zeros_like(grpo(inputs))
-
-
 @pytest.fixture(scope="module")
 def mini_coder(tempering_cache):
     return ensure_pretrained(PretrainConfig(**MINI_CODER), progress=False)
 
 
-def _run(mini_coder, tmp_path, advantage: str) -> list[dict]:
-    run_dir = tmp_path / advantage.replace(":", "_")
-    config = TrainConfig.model_validate({**RUN, "algorithm": {"advantage": advantage}, "pretrain": MINI_CODER,
-                                         "run_dir": str(run_dir)})
-    train(config, progress=False)
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _lift(rewards: list[float]) -> float:
-    head, tail = rewards[:10], rewards[-10:]
-    return sum(tail) / len(tail) - sum(head) / len(head)
-
-
-@pytest.mark.parametrize("advantage, learns", [
-    ("grpo", True),
-    (f"{__name__}:flipped", False),
-    (f"{__name__}:zeroed", False),
-])
+@pytest.mark.parametrize("advantage, learns", CONTROLS)
 def test_grpo_on_sandbox_rewards_lifts_mean_reward_and_its_broken_twins_do_not(
         sandbox_executor, mini_coder, tmp_path, advantage, learns):
-    records = _run(mini_coder, tmp_path, advantage)
+    records = run_metrics({**RUN, "pretrain": MINI_CODER}, advantage, tmp_path)
     ran = sum(r.get("diag/code/status/passed", 0) + r.get("diag/code/status/failed", 0) for r in records)
     assert ran > 0.9 * len(records), f"the sandbox did not run the programs: {records[0]}"
     rewards = [r["reward"] for r in records]
-    lift = _lift(rewards)
-    if learns:
-        assert lift > LIFT, f"mean reward moved by {lift:+.3f} (need > {LIFT}): {rewards}"
-    else:
-        assert lift < LIFT / 2, f"a broken signal still moved the reward by {lift:+.3f}: {rewards}"
+    check_lift(rewards, learns, LIFT, window=10)

@@ -1,0 +1,50 @@
+"""Helpers for the tests that show RL learns: the two broken estimators that are their
+negative controls, plugged in through ``algorithm.advantage: module:function`` as a user's
+estimator would be, and the check of a run's lift in mean reward. Not a test module.
+
+The controls differ from GRPO only in the sign or the size of the signal: a run with the
+policy-gradient direction reversed, or with no advantage at all, must not learn.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tempering.algorithms.advantages import grpo
+from tempering.config import TrainConfig
+from tempering.reporting.metrics import read_jsonl
+from tempering.train import train
+
+CONTROLS = [("grpo", True), (f"{__name__}:flipped", False), (f"{__name__}:zeroed", False)]
+"""``(algorithm.advantage, whether the run must learn)`` for a parametrised test."""
+
+
+def flipped(inputs) -> torch.Tensor:
+    """GRPO's advantages with the sign reversed: every update moves away from reward."""
+    return -grpo(inputs)
+
+
+def zeroed(inputs) -> torch.Tensor:
+    """No advantage: the policy-gradient term carries nothing."""
+    return torch.zeros_like(grpo(inputs))
+
+
+def run_metrics(settings: dict, advantage: str, tmp_path: Path) -> list[dict]:
+    """Every step's metrics record of a run of ``settings`` with ``advantage`` as its estimator."""
+    run_dir = tmp_path / advantage.replace(":", "_")
+    train(TrainConfig.model_validate({**settings, "algorithm": {"advantage": advantage}, "run_dir": str(run_dir)}),
+          progress=False)
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def check_lift(rewards: list[float], learns: bool, margin: float, window: int) -> None:
+    """The mean reward of the last ``window`` steps exceeds the first ``window``'s by more than
+    ``margin`` when the run ``learns``, and by less than half of it when it must not."""
+    head, tail = rewards[:window], rewards[-window:]
+    lift = sum(tail) / len(tail) - sum(head) / len(head)
+    if learns:
+        assert lift > margin, f"mean reward moved by {lift:+.3f} (need > {margin}): {rewards}"
+    else:
+        assert lift < margin / 2, f"a broken signal still moved the reward by {lift:+.3f}: {rewards}"

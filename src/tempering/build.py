@@ -399,8 +399,13 @@ def build_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
     if config.rollout.server is not None:
         return with_envs(server_generator(config, model, tokenizer), env_specs(config))
     if config.rollout.engine == "vllm":
-        return with_envs(VllmGenerator(model, tokenizer, vllm_settings(config), config.model.chat_template),
-                         env_specs(config))
+        settings = vllm_settings(config)
+        try:
+            engine = VllmGenerator(model, tokenizer, settings, config.model.chat_template)
+        except Exception as exc:  # vLLM's own refusal (cache size, head size, memory), said as a config error
+            raise ConfigError(f"rollout.engine=vllm: vLLM could not start on this model: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        return with_envs(engine, env_specs(config))
     return local_generator(config, model, tokenizer, batch_size, bf16, share)
 
 
@@ -424,10 +429,12 @@ def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
     try:
         return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template,
                                adapted=model if config.model.lora is not None else None, launched=launched)
-    except ServerError as exc:
-        if launched is not None:
+    except BaseException as exc:
+        if launched is not None:  # whatever stopped the generator, the server this run started goes with it
             launched.stop()
-        raise ConfigError(f"rollout.server.url={sc.url}: {exc}") from None
+        if isinstance(exc, ServerError):
+            raise ConfigError(f"rollout.server.url={sc.url}: {exc}") from None
+        raise
 
 
 def uses_vllm(config: TrainConfig) -> bool:
@@ -451,6 +458,14 @@ def vllm_settings(config: TrainConfig) -> VllmSettings:
     vc = config.rollout.vllm
     return VllmSettings(vc.dtype or config.model.dtype, vc.kv_cache_gib, vc.threads or config.threads, vc.cpu_bind,
                         vc.compile, config.seed, run_device(config).type == "cpu", vc.start_timeout_s, tuple(vc.args))
+
+
+def check_mismatch_band(config: TrainConfig) -> None:
+    """A masking band that keeps no ratio would train on nothing: refused before the model loads."""
+    pc = config.pipeline
+    if pc.mismatch_correction in ("mis_token", "mis_sequence") and pc.mismatch_low > pc.mismatch_high:
+        raise ConfigError(f"pipeline.mismatch_low={pc.mismatch_low} is above pipeline.mismatch_high="
+                          f"{pc.mismatch_high}: {pc.mismatch_correction} would mask every token; give low <= high")
 
 
 def launch_server(config: TrainConfig, model, tokenizer) -> LaunchedServer:
@@ -582,6 +597,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     monitors = RewardMonitors(rewarder.specs, rewarder.metrics, monitor_settings(config.rewards.monitors))
     mixture = build_mixture(config, tasks)
     check_sinks(config.logging.sinks)
+    check_mismatch_band(config)
     if uses_vllm(config):
         vllm_settings(config)
     checkpoint.check_run_dir(config.run_dir, resume)

@@ -33,10 +33,11 @@ def test_new_weights_are_sampled_at_once_and_no_stale_prefix_block_is_reused(vll
     model, tokenizer = vllm_policy
     problems, params = long_prefix_problems(tokenizer), SamplingParams(temperature=0.8, max_new_tokens=12)
     set_threads, rng = torch.set_num_threads, torch.random.get_rng_state()
-    preload = os.environ.get("LD_PRELOAD")
+    preload, environ = os.environ.get("LD_PRELOAD"), {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     generator = VllmGenerator(model, tokenizer, SETTINGS)
     assert torch.set_num_threads is set_threads, "vLLM's CPU worker replaces it; the engine puts it back"
     assert os.environ.get("LD_PRELOAD") == preload, "vLLM preloads libgomp for workers an in-process engine never starts"
+    assert {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")} == environ, "launch settings stay behind"
     assert torch.equal(torch.random.get_rng_state(), rng), "vLLM seeds torch; the learner's stream is kept"
     try:
         def gap(learner) -> float:

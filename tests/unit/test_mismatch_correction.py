@@ -46,3 +46,25 @@ def test_truncation_caps_each_tokens_weight_at_the_band_top():
     assert metrics["mismatch/truncated"] == pytest.approx(float((w > 1.0).float().mean()), abs=1e-6)
     assert metrics["mismatch/is_weight"] == pytest.approx(float(w.clamp(max=1.0).mean()), abs=1e-5)
     assert metrics["mismatch/masked"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["tis", "mis_token", "mis_sequence"])
+def test_a_ratio_beyond_floating_point_range_is_masked_or_cut_not_nan(name):
+    from tempering.algorithms.correction import correct
+
+    prox_BT = torch.zeros(2, 2000)
+    prox_BT[1, 0] = 100.0  # one token the engines disagree on wildly (exp overflows float32)
+    sampler_BT = torch.full((2, 2000), -0.05)  # a long sequence: its ratio's product overflows too
+    weight_BT, metrics = correct(name, prox_BT, sampler_BT, torch.ones(2, 2000), 0.5, 2.0)
+    assert torch.isfinite(weight_BT).all() and all(value == value for value in metrics.values()), metrics
+
+
+@pytest.mark.parametrize("name", ["mis_token", "mis_sequence"])
+def test_a_band_that_keeps_no_ratio_is_refused_before_the_model_loads(name):
+    from tempering.build import check_mismatch_band
+    from tempering.config import ConfigError, TrainConfig
+
+    config = TrainConfig.model_validate({"pipeline": {"mismatch_correction": name, "mismatch_low": 3.0, "mismatch_high": 2.0}})
+    with pytest.raises(ConfigError, match="pipeline.mismatch_low=3.0 is above pipeline.mismatch_high=2.0"):
+        check_mismatch_band(config)
+    check_mismatch_band(TrainConfig.model_validate({"pipeline": {"mismatch_correction": name}}))

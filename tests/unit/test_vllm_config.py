@@ -42,3 +42,33 @@ def test_the_server_gets_the_learners_dtype_processed_log_probs_and_no_chunked_p
     assert env["PYTHONPATH"].split(":")[0] == str(SITE_DIR)
     pinned = VllmSettings("float32", 0.5, threads=2, cpu_bind="0-1", compile=False, seed=0, cpu=True)
     assert environment(pinned)["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+
+
+def test_a_port_another_server_holds_is_refused_before_vllm_starts(tmp_path):
+    import socket
+
+    from tempering.rollout.vllm_launch import LaunchedServer
+
+    settings = VllmSettings("float32", kv_cache_gib=0.5, threads=1, cpu_bind=None, compile=False, seed=0, cpu=True)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1 port {port} \\(rollout.server.url\\)"):
+            LaunchedServer(tmp_path, f"http://127.0.0.1:{port}", settings)
+
+
+def test_a_vllm_module_in_the_working_folder_does_not_shadow_vllm_in_the_launched_server(tmp_path):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import tempering
+
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("print('the working folder was imported as vLLM')\nraise SystemExit(3)\n")
+    source = str(Path(tempering.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "tempering.rollout.vllm_launch", "--help"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert "the working folder was imported as vLLM" not in result.stdout + result.stderr

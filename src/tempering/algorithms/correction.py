@@ -16,6 +16,9 @@ turns ``w`` into a weight per token that multiplies its policy loss:
 
 A masked token still counts in the loss's normaliser (its weight is 0, the aggregation's
 token and sequence counts are the batch's), so a step that masks many tokens moves less. Each
+ratio is ``exp`` of a log-ratio clamped as the losses clamp theirs
+(``losses.importance_ratio``), so a long sequence or a token the engines disagree on wildly is
+masked with a finite weight rather than turning the loss into NaN. Each
 variant also says what it did: ``mismatch/is_weight`` (the mean weight applied),
 ``mismatch/truncated`` (tokens whose weight was cut to ``high``) and ``mismatch/masked``
 (tokens given weight 0). Selected by ``pipeline.mismatch_correction``; the learner applies it
@@ -28,6 +31,8 @@ from typing import Callable
 
 import torch
 
+from tempering.algorithms.losses import importance_ratio
+
 Correction = Callable[[torch.Tensor, torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 """``(log_w_BT, mask_BT, low, high) -> (weight_BT, truncated_BT, masked_BT)``, the last two 0/1."""
 
@@ -39,7 +44,7 @@ def truncated(log_w_BT: torch.Tensor, mask_BT: torch.Tensor, low: float, high: f
     >>> weight.round(decimals=4).tolist(), cut.tolist(), masked.tolist()
     ([[0.5, 1.0, 2.0]], [[0.0, 0.0, 1.0]], [[0.0, 0.0, 0.0]])
     """
-    w_BT = log_w_BT.exp()
+    w_BT = importance_ratio(log_w_BT)
     return w_BT.clamp(max=high) * mask_BT, (w_BT > high).float() * mask_BT, torch.zeros_like(w_BT)
 
 
@@ -50,7 +55,7 @@ def masked_tokens(log_w_BT: torch.Tensor, mask_BT: torch.Tensor, low: float, hig
     >>> weight.round(decimals=4).tolist(), masked.tolist()
     ([[0.0, 1.5, 0.0]], [[1.0, 0.0, 1.0]])
     """
-    w_BT = log_w_BT.exp()
+    w_BT = importance_ratio(log_w_BT)
     keep_BT = (w_BT >= low) & (w_BT <= high)
     return w_BT * keep_BT * mask_BT, torch.zeros_like(w_BT), (~keep_BT).float() * mask_BT
 
@@ -63,7 +68,7 @@ def masked_sequences(log_w_BT: torch.Tensor, mask_BT: torch.Tensor, low: float, 
     >>> weight.round(decimals=4).tolist(), masked.tolist()
     ([[1.5, 1.5], [0.0, 0.0]], [[0.0, 0.0], [1.0, 1.0]])
     """
-    rho_B = (log_w_BT * mask_BT).sum(dim=-1).exp()
+    rho_B = importance_ratio((log_w_BT * mask_BT).sum(dim=-1))
     keep_B = (rho_B >= low) & (rho_B <= high)
     weight_BT = (rho_B * keep_B)[:, None] * mask_BT
     return weight_BT, torch.zeros_like(weight_BT), (~keep_B).float()[:, None] * mask_BT
@@ -76,6 +81,5 @@ def correct(name: str, prox_BT: torch.Tensor, sampler_BT: torch.Tensor, mask_BT:
             high: float) -> tuple[torch.Tensor, dict[str, float]]:
     """The weight per token of correction ``name`` and the metrics saying what it did."""
     weight_BT, cut_BT, masked_BT = CORRECTIONS[name]((prox_BT - sampler_BT) * mask_BT, mask_BT, low, high)
-    count = float(mask_BT.sum().clamp(min=1))
-    return weight_BT, {"mismatch/is_weight": float(weight_BT.sum()) / count,
-                       "mismatch/truncated": float(cut_BT.sum()) / count, "mismatch/masked": float(masked_BT.sum()) / count}
+    shares = (torch.stack([weight_BT.sum(), cut_BT.sum(), masked_BT.sum()]) / mask_BT.sum().clamp(min=1)).tolist()
+    return weight_BT, dict(zip(("mismatch/is_weight", "mismatch/truncated", "mismatch/masked"), shares))

@@ -20,13 +20,14 @@ Each problem is one request with ``n = group_size`` and its own seed from the ru
 (``tempering.rollout.requests``); all of a call's requests go to one ``generate``.
 
 Building the engine changes this process's settings, and puts back what it should not keep:
-vLLM's environment variables stay set (later engines read them), while torch's, numpy's and
-Python's random states and ``torch.set_num_threads`` (which vLLM's CPU worker replaces with a
-no-op) are restored, so the learner's seeding and thread control are unaffected. So is
-``LD_PRELOAD``, which vLLM's CPU platform sets (torch's libgomp, its tcmalloc) for the worker
-processes it would start: an in-process engine starts none, and every later child of the run
-(a ``temper`` subprocess, a grading process) would otherwise load OpenMP before it could ask
-OpenMP's threads to sleep rather than spin.
+vLLM's environment variables (``VLLM_*``) stay set (later engines read them), while torch's,
+numpy's and Python's random states, ``torch.set_num_threads`` (which vLLM's CPU worker replaces
+with a no-op) and the rest of the environment are restored, so the learner's seeding, thread
+control and children are unaffected: vLLM's CPU platform sets ``LD_PRELOAD`` (torch's libgomp,
+its tcmalloc) for worker processes an in-process engine never starts, and the launch settings
+(the ``PYTHONPATH`` of vLLM's processes, ``OMP_NUM_THREADS``, offline flags) are for the
+engine's start only; left set, every later child of the run (a ``temper`` subprocess, a
+grading process) would load OpenMP before it could make its threads sleep rather than spin.
 
 Not done: LoRA adapters (use ``rollout.server.launch: vllm``), tensor parallelism.
 """
@@ -34,16 +35,15 @@ Not done: LoRA adapters (use ``rollout.server.launch: vllm``), tensor parallelis
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
+from tempering.checkpoint import restore_rng, rng_state
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.prompts import use_chat_template
 from tempering.rollout.requests import Drawn, RequestSampler
@@ -53,31 +53,29 @@ IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def _engine(folder: Path, settings: VllmSettings) -> Any:
-    """A ``vllm.LLM`` on the model in ``folder``, leaving this process's random state and
-    torch's thread control as they were."""
+    """A ``vllm.LLM`` on the model in ``folder``, leaving this process's random state, torch's
+    thread control and its environment but for ``VLLM_*`` as they were."""
+    environ = dict(os.environ)
     os.environ.update({**environment(settings), **IN_PROCESS})
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # not a line per reload in the run's output
     from vllm import LLM
 
-    saved = torch.random.get_rng_state(), np.random.get_state(), random.getstate(), torch.set_num_threads
-    preload = os.environ.get("LD_PRELOAD")
+    rng, set_threads = rng_state(), torch.set_num_threads
     try:
         return LLM(model=str(folder), dtype=settings.dtype, seed=settings.seed, enforce_eager=not settings.compile,
                    logprobs_mode="processed_logprobs", enable_chunked_prefill=not settings.cpu,
                    kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30), distributed_executor_backend="uni")
     finally:
-        torch.random.set_rng_state(saved[0])
-        np.random.set_state(saved[1])
-        random.setstate(saved[2])
-        torch.set_num_threads = saved[3]
-        _restore("LD_PRELOAD", preload)
+        restore_rng(rng)
+        torch.set_num_threads = set_threads
+        _restore_environment(environ)
 
 
-def _restore(name: str, value: Optional[str]) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
+def _restore_environment(environ: dict[str, str]) -> None:
+    """``os.environ`` back to ``environ``, keeping the ``VLLM_*`` variables set since."""
+    for key in [key for key in os.environ if key not in environ and not key.startswith("VLLM_")]:
+        del os.environ[key]
+    os.environ.update({key: value for key, value in environ.items() if not key.startswith("VLLM_")})
 
 
 class VllmGenerator(RequestSampler):

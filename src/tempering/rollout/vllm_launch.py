@@ -115,9 +115,15 @@ def environment(settings: VllmSettings, lora: bool = False) -> dict[str, str]:
     return env
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
+def _port(host: str, port: int) -> int:
+    """``port`` when it is free on ``host`` (0: a free one); a RuntimeError naming it when it is
+    taken, since another server answering there would be taken for vLLM."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen on {host} port {port} (rollout.server.url): {exc.strerror}; "
+                               "give a free port, or 0 for any") from None
         return probe.getsockname()[1]
 
 
@@ -127,7 +133,7 @@ class LaunchedServer:
     def __init__(self, folder: Path, url: str, settings: VllmSettings, lora_rank: int = 0):
         parts = urlsplit(url)
         host = parts.hostname or "127.0.0.1"
-        port = parts.port or _free_port(host)
+        port = _port(host, parts.port or 0)
         self.folder, self.url = folder, f"http://{host}:{port}"
         handle, log_name = tempfile.mkstemp(prefix="tempering-vllm-", suffix=".log")
         os.close(handle)
@@ -227,6 +233,8 @@ def _end_with_parent() -> None:
 
 def main(argv: list[str]) -> None:
     """vLLM's server entry point with ``argv`` as its command line."""
+    cwd = os.getcwd()  # ``python -m`` put it first: a vllm.py or vllm/ there would be imported as vLLM
+    sys.path[:] = [entry for entry in sys.path if entry not in ("", cwd)]
     from vllm.entrypoints.launchers.api_server.entry import main as serve
 
     _end_with_parent()

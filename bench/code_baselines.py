@@ -23,8 +23,9 @@ import json
 from collections import Counter
 
 from tempering.build import build_tasks
-from tempering.config import load_config, shipped_config
+from tempering.config import load_config
 from tempering.rewards.base import build_reward
+from tempering.tasks.code import CodeTask
 from tempering.types import Problem, Rollout
 
 
@@ -65,9 +66,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default="code", help="a config file or shipped config name (default: code)")
     parser.add_argument("--problems", type=int, help="held-out problems per task (default: eval.problems_per_task)")
     args = parser.parse_args(argv)
-    config = load_config(shipped_config(args.config) or args.config)
-    per_task = {task.name: task.eval_problems(args.problems or config.eval.problems_per_task)
-                for task in build_tasks(config)}
+    config = load_config(args.config)
+    tasks = build_tasks(config)
+    if other := [task.name for task in tasks if not (isinstance(task, CodeTask) and task.style == "raw")]:
+        raise SystemExit(f"code_baselines.py: --config {args.config}: tasks {other} are not raw-style code tasks "
+                         "(the baselines complete a raw prompt's def line, as the built-in coder does)")
+    per_task = {task.name: task.eval_problems(args.problems or config.eval.problems_per_task) for task in tasks}
     everything = [p for problems in per_task.values() for p in problems]
     overall = best_constant(everything)
     reward = build_reward("code", config.rewards.options.get("code"))

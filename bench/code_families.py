@@ -1,12 +1,14 @@
 """A model's held-out greedy pass@1 per family of the ``code`` task, to choose what to train on.
 
-    python bench/code_families.py [--model builtin:smollm2] [--problems 8] [--levels 1]
-                                  [--max-new-tokens 96] [--no-stop] [--families a,b]
+    python bench/code_families.py [--model builtin:smollm2] [--config smollm2-code] [--problems 8]
+                                  [--levels 1] [--max-new-tokens N] [--no-stop] [--families a,b]
 
 Each family's held-out problems (``CodeTask(families=[name]).eval_problems``, chat style) are
-answered greedily in one batch and graded by the ``code`` reward in the sandbox, leniently
-(``unfenced``), as ``configs/smollm2-code.yaml`` grades them; answers stop at the closing fence
-unless ``--no-stop``. Prints one JSON object (family -> kind, problems, passed) and a table
+answered greedily in one batch and graded by the ``code`` reward in the sandbox with the
+config's options (``smollm2-code``: leniently, ``unfenced``); answers stop where the config's
+rollouts stop (``rollout.stop``: the closing fence) unless ``--no-stop``, and run to
+``eval.max_new_tokens`` unless ``--max-new-tokens``. A sandbox fault stops the bench rather
+than counting as a failed program. Prints one JSON object (family -> kind, problems, passed) and a table
 sorted by pass rate. A family with few held-out constants repeats them across its problems, so
 a handful of problems per family is a coarse screen, not a measurement.
 """
@@ -19,41 +21,46 @@ import sys
 import time
 
 from tempering.build import build_generator, load_model
-from tempering.config import load_config
-from tempering.rewards.code import CodeReward
+from tempering.config import ConfigError, load_config
+from tempering.rewards.base import build_reward
 from tempering.rollout.base import SamplingParams
 from tempering.tasks.code import CodeTask
 from tempering.tasks.code_families import FAMILIES
-
-FENCE_END = "\n```\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:smollm2")
+    parser.add_argument("--config", default="smollm2-code", help="grading, stop strings and lengths from this config")
     parser.add_argument("--problems", type=int, default=8, help="held-out problems per family")
     parser.add_argument("--levels", default="1", help="levels drawn from, e.g. 1,2")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--no-stop", action="store_true", help="let answers run past their closing fence")
+    parser.add_argument("--max-new-tokens", type=int, help="default: the config's eval.max_new_tokens")
+    parser.add_argument("--no-stop", action="store_true", help="let answers run past the config's rollout.stop")
     parser.add_argument("--families", help="only these families (default: all)")
     args = parser.parse_args()
     names = args.families.split(",") if args.families else [f.name for f in FAMILIES]
-    levels = [int(level) for level in args.levels.split(",")]
-    problems = [p for name in names
-                for p in CodeTask("code", 0, families=[name], levels=levels, style="chat").eval_problems(args.problems)]
+    try:
+        config = load_config(args.config)
+        levels = [int(level) for level in args.levels.split(",")]
+        problems = [p for name in names for p in
+                    CodeTask("code", 0, families=[name], levels=levels, style="chat").eval_problems(args.problems)]
+    except (ConfigError, ValueError) as exc:
+        parser.error(str(exc))
 
-    config = load_config(None, ["rollout.bf16=true"])
     model, tokenizer, _ = load_model(config, args.model, progress=False)
-    generator = build_generator(config, model, tokenizer, config.eval.batch_size)
-    params = SamplingParams(greedy=True, max_new_tokens=args.max_new_tokens, stop=() if args.no_stop else (FENCE_END,))
+    generator = build_generator(config, model, tokenizer, config.eval.batch_size)  # float32, as evaluations run
+    params = SamplingParams(greedy=True, max_new_tokens=args.max_new_tokens or config.eval.max_new_tokens,
+                            stop=() if args.no_stop else tuple(config.rollout.stop))
     start = time.perf_counter()
     groups = generator.generate(problems, group_size=1, params=params)
     generate_s = time.perf_counter() - start
-    reward = CodeReward(unfenced=True)
+    reward = build_reward("code", config.rewards.options.get("code"))
     try:
         results = reward.score_batch([g.problem for g in groups], [g.rollouts[0] for g in groups])
     finally:
         reward.close()
+    if errors := [r.error for r in results if r.error]:
+        raise SystemExit(f"the sandbox failed on {len(errors)} programs: {errors[0]}")
 
     found: dict[str, dict] = {}
     for group, result in zip(groups, results):

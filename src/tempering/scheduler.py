@@ -250,7 +250,7 @@ class Mixture:
             stats = self.stats[task.name]
             record[f"domain/{task.name}/weight"] = weight / total
             record[f"domain/{task.name}/dropped_groups"] = stats.dropped
-            if getattr(task, "levels", 0):
+            if curriculum_levels(task):
                 record[f"domain/{task.name}/level"] = stats.level
         return record
 
@@ -274,8 +274,7 @@ class Mixture:
         return "\n".join(f"{r[0]:<{width}}{r[1]:>6}{r[2]:>9}{r[3]:>8}{r[4]:>9}" for r in rows)
 
     def _promote(self, task: Task, stats: TaskStats) -> None:
-        levels = getattr(task, "levels", 0)
-        if stats.level + 1 < levels and stats.seen >= self.settings.min_samples \
+        if stats.level + 1 < curriculum_levels(task) and stats.seen >= self.settings.min_samples \
                 and stats.fast >= self.settings.promote_at:
             stats.level += 1
             task.level = stats.level
@@ -300,9 +299,16 @@ class Mixture:
             if name in self.stats:
                 self.stats[name] = TaskStats(**saved)
         for task in self.tasks:
-            if getattr(task, "levels", 0):
+            if curriculum_levels(task):
                 task.level = self.stats[task.name].level
         self.weights = self._weights()
+
+
+def curriculum_levels(task: Task) -> int:
+    """How many levels ``task`` is a curriculum of: its ``levels`` when that is a count, else 0
+    (a task may use the name for something else, such as the list of levels it draws from)."""
+    levels = getattr(task, "levels", 0)
+    return levels if isinstance(levels, int) and not isinstance(levels, bool) else 0
 
 
 class StaticMixture(Mixture):

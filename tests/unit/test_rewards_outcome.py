@@ -173,3 +173,15 @@ def test_code_options_are_checked_when_built():
         build_reward("code", {"credit": "most"})
     with pytest.raises(ValueError, match="reward 'code' has no option 'nosuch'"):
         build_reward("code", {"nosuch": 1})
+
+
+def test_two_problems_sharing_a_key_but_not_their_tests_each_run_the_program():
+    """A problem's key need not tell its hidden tests apart (a procedural task may draw two
+    problems with one key and other cases): a verdict is shared only for the same tests."""
+    other_tests = {"kind": "call", "entry_point": "add", "cases": [{"args": [5, 5], "expected": 11}]}
+    twin = Problem(task="code", id="0", prompt="write add", answer="", meta={"tests": other_tests})
+    reward = CodeReward()
+    reward._sandbox = ScriptedSandbox([[["passed", "passed"], ["wrong_answer"]]])
+    results = reward.score_batch([_code_problem(0), twin], _rollouts([ADD, ADD]))
+    assert [len(specs) for specs in reward._sandbox.calls] == [2]
+    assert [r.score for r in results] == [1.0, 0.0]

@@ -78,3 +78,15 @@ def test_a_code_task_drawing_from_several_levels_is_not_taken_for_a_curriculum()
     record = mixture.update()
     assert record["domain/code/success"] == 1.0 and "domain/code/level" not in record
     assert task.drawn_levels == [1, 2]
+
+
+def test_a_task_whose_levels_is_not_a_count_is_not_taken_for_a_curriculum():
+    from tempering.types import Group, Rollout
+
+    task = build_task("add", seed=0)
+    task.levels = [1, 2]  # a plug-in task's own meaning of the name: the levels it draws from
+    mixture = StaticMixture([task], [1.0], seed=0, settings=SETTINGS)
+    problem = mixture.next_problems(1)[0]
+    rollout = Rollout(problem, [1], [2], [0.0], "x", "stop", 0, reward_components={"exact_match": 1.0})
+    mixture.observe([Group(problem, [rollout])])
+    assert "domain/add/level" not in mixture.update()

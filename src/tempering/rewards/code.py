@@ -230,20 +230,25 @@ class CodeReward:
                         self.timeout_s, self.memory_mb)
 
     def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]:
-        """Each distinct (problem, program) of the batch runs once, every test in one sandbox
-        run, and each rollout that wrote it gets that verdict: a group's samples often
-        repeat a program word for word, the more so as the policy sharpens."""
+        """Each distinct (problem, sandbox job) of the batch runs once, every test in one
+        sandbox run, and each rollout that wrote it gets that verdict: a group's samples often
+        repeat a program word for word, the more so as the policy sharpens. The job (program,
+        tests, limits) is part of the key because two problems with other hidden tests may
+        share a problem key."""
         results: list[Optional[RewardResult]] = [None] * len(problems)
         runnable, first_of, copies = {}, {}, []
         for i, (problem, rollout) in enumerate(zip(problems, rollouts)):
             code = self.code_of(problem, rollout.text)
             if code is None:
                 results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"no_code": 1})
-            elif (problem.key, code) in first_of:
-                copies.append((i, first_of[problem.key, code]))
+                continue
+            spec = self.spec(problem, code)
+            job = problem.key, repr(spec)  # the spec's test cases hold lists: no hash, but a full repr
+            if job in first_of:
+                copies.append((i, first_of[job]))
             else:
-                first_of[problem.key, code] = i
-                runnable[i] = self.spec(problem, code)
+                first_of[job] = i
+                runnable[i] = spec
         error = "sandbox_error"
         for _ in range(self.retries + 1):
             if not runnable:

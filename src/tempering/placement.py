@@ -237,8 +237,8 @@ class WorkerPool:
         """``call(handle, share)`` with each handle's contiguous share of ``items``."""
         return self._each(call, [(items[s],) for s in _shares(len(items), len(self.handles))])
 
-    def _all(self, call: Callable[..., Any], *args: Any) -> list[Any]:
-        return self._each(call, [args] * len(self.handles))
+    def _all(self, call: Callable[..., Any]) -> list[Any]:
+        return self._each(call, [()] * len(self.handles))
 
     def state_dict(self) -> list:
         return self._all(lambda handle: handle.state_dict())

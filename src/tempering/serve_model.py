@@ -48,7 +48,8 @@ def serve_model(args: argparse.Namespace, model_path: Optional[str], config_path
         http = start(sampler, args.name or model_path or config.model.path, rc.batch_size, args.host, args.port,
                      limits, api_key)
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        raise ConfigError(f"cannot listen on {host}:{args.port}: {exc.strerror or exc}") from None
     print(f"temper serve: {resolved} at {http.url} (OpenAI-compatible: {http.url}/v1)", flush=True)
     threading.Event().wait()
     return 0

@@ -478,7 +478,6 @@ class OpenAIHTTPServer(HTTPServer):
     """One thread per connection; the sampling itself happens on the batcher's thread.
     ``api_key``: the bearer token every request but ``GET /health`` must carry (None: none)."""
 
-    daemon_threads = True
     request_queue_size = 256
 
     def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0, api_key: Optional[str] = None):

@@ -140,7 +140,6 @@ class FifoSemaphore:
 class SandboxHTTPServer(HTTPServer):
     """One thread per connection, capped; jobs queued for the executor's slots."""
 
-    daemon_threads = True
     request_queue_size = 128
 
     def __init__(self, executor, host: str = "127.0.0.1", port: int = 0, token: str | None = None,

@@ -12,7 +12,8 @@ Importing tempering does this; processes that vLLM starts do not import temperin
 :data:`SITE_DIR`, a folder whose ``sitecustomize`` imports it, goes first on their PYTHONPATH
 (``tempering.rollout.vllm_launch.environment``).
 
-Nothing is uninstalled or patched on disk, and CUDA builds beside a CUDA torch are left alone.
+A script that imported transformers first has its cached answers about these packages asked
+again. Nothing is uninstalled or patched on disk, and CUDA builds beside a CUDA torch are left alone.
 Not done: image or audio models on such an install (their processors need the hidden packages).
 """
 
@@ -69,4 +70,19 @@ def hide_cuda_extensions(torch_dir: Optional[Path] = None) -> list[str]:
         if package is not None and cuda_only(package):
             sys.modules[name] = None  # type: ignore[assignment]  # the documented way to block an import
             hidden.append(name)
+    _forget_availability(hidden)
     return hidden
+
+
+def _forget_availability(hidden: list[str]) -> None:
+    """transformers remembers whether a package is importable the first time it asks
+    (``is_torchvision_available`` and the like are cached): when a script imported transformers
+    before tempering, those answers predate the hiding, so they are asked again."""
+    utils = sys.modules.get("transformers.utils.import_utils")
+    if utils is None or not hidden:
+        return
+    for attribute in dir(utils):
+        if attribute.startswith("is_torch") and any(name in attribute for name in hidden):
+            cache_clear = getattr(getattr(utils, attribute), "cache_clear", None)
+            if cache_clear is not None:
+                cache_clear()

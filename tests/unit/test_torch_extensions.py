@@ -58,3 +58,17 @@ def test_beside_a_cuda_torch_nothing_is_hidden(installed, tmp_path):
     importlib.invalidate_caches()
     assert hide_cuda_extensions(torch_build(tmp_path, cuda=True)) == []
     assert importlib.util.find_spec("torchvision") is not None
+
+
+def test_transformers_imported_first_asks_again_whether_a_hidden_package_is_there(installed, tmp_path, monkeypatch):
+    import functools
+    import types
+
+    installed("torchvision", "0.28.0+cu130")
+    importlib.invalidate_caches()
+    utils = types.ModuleType("transformers.utils.import_utils")  # its cache, as transformers keeps it
+    utils.is_torchvision_available = functools.lru_cache(lambda: importlib.util.find_spec("torchvision") is not None)
+    monkeypatch.setitem(sys.modules, "transformers.utils.import_utils", utils)
+    assert utils.is_torchvision_available(), "asked before tempering was imported"
+    assert hide_cuda_extensions(torch_build(tmp_path, cuda=False)) == ["torchvision"]
+    assert not utils.is_torchvision_available()

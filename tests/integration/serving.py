@@ -1,11 +1,12 @@
-"""Helpers for the tests that talk to a real ``temper serve``: the server as a subprocess on a
-free port of 127.0.0.1, and a JSON request to it. Not a test module; the fixtures built on
-them are in ``conftest.py``."""
+"""Helpers for the tests that talk to real servers on 127.0.0.1: ``temper serve`` as a subprocess
+on a free port, a free port for any other server, and JSON requests. Not a test module; the
+fixtures built on them are in ``conftest.py``."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -30,9 +31,24 @@ def serving(tiny_model_dir, tempering_cache, *options: str) -> Iterator[str]:
         process.wait(timeout=30)
 
 
-def post(url: str, body: dict, headers: dict | None = None) -> dict:
-    """POST ``body`` as JSON; the reply's JSON (an HTTP error raises ``urllib.error.HTTPError``)."""
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json",
-                                                                      **(headers or {})})
-    with urllib.request.urlopen(request, timeout=60) as reply:
+def free_port() -> int:
+    """A port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def post(url: str, body: dict | None = None, headers: dict | None = None) -> dict:
+    """POST ``body`` as JSON (None: an empty POST); the reply's JSON (an HTTP error raises
+    ``urllib.error.HTTPError``)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json", **(headers or {})},
+                                     method="POST")
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return json.loads(reply.read())
+
+
+def get(url: str) -> dict:
+    """GET ``url``; the reply's JSON."""
+    with urllib.request.urlopen(url, timeout=60) as reply:
         return json.loads(reply.read())

@@ -9,7 +9,6 @@ miniature model writes: what is compared is the learner's arithmetic.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from serving import free_port
 from tempering.build import build_mixture, build_tasks, resolve_algorithm, rollout_worker
 from tempering.config import load_config
 from tempering.train import make_batch
@@ -44,12 +44,6 @@ def saved_batches(config, path: Path) -> Path:
         batches.append(make_batch(groups, resolve_algorithm(config)["advantage"], tokenizer.pad_token_id))
     torch.save(batches, path)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_learners(config, batches: Path, out: Path, processes: int) -> dict:

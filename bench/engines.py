@@ -8,7 +8,8 @@ Where vLLM is not installed it prints ``{"skipped": why}`` and exits 0.
 Generation: each engine samples ``batch // group_size`` arithmetic prompts x ``group_size``
 samples (``max_new_tokens``, temperature 1, rows ending at end-of-sequence or the limit), fp32;
 tokens/s counts the tokens each made, best of ``--repeats`` after one warm-up call. Engines:
-``builtin`` (tempering's sampler), ``vllm_eager`` (``vllm.LLM`` in this process,
+``builtin`` (tempering's sampler), ``builtin_onednn`` (the same with ``rollout.onednn``: float32
+decoding products by oneDNN), ``vllm_eager`` (``vllm.LLM`` in this process,
 ``rollout.engine: vllm``) and, with ``--compile``, ``vllm_compiled`` (torch.compile; minutes to
 start).
 
@@ -24,7 +25,7 @@ The peer, with ``--trl``: TRL's ``GRPOTrainer`` sampling with colocated vLLM
 and length on the same model: its seconds per step, or, where it does not run, the exception
 it stopped with and whether any step completed (needs the bench extra, TRL). Output::
 
-    {"generation": {"batch_N": {"builtin_tok_s", "vllm_eager_tok_s", ...}}, "rl": {ENGINE: {...}},
+    {"generation": {"batch_N": {"builtin_tok_s", "builtin_onednn_tok_s", "vllm_eager_tok_s", ...}}, "rl": {ENGINE: {...}},
      "trl_colocated": {...}, "settings": {...}}
 """
 
@@ -74,7 +75,8 @@ def generation(args, threads: int, pretrain: PretrainConfig) -> dict:
     model, tokenizer, _ = load_policy(args.model, "float32", pretrain, progress=False)
     task = build_task("add", seed=0, digits=[2])
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-    engines = {"builtin": lambda: HFGenerator(model, tokenizer)}
+    engines = {"builtin": lambda: HFGenerator(model, tokenizer),
+               "builtin_onednn": lambda: HFGenerator(model, tokenizer, onednn=True)}
     for name, compiled in [("vllm_eager", False)] + ([("vllm_compiled", True)] if args.compile else []):
         settings = VllmSettings("float32", kv_cache_gib=1.0, threads=threads, cpu_bind=None, compile=compiled,
                                 seed=0, cpu=True)

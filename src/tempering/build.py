@@ -413,7 +413,8 @@ def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
                     share: bool = True) -> Generator:
     """The built-in sampler over ``model``, playing the tasks that have an environment (or an
     agent) as episodes."""
-    sampler = HFGenerator(model, tokenizer, config.model.chat_template, batch_size, bf16, share=share)
+    sampler = HFGenerator(model, tokenizer, config.model.chat_template, batch_size, bf16, share=share,
+                          onednn=config.rollout.onednn)
     return with_agents(with_envs(sampler, env_specs(config)), sampler, agent_specs(config))
 
 

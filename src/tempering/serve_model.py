@@ -43,7 +43,7 @@ def serve_model(args: argparse.Namespace, model_path: Optional[str], config_path
     model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=not args.quiet)
     rc = config.rollout
     sampler = HFGenerator(model.eval(), tokenizer, config.model.chat_template, rc.batch_size, rc.bf16,
-                          share=rc.share_decoding)
+                          share=rc.share_decoding, onednn=rc.onednn)
     try:
         http = start(sampler, args.name or model_path or config.model.path, rc.batch_size, args.host, args.port,
                      limits, api_key)

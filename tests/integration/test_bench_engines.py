@@ -13,6 +13,6 @@ def test_the_bench_measures_every_engine_or_says_why_not(bench_module, tempering
         assert result == {"skipped": why}
         require_vllm()
     speeds = result["generation"]["batch_8"]
-    assert set(speeds) == {"builtin_tok_s", "vllm_eager_tok_s"}
+    assert set(speeds) == {"builtin_tok_s", "builtin_onednn_tok_s", "vllm_eager_tok_s"}
     assert all(value > 0 for value in speeds.values())
     assert result["settings"]["vllm"].startswith("0.32")

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tempering.learner.optim import adamw
 from tempering.models import compat
 from tempering.rollout import fast_llama
 from tempering.rollout.hf import HFGenerator, SamplingParams
@@ -38,7 +39,9 @@ def _model_steps(model, ids_BT, mask_BT, new_BS):
 # rows to keep before each of 4 decoding steps; [0, 4, 2, 3] moves row 4 into the hole of
 # row 1 in place, [3, 1] is a general pick
 @pytest.mark.parametrize("selections", [[None] * 4, [None, torch.tensor([0, 4, 2, 3]), torch.tensor([3, 1]), None]])
-def test_decoding_steps_give_the_models_logits_as_rows_leave(selections):
+@pytest.mark.parametrize("onednn", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not fast_llama.ONEDNN, reason="this torch has no oneDNN prepacked linear product"))])
+def test_decoding_steps_give_the_models_logits_as_rows_leave(selections, onednn):
     model = _grouped_query_model()  # 6 query heads share 2 key heads
     gen = torch.Generator().manual_seed(1)
     ids_BT = torch.randint(3, 40, (5, 7), generator=gen)
@@ -51,7 +54,7 @@ def test_decoding_steps_give_the_models_logits_as_rows_leave(selections):
     positions_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         prefill = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT, use_cache=True)
-    decoder = fast_llama.LlamaDecoder(model)
+    decoder = fast_llama.LlamaDecoder(model, onednn)
     decoder.start(prefill[compat.cache_argument(model.forward)], capacity=7 + len(selections), dtype=None)
     rows, position_B, mask = torch.arange(5), positions_BT[:, -1], mask_BT
     for step, keep in enumerate(selections):
@@ -64,13 +67,14 @@ def test_decoding_steps_give_the_models_logits_as_rows_leave(selections):
         torch.testing.assert_close(logits, expected[step][rows], atol=1e-5, rtol=0)
 
 
-def test_the_sampler_draws_the_same_rollouts_with_and_without_the_decoder(tiny_policy):
+@pytest.mark.parametrize("onednn", [False, True])
+def test_the_sampler_draws_the_same_rollouts_with_and_without_the_decoder(tiny_policy, onednn):
     model, tokenizer = tiny_policy
     problems = [Problem(task="add", id=str(i), prompt=p, answer="0") for i, p in enumerate(["7+8\n", "123+456\n"])]
     params = SamplingParams(temperature=1.1, max_new_tokens=20)
 
     def sample(fast: bool):
-        generator = HFGenerator(model, tokenizer, fast=fast)
+        generator = HFGenerator(model, tokenizer, fast=fast, onednn=onednn)
         assert generator.fast == fast
         groups = generator.generate(problems, 4, params, generator=torch.Generator().manual_seed(3))
         return [r for g in groups for r in g.rollouts]
@@ -95,3 +99,28 @@ def test_the_bf16_decoder_stays_close_to_float32(tiny_policy):
                                          torch.ones(2, ids_BT.shape[1] + 1, dtype=torch.long))
     gap = (logits[None].log_softmax(-1) - logits[torch.bfloat16].log_softmax(-1)).abs().max()
     assert 1e-4 < gap < 0.2, "bf16 products: close to the float32 numbers, but not them"
+
+
+def test_the_decoder_sees_every_update_of_the_weights():
+    """The learner's fused AdamW counts no tensor version: projections are made again at each start."""
+    model = _grouped_query_model()
+    gen = torch.Generator().manual_seed(2)
+    ids_BT, new_BS = torch.randint(3, 40, (3, 6), generator=gen), torch.randint(3, 40, (3, 1), generator=gen)
+    mask_BT = torch.ones_like(ids_BT)
+    positions_BT = mask_BT.cumsum(-1) - 1
+    decoder = fast_llama.LlamaDecoder(model)
+    optimizer = adamw(model, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.0)  # the learner's, one fused kernel
+
+    def decoded():
+        with torch.no_grad():
+            prefill = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT, use_cache=True)
+        decoder.start(prefill[compat.cache_argument(model.forward)], capacity=7, dtype=None)
+        return decoder.step(new_BS[:, 0], positions_BT[:, -1] + 1, torch.nn.functional.pad(mask_BT, (0, 1), value=1))
+
+    decoded()
+    model(input_ids=ids_BT).logits.square().mean().backward()
+    optimizer.step()
+    torch.testing.assert_close(decoded(), _model_steps(model, ids_BT, mask_BT, new_BS)[0], atol=1e-5, rtol=0)
+    state = {name: tensor + 0.1 for name, tensor in model.state_dict().items()}
+    model.load_state_dict(state)
+    torch.testing.assert_close(decoded(), _model_steps(model, ids_BT, mask_BT, new_BS)[0], atol=1e-5, rtol=0)

@@ -7,7 +7,8 @@ Python and dispatch cost. :class:`LlamaDecoder` computes the same step from the 
 with fewer, larger operations: fused projections (queries, keys and values in one product,
 gate and up in another), torch's fused RMS norm, rotary embeddings as one complex
 multiplication for queries and keys together, the mask as an additive bias inside the score
-product, and keys and values in preallocated buffers that finished rows leave. For the complex
+product, keys and values in preallocated buffers that finished rows leave, and, when asked,
+float32 products by oneDNN on weights reordered for it (:func:`projection`). For the complex
 multiplication, the query and key projections' output rows are reordered so that the two
 dimensions rotary embeddings rotate together are adjacent (:func:`interleave_halves`); the
 cached keys are in that order too, and attention scores, sums over the dimensions, are
@@ -19,8 +20,10 @@ cache is copied in. It is used where it computes exactly what the model computes
 llama, default rotary embeddings, no biases, SiLU MLP, no sliding window. Other models take
 transformers' path. Weights are read from the model (through ``tempering.models.compat``,
 which knows where transformers keeps them) at every :meth:`LlamaDecoder.start`, so a sampler sharing the learner's
-model sees each update; the fused projections are copies made there (under bf16, casts),
-about the size of the model's projection weights, freed with the decoder's next start.
+model sees each update (the learner's fused AdamW counts no tensor version, so nothing tells
+unchanged weights apart cheaply); the projections are copies made there (reordered for
+oneDNN, or under bf16 casts), about the size of the model's weights with its output head,
+freed with the decoder's next start.
 
 Under bf16 autocast the products run in bf16 and the residual stream, norms, rotary
 embeddings and attention in float32, as transformers does under CPU autocast (with
@@ -29,7 +32,7 @@ embeddings and attention in float32, as transformers does under CPU autocast (wi
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -37,8 +40,32 @@ from tempering.models.compat import (cache_layers, fused_llama_supported, llama_
                                      select_buffer_rows)
 
 
+ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+"""Whether this torch has oneDNN's prepacked linear product (:func:`projection`)."""
+
+
 def _rms_norm(x_BH: torch.Tensor, weight_H: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.nn.functional.rms_norm(x_BH, weight_H.shape, weight_H, eps)
+
+
+def projection(weight_OI: torch.Tensor, dtype: Optional[torch.dtype], onednn: bool = False
+               ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x_BI -> x_BI @ weight_OI.T``, computed and returned in ``dtype`` (None: the weight's own).
+
+    With ``onednn``, a float32 product on CPU is oneDNN's, the weight reordered once here into
+    its blocked layout (:data:`ONEDNN`; vLLM's CPU backend multiplies so): torch's float32
+    ``mm`` is MKL's, 1.5-3x slower at decoding shapes on the AMD EPYC (AVX-512) CPU this was
+    measured on, most for the vocabulary head. Both are float32 products, differing only in
+    summation order, but the learner's products are MKL's, whose rounding the decoder's then
+    no longer shares: SmolLM2's learner/sampler mismatch doubles (3e-6 to 6e-6 per token on
+    the same tokens), hence off by default. Other dtypes and devices multiply as the model does."""
+    if onednn and dtype is None and ONEDNN and weight_OI.device.type == "cpu" and weight_OI.dtype == torch.float32:
+        packed_OI = torch.ops.mkldnn._reorder_linear_weight(weight_OI.contiguous())
+        return lambda x_BI: torch.ops.mkldnn._linear_pointwise(x_BI, packed_OI, None, "none", [], "")
+    if dtype is None:
+        return lambda x_BI: x_BI @ weight_OI.T
+    cast_OI = weight_OI.to(dtype)
+    return lambda x_BI: x_BI.to(dtype) @ cast_OI.T
 
 
 def interleave_halves(dim: int, device: torch.device | None = None) -> torch.Tensor:
@@ -55,10 +82,11 @@ def interleave_halves(dim: int, device: torch.device | None = None) -> torch.Ten
 class LlamaDecoder:
     """Decoding steps of a Llama model from a prefilled cache (see the module docstring)."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, onednn: bool = False):
         if not fused_llama_supported(model):
             raise ValueError("LlamaDecoder supports Llama models with default rotary embeddings and no biases")
         self.model = model
+        self.onednn = onednn  # float32 products by oneDNN (projection)
         shape = llama_shape(model)
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
         self.eps, self.theta = shape.eps, shape.theta
@@ -69,7 +97,6 @@ class LlamaDecoder:
         and ``rows`` rows (at least the cache's)."""
         weights = llama_weights(self.model)
         device = weights.embed.device
-        cast = (lambda w: w.to(dtype)) if dtype is not None else (lambda w: w)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         pairs = interleave_halves(dim, device)
         # queries' and keys' dimensions in rotation pairs (see the module docstring)
@@ -79,16 +106,15 @@ class LlamaDecoder:
         for layer in weights.layers:
             self.layers.append((
                 layer.input_norm.float(),
-                cast(torch.cat([layer.q[query_rows], layer.k[key_rows], layer.v])),
-                cast(layer.o),
+                projection(torch.cat([layer.q[query_rows], layer.k[key_rows], layer.v]), dtype, self.onednn),
+                projection(layer.o, dtype, self.onednn),
                 layer.post_norm.float(),
-                cast(torch.cat([layer.gate, layer.up])),
-                cast(layer.down),
+                projection(torch.cat([layer.gate, layer.up]), dtype, self.onednn),
+                projection(layer.down, dtype, self.onednn),
             ))
         self.embed = weights.embed
         self.final_norm = weights.final_norm.float()
-        self.head = cast(weights.head)
-        self.dtype = dtype
+        self.head = projection(weights.head, dtype, self.onednn)
         self.stores = []  # keys of every layer, then values: [row capacity, key heads, positions, dim]
         layers = cache_layers(cache)
         filled, _, length, _ = layers[0][0].shape
@@ -121,13 +147,11 @@ class LlamaDecoder:
             mask_BS[:, None, None, :length] == 0, float("-inf"))
         scaling = dim ** -0.5
         x_BH = self.embed[ids_B].float()
-        low = self.dtype
         layers = len(self.layers)
         for (norm_in, qkv, out, norm_post, gate_up, down), keys, values in zip(
                 self.layers, self.stores[:layers], self.stores[layers:]):
             keys, values = keys[:rows], values[:rows]
-            h_BH = _rms_norm(x_BH, norm_in, self.eps)
-            qkv_BF = ((h_BH.to(low) if low else h_BH) @ qkv.T).float()
+            qkv_BF = qkv(_rms_norm(x_BH, norm_in, self.eps)).float()
             pairs_BFJ2 = qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim // 2, 2)
             qk_BFD = torch.view_as_real(torch.view_as_complex(pairs_BFJ2) * turn_B1J).view(rows, heads + kv_heads, dim)
             keys[:, :, at] = qk_BFD[:, heads:]
@@ -140,10 +164,8 @@ class LlamaDecoder:
                                         ).view(rows, kv_heads, group, length)
             probs_BKMS = torch.softmax(scores_BKMS, dim=-1)
             attended_BF = torch.bmm(probs_BKMS.flatten(0, 1), v_BKSD.reshape(-1, length, dim)).view(rows, heads * dim)
-            x_BH = x_BH + ((attended_BF.to(low) if low else attended_BF) @ out.T).float()
-            h_BH = _rms_norm(x_BH, norm_post, self.eps)
-            gate_BF, up_BF = ((h_BH.to(low) if low else h_BH) @ gate_up.T).chunk(2, dim=-1)
-            x_BH = x_BH + ((torch.nn.functional.silu(gate_BF) * up_BF) @ down.T).float()
+            x_BH = x_BH + out(attended_BF).float()
+            gate_BF, up_BF = gate_up(_rms_norm(x_BH, norm_post, self.eps)).chunk(2, dim=-1)
+            x_BH = x_BH + down(torch.nn.functional.silu(gate_BF) * up_BF).float()
         self.length = length
-        h_BH = _rms_norm(x_BH, self.final_norm, self.eps)
-        return ((h_BH.to(low) if low else h_BH) @ self.head.T).float()
+        return self.head(_rms_norm(x_BH, self.final_norm, self.eps)).float()

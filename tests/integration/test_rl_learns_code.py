@@ -2,14 +2,14 @@
 sandbox, lifts a miniature coder's mean reward past a stated margin, and the same run with the
 policy-gradient direction reversed or with no advantage at all does not.
 
-The miniature coder is the built-in model pre-trained here (about a minute of one core) on the
-two smallest families (``at_least`` and ``below``: one comprehension each), 60% of its corpus
-with the family's classic bug (``>`` for ``>=``, ``<=`` for ``<``). It copies the constant
-from the spec, writes both programs, and greedily writes the buggy one on every held-out
-problem, while about 40% of its samples pass, which gives RL a signal. Greedy held-out pass@1
-is not the measure: it turns on one token per (family, constant) pair, so it moves in jumps of
-a whole family or not at all; the mean reward of the first and last ten steps (1,280 rollouts
-each) moves smoothly. The
+The miniature coder is the built-in model pre-trained here (300 steps, under a minute of one
+core) on ``multiples`` (one comprehension whose constant is a single digit, 2 to 6: the tiny
+model copies a two-digit constant, as the other list families draw at level 1, only after
+many more steps), 60% of its corpus with the family's classic bug (``x % k`` for
+``x % k == 0``). At the start about one sample in ten passes every hidden case, which gives
+RL a signal; the rest are the bug or a wrong constant. The measure is the mean training
+reward of the first and last ten steps (1,280 rollouts each), which moves smoothly where
+greedy pass@1 jumps by whole constants. The
 controls plug a flipped and a zeroed estimator in through ``algorithm.advantage:
 module:function``, as in ``test_rl_learns``; a loss whose sign is reversed, or advantages that
 never reach it, fail the first case.
@@ -27,23 +27,23 @@ from learning import CONTROLS, check_lift, run_metrics
 LIFT = 0.08
 """How much the mean reward of the last ten steps must exceed that of the first ten."""
 
-FAMILIES = ["at_least", "below"]
+FAMILIES = ["multiples"]
 
 MINI_CODER = {
     "tasks": [{"name": "code", "options": {"families": FAMILIES}}],
     "hidden_size": 64, "layers": 2, "heads": 4, "max_positions": 192,
-    "steps": 500, "batch_docs": 16, "lr": 1e-2, "warmup_steps": 10,
+    "steps": 300, "batch_docs": 16, "lr": 1e-2, "warmup_steps": 10,
 }
 """PretrainConfig of the miniature coder (seconds to train)."""
 
 RUN = {
-    "steps": 50,
+    "steps": 30,
     "threads": 1,
     "tasks": [{"name": "code:filter", "options": {"families": FAMILIES}}],
-    "rollout": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 38},
+    "rollout": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 44},
     "learner": {"lr": 1.5e-3, "warmup_steps": 3, "schedule": "constant"},
     "rewards": {"options": {"code": {"workers": 2}}},
-    "eval": {"problems_per_task": 4, "max_new_tokens": 38},
+    "eval": {"problems_per_task": 4, "max_new_tokens": 44},
     "checkpoint": {"every": 0},
 }
 

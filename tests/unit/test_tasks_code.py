@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 
 import pytest
 
+from tempering.build import build_tasks
+from tempering.config import builtin_config, load_config
+from tempering.pretrain import corpus
 from tempering.tasks import build_task
 from tempering.tasks.code import CodeTask
-from tempering.tasks.code_families import FAMILIES, KINDS, reference, run_reference
+from tempering.tasks.code_families import FAMILIES, FAMILY_BY_NAME, KINDS, reference, run_reference
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +118,27 @@ def test_a_training_mixture_of_code_tasks_updates_without_a_curriculum():
     record = mixture.update()
     assert record["domain/code:filter/weight"] == 0.5
     assert not any(key.endswith("/level") for key in record)
+
+
+@pytest.mark.parametrize("name", ["code", "smollm2-code"])
+def test_a_shipped_config_holds_out_dozens_of_distinct_functions_per_kind_never_trained_on(name):
+    """The held-out set of each shipped code config asks for at least 20 distinct functions
+    (family and constants) per kind, none of them asked for by its training problems or
+    written in its pre-training corpus: an accuracy per kind is not a handful of programs."""
+    config = load_config(builtin_config(name))
+    held_out: dict[str, set[tuple[str, str]]] = collections.defaultdict(set)
+    for task in build_tasks(config):
+        for problem in task.eval_problems(config.eval.problems_per_task):
+            held_out[problem.meta["kind"]].add(function_of(problem))
+        trained = {function_of(task.train_problem(i)) for i in range(2000)}
+        assert not trained & set().union(*held_out.values()), task.name
+    assert {kind: len(functions) for kind, functions in held_out.items() if len(functions) < 20} == {}
+    if config.pretrain is not None:
+        specs = {"# " + FAMILY_BY_NAME[family].spec.format(**json.loads(params)) + "\n"
+                 for functions in held_out.values() for family, params in functions}
+        documents = itertools.islice(corpus(config.pretrain), 3000)
+        assert not [d for d in documents if d[: d.index("\n") + 1] in specs]
+
+
+def function_of(problem) -> tuple[str, str]:
+    return problem.meta["family"], json.dumps(problem.meta["params"], sort_keys=True)

@@ -18,8 +18,9 @@ comments above the ``def`` line, and the completion is the function's body::
 ``style="chat"`` asks a chat model for the whole function in a fenced block.
 
 The held-out split is a partition of each family's constants: a problem is held out when its
-(family, constants) hash falls in one of ``EVAL_EVERY`` buckets, so a held-out program is never
-asked for in training, nor written in the pre-training corpus. A family whose constants all
+(family, constants) hash falls in the first of ``EVAL_EVERY`` buckets, so a held-out program is
+never asked for in training, nor written in the pre-training corpus; with a hundred constants
+per family at level 1, a quarter held out is dozens of distinct functions per family. A family whose constants all
 hash outside that bucket holds out its lowest-hashed constants instead.
 
 ``corpus_document`` writes a training problem with its solution for ``temper pretrain``; with
@@ -41,7 +42,7 @@ from tempering.tasks.base import StreamState, register_task
 from tempering.tasks.code_families import FAMILIES, KINDS, Family, Params, reference, run_reference
 from tempering.types import Problem, domain_of
 
-EVAL_EVERY = 8
+EVAL_EVERY = 4
 """One (family, constants) pair in EVAL_EVERY, by a stable hash, is held out for evaluation."""
 
 _ENUMERATE_DRAWS = 100
@@ -162,15 +163,25 @@ class CodeTask(StreamState):
         return self._problem(family, level, params, rng)
 
     def eval_problems(self, n: int) -> list[Problem]:
+        """Up to ``n`` distinct held-out problems, as many distinct functions among them as
+        the draws find: a problem asking again for a function already in the set (other
+        example, other level) comes after every new function, so a set that could hold n
+        functions never repeats one."""
         rng = random.Random(f"eval:{self.name}")
-        problems: dict[str, Problem] = {}
+        fresh: dict[str, Problem] = {}
+        repeats: dict[str, Problem] = {}
+        functions: set[str] = set()
         for _ in range(20 * n):  # bounded: a small family set yields fewer than n
-            if len(problems) >= n:
+            if len(fresh) >= n:
                 break
             family, level, params = self._draw(rng, want_eval=True)
+            function = f"{family.name}:{json.dumps(params, sort_keys=True)}"
+            if function in functions and len(repeats) >= n:
+                continue
             problem = self._problem(family, level, params, rng)
-            problems.setdefault(problem.id, problem)
-        return list(problems.values())
+            (repeats if function in functions else fresh).setdefault(problem.id, problem)
+            functions.add(function)
+        return (list(fresh.values()) + [p for key, p in repeats.items() if key not in fresh])[:n]
 
     def solution(self, problem: Problem, buggy: bool = False, bug: int = 0) -> str:
         """The body a model should write after a raw prompt: the reference, or a classic bug."""

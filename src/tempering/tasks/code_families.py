@@ -83,8 +83,11 @@ def _copy(value: Any) -> Any:
 # -- constants and arguments --------------------------------------------------------------
 
 def _const(rng: random.Random, level: int, low: int = 0) -> int:
-    """A constant: 0..9 at level 1, down to -20 and up to 50 at 2, -99..99 at 3 (never below ``low``)."""
-    lo, hi = {1: (0, 9), 2: (-20, 50), 3: (-99, 99)}[level]
+    """A constant: 0..99 at level 1, -50..150 at 2, -500..500 at 3 (never below ``low``).
+
+    Level 1 draws a hundred values, not ten, so that a quarter of them held out (see the
+    ``code`` task's split) is still dozens of distinct functions per family."""
+    lo, hi = {1: (0, 99), 2: (-50, 150), 3: (-500, 500)}[level]
     return rng.randint(max(lo, low), max(hi, low + 9))
 
 
@@ -117,6 +120,10 @@ def _word(rng: random.Random, low: int = 1, high: int = 7) -> str:
 
 def _sentence(rng: random.Random, level: int) -> str:
     return " ".join(_word(rng) for _ in range(rng.randint(0, 2 + 2 * level)))
+
+
+_SEPARATORS = ",;|/:_*#&@"
+"""Field separators of the parsers: none is a digit, a sign or a space."""
 
 
 def _letter(rng: random.Random, level: int) -> Params:
@@ -217,7 +224,7 @@ FAMILIES: list[Family] = [
     Family("is_prime_above", "number", "n", "True if n is a prime number greater than {k}, else False",
            "if n <= {k} or n < 2:\n    return False\nreturn all(n % d for d in range(2, int(n ** 0.5) + 1))",
            ("if n <= {k} or n < 2:\n    return False\nreturn all(n % d for d in range(2, int(n ** 0.5)))",),
-           _k(), lambda rng, p, level: [rng.randint(0, 30 * level)],
+           _k(), lambda rng, p, level: [max(p["k"], 0) + rng.randint(-5, 30 * level)],
            lambda p: [[p["k"]], [p["k"] + 1], [4], [9], [25], [49], [0], [1], [97]]),
     Family("gcd_with", "number", "n", "the greatest common divisor of n and {k} (n >= 0)",
            "a, b = n, {k}\nwhile b:\n    a, b = b, a % b\nreturn a", ("a, b = n, {k}\nwhile b > 1:\n    a, b = b, a % b\nreturn a",),
@@ -248,7 +255,7 @@ FAMILIES: list[Family] = [
            lambda p: [[""], [p["c"]], [p["c"] * 2 + "j"], ["a" + p["c"]]]),
     Family("pad_left", "string", "s", "s padded on the left with '{c}' to at least {k} characters",
            "return '{c}' * ({k} - len(s)) + s", ("return '{c}' * ({k} - len(s) - 1) + s",),
-           lambda rng, level: {"c": rng.choice("*.-#"), "k": rng.randint(1, 8)},
+           lambda rng, level: {"c": rng.choice("*.-#_=+~"), "k": rng.randint(1, 4 + 8 * level)},
            lambda rng, p, level: [_word(rng, 0, 9)],
            lambda p: [[""], ["a" * p["k"]], ["a" * (p["k"] - 1)], ["a" * (p["k"] + 2)]]),
     # -- dict and set work --
@@ -273,24 +280,24 @@ FAMILIES: list[Family] = [
     # -- small parsers --
     Family("sum_fields", "parser", "line", "the sum of the integers in line, separated by '{c}' (0 for an empty line)",
            "if not line:\n    return 0\nreturn sum(int(t) for t in line.split('{c}'))", ("return sum(int(t) for t in line.split('{c}'))",),
-           lambda rng, level: {"c": rng.choice(",;|/")},
+           lambda rng, level: {"c": rng.choice(_SEPARATORS)},
            lambda rng, p, level: [p["c"].join(str(v) for v in _ints(rng, level, 0, 20))],
            lambda p: [[""], ["5"], [f"-3{p['c']}3"], [f"1{p['c']}1{p['c']}1"]]),
     Family("count_fields", "parser", "line", "the number of fields in line, separated by '{c}' (0 for an empty line)",
            "if not line:\n    return 0\nreturn len(line.split('{c}'))", ("return line.count('{c}')",),
-           lambda rng, level: {"c": rng.choice(",;|/")},
+           lambda rng, level: {"c": rng.choice(_SEPARATORS)},
            lambda rng, p, level: [p["c"].join(_word(rng, 0, 3) for _ in range(rng.randint(0, 5)))],
            lambda p: [[""], ["a"], [p["c"]], [f"a{p['c']}b"]]),
     Family("max_field", "parser", "line", "the largest integer in line, separated by '{c}', or {k} for an empty line",
            "if not line:\n    return {k}\nreturn max(int(t) for t in line.split('{c}'))",
            ("return max(int(t) for t in line.split('{c}'))",),
-           lambda rng, level: {"c": rng.choice(",;|/"), "k": _const(rng, level)},
+           lambda rng, level: {"c": rng.choice(_SEPARATORS), "k": _const(rng, level)},
            lambda rng, p, level: [p["c"].join(str(v) for v in _ints(rng, level, 0, 20))],
            lambda p: [[""], ["-7"], [f"-3{p['c']}-9"], [f"4{p['c']}4"]]),
     # -- recursion --
     Family("power", "recursion", "n", "{k} to the power n, computed recursively (n >= 0)",
            "if n == 0:\n    return 1\nreturn {k} * {name}(n - 1)", ("if n == 1:\n    return {k}\nreturn {k} * {name}(n - 1)",),
-           lambda rng, level: {"k": rng.randint(2, 3 + level)},
+           lambda rng, level: {"k": _const(rng, level, 2)},
            lambda rng, p, level: [rng.randint(0, 8 + 2 * level)],
            lambda p: [[0], [1], [2], [5]]),
     Family("nested_sum", "recursion", "xs", "the sum of every integer in the nested list xs, plus {k}",

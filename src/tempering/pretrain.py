@@ -33,11 +33,16 @@ CORPUS_VERSION = 1
 def cache_key(config: PretrainConfig) -> str:
     """A hash of what makes the model: the config, less what cannot change the corpus (a
     corpus task's ``env``) and ``tool_share`` at 0, so that models cached before these
-    fields existed keep their keys."""
+    fields existed keep their keys, and the ``corpus_version`` of each corpus task that has
+    moved past 1 (a task's documents changed under an unchanged config)."""
     exclude: dict = {"tasks": {"__all__": {"env"}}}
     if config.tool_share == 0:
         exclude["tool_share"] = True
     fields = config.model_dump(mode="json", exclude=exclude)
+    tasks = {spec.name: getattr(build_task(spec.name, seed=config.seed, **spec.options), "corpus_version", 1)
+             for spec in config.tasks}
+    if moved := {name: version for name, version in tasks.items() if version != 1}:
+        fields["corpus_versions"] = moved
     payload = json.dumps({"v": CORPUS_VERSION, **fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

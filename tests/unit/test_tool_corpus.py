@@ -64,3 +64,16 @@ def test_a_tool_share_only_replaces_documents_and_keeps_to_the_tiny_vocabulary()
 def test_program_style_documents_never_call_the_calculator():
     task = build_task("add", seed=0, style="program")
     assert not any("<calc>" in task.corpus_document(i, 0.0, tool_share=1.0) for i in range(50))
+
+
+def test_a_task_whose_documents_changed_is_a_new_cache_entry(monkeypatch):
+    """A model pre-trained on a task's earlier documents is not found for the same config
+    (the code task's level-1 constants grew from 0..9 to 0..99 under unchanged configs)."""
+    from tempering.tasks.code import CodeTask
+
+    config = PretrainConfig(tasks=[{"name": "code", "options": {"families": ["at_least"]}}])
+    earlier = _old_key(config)
+    assert cache_key(config) != earlier
+    current = cache_key(config)
+    monkeypatch.setattr(CodeTask, "corpus_version", CodeTask.corpus_version + 1, raising=False)
+    assert cache_key(config) not in (current, earlier)

@@ -71,6 +71,10 @@ class CodeTask(StreamState):
     ``partial``: the reward is the share of cases passed instead of 1 only when all pass.
     """
 
+    corpus_version = 2
+    """Of the documents :meth:`corpus_document` writes (2: level-1 constants 0..99, not 0..9);
+    part of a pre-trained model's cache key (``tempering.pretrain.cache_key``)."""
+
     def __init__(self, name: str, seed: int, kinds: list[str] | None = None, families: list[str] | None = None,
                  levels: list[int] | None = None, style: str = "raw", tests: int = 10, partial: bool = False,
                  domain: str = "", rewards: dict[str, float] | None = None):

@@ -394,6 +394,29 @@ def test_claim7_no_effect_on_other_jobs(executor, name):
     assert [r.stdout for r in results[1::2]] + [results[4].stdout] == ["45\n"] * 3, results
 
 
+SYSV_IPC = textwrap.dedent("""\
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    CREATE = {create}  # IPC_CREAT | 0o600, or 0 to look for what an earlier job left
+    segment = libc.shmget(0x7E57, 4096 if CREATE else 0, CREATE)
+    if CREATE and segment >= 0:
+        ctypes.memmove(libc.shmat(segment, None, 0), b"left", 4)
+    found = [segment >= 0, libc.semget(0x7E57, 1, CREATE) >= 0, libc.msgget(0x7E57, CREATE) >= 0]
+    print(found)
+""")
+
+
+def test_claim7_no_system_v_ipc_outlives_its_job(executor):
+    """A SysV shared-memory segment, semaphore set or message queue outlives its creator:
+    left in a slot, it would carry data to the slot's next jobs and hold memory no limit of
+    the job counts. Every job of several rounds on each slot finds none of them."""
+    for _ in range(3):
+        executor.run_many([RunRequest(SYSV_IPC.format(create=0o1600)) for _ in range(4)])
+    found = [r.stdout for r in executor.run_many([RunRequest(SYSV_IPC.format(create=0)) for _ in range(4)])]
+    assert found == ["[False, False, False]\n"] * 4
+
+
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL", "SIGSTOP", "SIGTERM"])
 def test_claim7_worker_ignores_its_jobs_signals(executor, signal_name):
     code = (f"import os, signal, time\ntry:\n    os.kill(os.getppid(), signal.{signal_name})\n"

@@ -14,7 +14,8 @@ default isolation (``namespaces``, as root) the sandbox claims that a program ca
 
 1. **escape to the host**: it runs as an unprivileged per-slot uid with no capabilities,
    ``no_new_privs`` set and a seccomp filter that refuses ptrace, mount, unshare/setns,
-   namespace flags to clone, bpf, io_uring, kernel modules, keys, reboot and clock changes
+   namespace flags to clone, bpf, io_uring, kernel modules, keys, System V IPC, reboot and
+   clock changes
    (to root too, so this does not rest on the missing capabilities) and kills a program
    that makes a syscall through another architecture's convention (x86-64: x32, i386);
    running a setuid-root binary raises no privilege (``no_new_privs``; the jail's mounts
@@ -35,7 +36,8 @@ default isolation (``namespaces``, as root) the sandbox claims that a program ca
 6. **outlive its job**: after every run the worker kills everything left in the slot's
    PID namespace, daemons and detached sessions included, and reaps them.
 7. **affect other jobs**: slots have separate namespaces, uids and scratch; a program can
-   neither signal its worker nor see another slot's files, and the next job starts clean.
+   neither signal its worker nor see another slot's files, and the next job starts clean
+   (no System V segment, semaphore or queue, which would outlive a job, can be made).
 8. **produce a passing verdict without computing the right outputs**: the parent compares
    stdout or returned values itself; an early ``exit(0)``, a return value whose ``__eq__``
    always agrees, walking the stack or writing fake result messages does not pass a case.

@@ -254,7 +254,9 @@ def reachable_by_others(path: str) -> bool:
 
 # Syscalls that no program under test needs and that widen the attack surface: namespace
 # and mount manipulation, tracing other processes, kernel modules and keys, eBPF,
-# io_uring (a second syscall interface seccomp cannot see), clocks, reboot and swap.
+# io_uring (a second syscall interface seccomp cannot see), clocks, reboot and swap, and
+# System V IPC, whose segments, semaphores and queues outlive the job in its slot's IPC
+# namespace (carrying data to the slot's later jobs, holding memory no job limit counts).
 DENIED_SYSCALLS = (
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
     "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "mount_setattr",
@@ -267,6 +269,8 @@ DENIED_SYSCALLS = (
     "sethostname", "setdomainname", "settimeofday", "clock_settime", "clock_adjtime",
     "adjtimex", "iopl", "ioperm", "lookup_dcookie", "personality", "uselib",
     "fanotify_init",
+    "shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop", "semctl",
+    "msgget", "msgsnd", "msgrcv", "msgctl",
 )
 
 

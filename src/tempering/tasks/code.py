@@ -20,8 +20,8 @@ comments above the ``def`` line, and the completion is the function's body::
 The held-out split is a partition of each family's constants: a problem is held out when its
 (family, constants) hash falls in the first of ``EVAL_EVERY`` buckets, so a held-out program is
 never asked for in training, nor written in the pre-training corpus; with a hundred constants
-per family at level 1, a quarter held out is dozens of distinct functions per family. A family whose constants all
-hash outside that bucket holds out its lowest-hashed constants instead.
+per family at level 1, a quarter held out is dozens of distinct functions per family. A family
+whose constants all hash outside that bucket holds out its lowest-hashed constants instead.
 
 ``corpus_document`` writes a training problem with its solution for ``temper pretrain``; with
 probability ``wrong_share`` the solution is one of the family's classic bugs, so a model

@@ -25,6 +25,7 @@ of that size, e.g. ``max_B1``). Each letter has this one meaning everywhere, and
 - ``Q``, ``S``: query positions and key positions (attention scores)
 - ``F``: features laid side by side (fused projections, a row's values compared when
   merging rows)
+- ``O``, ``I``: output and input features of a linear layer (its weight is ``O x I``)
 
 Token lists on a :class:`Rollout` are plain Python lists; tensors appear only once a
 :class:`Batch` is formed for the learner.

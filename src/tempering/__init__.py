@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-import types
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tempering.torch_extensions import hide_cuda_extensions
@@ -75,14 +75,14 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(EXPORTS))
 
 
-class _Package(types.ModuleType):
+class _Package(ModuleType):
     """Keeps ``tempering.train`` and ``tempering.evaluate`` the API's functions once the
     submodules of those names are imported (the import system sets a submodule as an attribute
     of its package); the submodules stay importable by name (``from tempering.train import ...``),
     but ``import tempering.train as m`` binds the function."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if not (name in EXPORTS and isinstance(value, types.ModuleType)):
+        if not (name in EXPORTS and isinstance(value, ModuleType)):
             super().__setattr__(name, value)
 
 

@@ -469,6 +469,16 @@ def check_mismatch_band(config: TrainConfig) -> None:
                           f"{pc.mismatch_high}: {pc.mismatch_correction} would mask every token; give low <= high")
 
 
+def check_onednn(config: TrainConfig) -> None:
+    """``rollout.onednn`` changes the built-in sampler's products only: with a server or vLLM
+    sampling it would do nothing, so it is refused rather than ignored."""
+    rc = config.rollout
+    if rc.onednn and (rc.server is not None or rc.engine != "builtin"):
+        sampler = "rollout.server" if rc.server is not None else f"rollout.engine={rc.engine}"
+        raise ConfigError(f"rollout.onednn=true sets the built-in sampler's products, but {sampler} samples here; "
+                          "drop rollout.onednn or sample with the built-in sampler")
+
+
 def launch_server(config: TrainConfig, model, tokenizer) -> LaunchedServer:
     """vLLM serving the learner's weights as they are now (``rollout.server.launch: vllm``)."""
     settings = vllm_settings(config)
@@ -599,6 +609,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     mixture = build_mixture(config, tasks)
     check_sinks(config.logging.sinks)
     check_mismatch_band(config)
+    check_onednn(config)
     if uses_vllm(config):
         vllm_settings(config)
     checkpoint.check_run_dir(config.run_dir, resume)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tempering.build import vllm_settings
+from tempering.build import check_onednn, vllm_settings
 from tempering.config import ConfigError, TrainConfig
 from tempering.rollout.vllm_launch import VllmSettings, engine_flags, environment
 from tempering.torch_extensions import SITE_DIR
@@ -72,3 +72,11 @@ def test_a_vllm_module_in_the_working_folder_does_not_shadow_vllm_in_the_launche
     result = subprocess.run([sys.executable, "-m", "tempering.rollout.vllm_launch", "--help"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)
     assert "the working folder was imported as vLLM" not in result.stdout + result.stderr
+
+
+def test_onednn_with_another_sampler_is_refused_not_ignored():
+    with pytest.raises(ConfigError, match="rollout.engine=vllm samples here"):
+        check_onednn(TrainConfig.model_validate({"rollout": {"onednn": True, "engine": "vllm"}}))
+    with pytest.raises(ConfigError, match="rollout.server samples here"):
+        check_onednn(TrainConfig.model_validate({"rollout": {"onednn": True, "server": {"url": "http://127.0.0.1:1"}}}))
+    check_onednn(TrainConfig.model_validate({"rollout": {"onednn": True}}))

@@ -8,8 +8,9 @@ Where vLLM is not installed it prints ``{"skipped": why}`` and exits 0.
 Generation: each engine samples ``batch // group_size`` arithmetic prompts x ``group_size``
 samples (``max_new_tokens``, temperature 1, rows ending at end-of-sequence or the limit), fp32;
 tokens/s counts the tokens each made, best of ``--repeats`` after one warm-up call. Engines:
-``builtin`` (tempering's sampler), ``builtin_onednn`` (the same with ``rollout.onednn``: float32
-decoding products by oneDNN), ``vllm_eager`` (``vllm.LLM`` in this process,
+``builtin`` (tempering's sampler with ``rollout.onednn=false``: float32 decoding products by
+MKL, the learner's), ``builtin_onednn`` (``rollout.onednn=true``: by oneDNN; the default,
+``auto``, is this for models at least 512 wide such as SmolLM2 and ``builtin`` for narrower ones), ``vllm_eager`` (``vllm.LLM`` in this process,
 ``rollout.engine: vllm``) and, with ``--compile``, ``vllm_compiled`` (torch.compile; minutes to
 start).
 
@@ -75,7 +76,7 @@ def generation(args, threads: int, pretrain: PretrainConfig) -> dict:
     model, tokenizer, _ = load_policy(args.model, "float32", pretrain, progress=False)
     task = build_task("add", seed=0, digits=[2])
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-    engines = {"builtin": lambda: HFGenerator(model, tokenizer),
+    engines = {"builtin": lambda: HFGenerator(model, tokenizer, onednn=False),
                "builtin_onednn": lambda: HFGenerator(model, tokenizer, onednn=True)}
     for name, compiled in [("vllm_eager", False)] + ([("vllm_compiled", True)] if args.compile else []):
         settings = VllmSettings("float32", kv_cache_gib=1.0, threads=threads, cpu_bind=None, compile=compiled,

@@ -471,9 +471,10 @@ def check_mismatch_band(config: TrainConfig) -> None:
 
 def check_onednn(config: TrainConfig) -> None:
     """``rollout.onednn`` changes the built-in sampler's products only: with a server or vLLM
-    sampling it would do nothing, so it is refused rather than ignored."""
+    sampling ``true`` would do nothing, so it is refused rather than ignored (``auto`` is the default
+    and asks for nothing there)."""
     rc = config.rollout
-    if rc.onednn and (rc.server is not None or rc.engine != "builtin"):
+    if rc.onednn is True and (rc.server is not None or rc.engine != "builtin"):
         sampler = "rollout.server" if rc.server is not None else f"rollout.engine={rc.engine}"
         raise ConfigError(f"rollout.onednn=true sets the built-in sampler's products, but {sampler} samples here; "
                           "drop rollout.onednn or sample with the built-in sampler")

@@ -40,6 +40,7 @@ from tempering.learner.packing import memory_costs
 from tempering.learner.plan import PlanChoices, plan_update
 from tempering.models.device import resolve_device, slow_bf16
 from tempering.models.loading import ModelLoadError
+from tempering.rollout.fast_llama import ONEDNN_AUTO_WIDTH
 from tempering.types import Batch
 
 
@@ -239,10 +240,12 @@ def _sampler(config: TrainConfig) -> str:
     elif rc.engine == "vllm":
         found = "vLLM in this process (rollout.engine), weights copied in memory every step"
     else:
-        products = "oneDNN's (rollout.onednn)" if rc.onednn else "MKL's, as the learner's (rollout.onednn=false)"
+        products = {True: "oneDNN's (rollout.onednn=true)", False: "MKL's, as the learner's (rollout.onednn=false)",
+                    "auto": f"oneDNN's for models at least {ONEDNN_AUTO_WIDTH} wide, else MKL's as the learner's "
+                            "(rollout.onednn=auto)"}[rc.onednn]
         found = (f"the built-in sampler, float32 products {products}; for the tiny model and short steps it is the "
-                 "faster engine; for SmolLM2-135M in fp32, vLLM in-process generates 1.3-1.4x faster than it does "
-                 "with MKL's products and about as fast as with oneDNN's (docs/vllm.md, when to pick it)")
+                 "faster engine; for SmolLM2-135M in fp32 it generates 1.1-1.3x faster with oneDNN's products than "
+                 "vLLM in-process, and vLLM 1.1-1.5x faster than it with MKL's (docs/vllm.md, when to pick it)")
     if pc.mismatch_correction == "none":
         return found + "; no correction for its mismatch with the learner (pipeline.mismatch_correction)"
     return (found + f"; its mismatch with the learner corrected by pipeline.mismatch_correction="

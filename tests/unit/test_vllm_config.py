@@ -80,3 +80,19 @@ def test_onednn_with_another_sampler_is_refused_not_ignored():
     with pytest.raises(ConfigError, match="rollout.server samples here"):
         check_onednn(TrainConfig.model_validate({"rollout": {"onednn": True, "server": {"url": "http://127.0.0.1:1"}}}))
     check_onednn(TrainConfig.model_validate({"rollout": {"onednn": True}}))
+    check_onednn(TrainConfig.model_validate({"rollout": {"engine": "vllm"}}))  # the default, auto, asks for nothing
+    with pytest.raises(ValueError):
+        TrainConfig.model_validate({"rollout": {"onednn": "always"}})
+
+
+def test_onednn_auto_takes_onednns_products_from_512_wide_models():
+    from types import SimpleNamespace
+
+    from tempering.rollout.fast_llama import ONEDNN, wants_onednn
+
+    def wide(n):
+        return SimpleNamespace(config=SimpleNamespace(hidden_size=n))
+
+    assert TrainConfig().rollout.onednn == "auto"
+    assert [wants_onednn(wide(n), "auto") for n in (64, 256, 511, 512, 576)] == [False, False, False, ONEDNN, ONEDNN]
+    assert wants_onednn(wide(64), True) and not wants_onednn(wide(576), False)

@@ -243,7 +243,7 @@ class HFGenerator:
     instance per policy copy."""
 
     def __init__(self, model, tokenizer, chat_template: Optional[bool] = None, batch_size: int = 256,
-                 bf16: bool = False, fast: bool = True, share: bool = True, onednn: bool = False):
+                 bf16: bool = False, fast: bool = True, share: bool = True, onednn: bool | str = "auto"):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -251,8 +251,9 @@ class HFGenerator:
         self.share = share  # rows with the same tokens so far are decoded as one (continue_histories)
         # decoding steps without transformers' modules where that computes the same (fast_llama)
         self.fast = fast and fused_llama_supported(model)
-        # with onednn, the decoder's float32 products are oneDNN's (fast_llama.projection)
-        self._decoder = fast_llama.LlamaDecoder(model, onednn) if self.fast else None
+        # the decoder's float32 products by oneDNN where onednn says so (fast_llama.wants_onednn)
+        self.onednn = self.fast and fast_llama.wants_onednn(model, onednn)
+        self._decoder = fast_llama.LlamaDecoder(model, self.onednn) if self.fast else None
         self.chat_template = use_chat_template(tokenizer, chat_template)
         self.eos_ids = self._eos_ids()
         forward = unwrapped(model).forward  # the arguments an adapted model passes on

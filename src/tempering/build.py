@@ -149,7 +149,7 @@ def build_tasks(config: TrainConfig) -> list[Task]:
             if spec.rewards is not None:
                 task.rewards = dict(spec.rewards)
             if spec.env is not None:
-                check_task_env(config, spec.env)
+                check_task_env(spec.env)
             for reward in task.rewards:
                 resolve_reward(reward)
             if not task.eval_problems(1):  # accuracy is measured before and after training
@@ -162,8 +162,9 @@ def build_tasks(config: TrainConfig) -> list[Task]:
     return tasks
 
 
-def check_task_env(config: TrainConfig, spec: EnvSpec) -> None:
-    """Refuse an environment, or an agent, that its options or the run's settings rule out (a ValueError)."""
+def check_task_env(spec: EnvSpec) -> None:
+    """Refuse an environment, or an agent, that its options rule out (a ValueError); an agent's
+    calls are sampled by whichever sampler the run has (``tempering.envs.recording``)."""
     if spec.name != AGENT_ENV:
         check_env(spec.name, spec.options)
         return
@@ -171,9 +172,6 @@ def check_task_env(config: TrainConfig, spec: EnvSpec) -> None:
     if spec.max_tokens:
         raise ValueError("env.max_tokens does not apply to an agent (rollout.max_new_tokens bounds each call, "
                          "env.max_turns the calls); set it to 0")
-    if config.rollout.server is not None or config.rollout.engine != "builtin":
-        raise ValueError("an agent's calls are sampled by the built-in sampler, not rollout.server or "
-                         "rollout.engine=vllm; set rollout.server=null and rollout.engine=builtin to train it")
 
 
 def resolve_algorithm(config: TrainConfig) -> dict:
@@ -394,19 +392,21 @@ def agent_specs(config: TrainConfig) -> dict[str, AgentSettings]:
 
 def build_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16: bool = False,
                     share: bool = True) -> Generator:
-    """The sampler: the ``rollout.server`` when one is set, else the built-in one over ``model``;
-    either plays the tasks that have an environment as episodes."""
+    """The sampler: the ``rollout.server`` when one is set, ``vllm.LLM`` with ``rollout.engine:
+    vllm``, else the built-in one over ``model``; each plays the tasks that have an environment
+    (or an agent) as episodes."""
     if config.rollout.server is not None:
-        return with_envs(server_generator(config, model, tokenizer), env_specs(config))
-    if config.rollout.engine == "vllm":
+        sampler = server_generator(config, model, tokenizer)
+    elif config.rollout.engine == "vllm":
         settings = vllm_settings(config)
         try:
-            engine = VllmGenerator(model, tokenizer, settings, config.model.chat_template)
+            sampler = VllmGenerator(model, tokenizer, settings, config.model.chat_template)
         except Exception as exc:  # vLLM's own refusal (cache size, head size, memory), said as a config error
             raise ConfigError(f"rollout.engine=vllm: vLLM could not start on this model: "
                               f"{type(exc).__name__}: {exc}") from exc
-        return with_envs(engine, env_specs(config))
-    return local_generator(config, model, tokenizer, batch_size, bf16, share)
+    else:
+        return local_generator(config, model, tokenizer, batch_size, bf16, share)
+    return with_episodes(config, sampler)
 
 
 def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16: bool = False,
@@ -415,6 +415,12 @@ def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16
     agent) as episodes."""
     sampler = HFGenerator(model, tokenizer, config.model.chat_template, batch_size, bf16, share=share,
                           onednn=config.rollout.onednn)
+    return with_episodes(config, sampler)
+
+
+def with_episodes(config: TrainConfig, sampler: Any) -> Generator:
+    """``sampler`` playing the tasks that have an environment, and those that have an agent,
+    as episodes (the agents' calls sampled by ``sampler`` too)."""
     return with_agents(with_envs(sampler, env_specs(config)), sampler, agent_specs(config))
 
 

@@ -4,6 +4,7 @@ fixtures built on them are in ``conftest.py``."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -12,6 +13,8 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+import torch
 
 
 @contextmanager
@@ -52,3 +55,14 @@ def get(url: str) -> dict:
     """GET ``url``; the reply's JSON."""
     with urllib.request.urlopen(url, timeout=60) as reply:
         return json.loads(reply.read())
+
+
+def perturbed(model, seed: int):
+    """A copy of ``model`` with noise on every weight: new weights for a server to load, whose
+    samples differ from the original's clearly (mean log-prob gap above 1e-3)."""
+    changed = copy.deepcopy(model)
+    noise = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in changed.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=noise))
+    return changed

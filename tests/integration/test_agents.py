@@ -4,7 +4,9 @@ The agents here are what a user writes: an ``openai.OpenAI`` client pointed at t
 they are given, chat completions in a loop. On the real miniature model the episodes they
 play hold exactly the tokens sampled (the learner's fp32 log-probs equal the recorded ones),
 the tokens the agent inserted are masked, the user's reward function scores them, and a
-failing agent scores 0 without stopping anything.
+failing agent scores 0 without stopping anything. With ``rollout.server`` (``temper serve``
+here; vLLM in tests/integration/test_vllm_engine.py and test_vllm_server.py) the calls are
+sampled on the server.
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ import json
 import re
 import shutil
 import time
+from dataclasses import replace
 
 import openai
 import pytest
 import torch
 from tqdm import tqdm
 
-from tempering.build import build_tasks
+from serving import perturbed, serving
+from tempering.build import build_generator, build_tasks
 from tempering.config import ConfigError, TrainConfig
 from tempering.envs.agent import AgentGenerator, AgentSettings
+from tempering.envs.recording import Call
 from tempering.eval.sampled import SampledSettings, sample_task
+from tempering.models.loading import load_model
 from tempering.rewards.base import RewardResult
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
@@ -106,13 +112,19 @@ def settings(agent, reward=score, timeout_s=60.0, max_calls=4) -> AgentSettings:
     return AgentSettings(agent, reward, timeout_s, concurrency=8, max_calls=max_calls)
 
 
-@pytest.fixture(scope="module")
-def chat_policy(tiny_policy):
-    """The miniature model with a chat template (the character tokenizer renders it one way only)."""
-    model, tokenizer = tiny_policy
+def with_chat_template(policy):
+    """``(model, tokenizer)`` with a copy of the tokenizer that carries a chat template (the
+    character tokenizer renders it one way only)."""
+    model, tokenizer = policy
     chat = copy.deepcopy(tokenizer)
     chat.chat_template = CHAT_TEMPLATE
     return model, chat
+
+
+@pytest.fixture(scope="module")
+def chat_policy(tiny_policy):
+    """The miniature model with a chat template."""
+    return with_chat_template(tiny_policy)
 
 
 def play(model, tokenizer, agents: dict, prompts: list[str], group_size=3, seed=0, **sampler):
@@ -244,10 +256,110 @@ def test_bad_agent_options_are_config_errors_naming_the_option(tmp_path, change,
         build_tasks(TrainConfig.model_validate(config))
 
 
-def test_an_agent_cannot_sample_on_rollout_server(tmp_path):
-    config = agent_config("unused", tmp_path / "run", rollout={"server": {"url": "http://127.0.0.1:1"}})
-    with pytest.raises(ConfigError, match="rollout.server=null"):
-        build_tasks(TrainConfig.model_validate(config))
+CALLS: list[list[Call]] = []
+"""The calls of every episode :func:`keep_calls` graded, in episode order."""
+
+
+def keep_calls(problem: Problem, answer, calls) -> float:
+    CALLS.append(list(calls))
+    return float(problem.answer in (answer or ""))
+
+
+def served_agent_config(model_dir, run_dir, rollout: dict) -> TrainConfig:
+    """:func:`agent_config`'s agent (:func:`ask_then_check`), graded by :func:`keep_calls`,
+    sampled as ``rollout`` says; its tasks are built as a run builds them, which refuses no sampler."""
+    config = agent_config(model_dir, run_dir, rollout=rollout)
+    config["tasks"][0]["env"]["options"]["reward"] = f"{__name__}:keep_calls"
+    validated = TrainConfig.model_validate(config)
+    build_tasks(validated)
+    return validated
+
+
+def episodes_after_new_weights(generator, model, tokenizer) -> tuple[list, torch.nn.Module]:
+    """``(rollouts, new weights)``: ``generator``, a run's whose sampler holds its own copy of the
+    weights (vLLM, a server), takes new weights and plays :func:`ask_then_check` episodes. Each
+    rollout is checked to hold its episode's recorded calls token for token: the first call's
+    prompt, then every token after it, the sampled ones with their recorded log-probs and trained,
+    the ones the agent inserted masked with log-prob 0. The caller compares the log-probs with
+    the new weights' (and the old ones', the control)."""
+    moved = perturbed(model, 1)
+    generator.load_weights({k: v.detach().clone() for k, v in moved.state_dict().items()})
+    CALLS.clear()
+    groups = generator.generate(problems("add", ["47+38=85", "12+30=42"]), 3, SamplingParams(max_new_tokens=10),
+                                policy_version=1, generator=torch.Generator().manual_seed(0))
+    rollouts = [r for g in groups for r in g.rollouts]
+    assert len(rollouts) == len(CALLS) == 6, "an episode a rollout: every conversation was linear"
+    for rollout, (first, second) in zip(rollouts, CALLS):
+        inserted = second.prompt_ids[len(first.prompt_ids) + len(first.completion_ids):]
+        assert second.prompt_ids == first.prompt_ids + first.completion_ids + inserted
+        assert CHECK in tokenizer.decode(inserted)
+        assert rollout.prompt_ids == first.prompt_ids
+        assert rollout.completion_ids == first.completion_ids + inserted + second.completion_ids
+        assert rollout.logprobs == first.logprobs + [0.0] * len(inserted) + second.logprobs
+        sampled = [1] * len(first.completion_ids), [1] * len(second.completion_ids)
+        assert rollout.loss_mask == sampled[0] + [0] * len(inserted) + sampled[1]
+        assert rollout.text == second.text and rollout.policy_version == 1
+    return rollouts, moved
+
+
+def check_stop_token_ids(sampler, tokenizer) -> None:
+    """``sampler`` ends a completion at a token of ``stop_token_ids`` (what an agent's request may
+    add to the run's settings): the draws of the same seed without them, cut after that token."""
+    prompt, params = tokenizer("47+38=")["input_ids"], SamplingParams(max_new_tokens=10)
+    for seed in range(20):
+        ((free, _, _),) = sampler.sample([prompt], params, torch.Generator().manual_seed(seed))
+        if len(free) >= 4:
+            break
+    stop = free[2]
+    ((cut, _, reason),) = sampler.sample([prompt], replace(params, stop_token_ids=(stop,)),
+                                         torch.Generator().manual_seed(seed))
+    assert (cut, reason) == (free[: free.index(stop) + 1], "stop") and len(cut) < len(free)
+
+
+ASKED: list[tuple[int, str]] = []
+"""``(status, message)`` of each request :func:`ask_for_more_than_a_server_gives` made."""
+
+
+def ask_for_more_than_a_server_gives(base_url: str, problem: Problem) -> str:
+    """Asks for alternatives, then for the prompt's log-probs, then for the sampled tokens' log-probs alone."""
+    api = client(base_url)
+    messages = [{"role": "user", "content": problem.prompt.strip()}]
+    for ask in (lambda: api.chat.completions.create(model="m", messages=messages, max_tokens=4, logprobs=True,
+                                                    top_logprobs=2),
+                lambda: api.completions.create(model="m", prompt=problem.prompt, max_tokens=4, echo=True, logprobs=0)):
+        try:
+            ask()
+            ASKED.append((200, ""))
+        except openai.BadRequestError as exc:
+            ASKED.append((exc.status_code, exc.body["message"]))
+    reply = api.chat.completions.create(model="m", messages=messages, max_tokens=4, logprobs=True)
+    ASKED.append((200, json.dumps([entry.logprob for entry in reply.choices[0].logprobs.content])))
+    return reply.choices[0].message.content
+
+
+def test_an_agent_samples_on_temper_serve_through_rollout_server(tiny_model_dir, tempering_cache, tmp_path):
+    """A run with ``rollout.server`` samples its agents' calls on the server: after the server
+    took new weights, the rollouts are the recorded calls and their log-probs are the new
+    weights'. What only the built-in sampler computes (alternatives, a prompt's log-probs) is
+    refused, not answered wrongly."""
+    model_dir = write_chat_model(tiny_model_dir, tmp_path / "model")
+    model, tokenizer = load_model(str(model_dir))
+    with serving(model_dir, tempering_cache) as url:
+        config = served_agent_config(model_dir, tmp_path / "run", {"server": {"url": url}})
+        generator = build_generator(config, model, tokenizer, batch_size=8)
+        rollouts, moved = episodes_after_new_weights(generator, model, tokenizer)
+        assert logprob_gap(moved, rollouts, tokenizer.pad_token_id) < 1e-4
+        assert logprob_gap(model, rollouts, tokenizer.pad_token_id) > 1e-2, "the control: not the old weights'"
+        check_stop_token_ids(generator.sampler, tokenizer)
+        ASKED.clear()
+        asking = AgentGenerator(generator, generator.sampler, {"add": settings(ask_for_more_than_a_server_gives)})
+        (group,) = asking.generate(problems("add", ["47+38=85"]), 1, SamplingParams(max_new_tokens=4))
+    (alternatives, alternatives_message), (echo, echo_message), (fine, sampled) = ASKED
+    assert (alternatives, echo, fine) == (400, 400, 200)
+    assert "'top_logprobs' above 0" in alternatives_message and "'echo' with 'logprobs'" in echo_message
+    (rollout,) = group.rollouts
+    assert rollout.turns[0].info == {"agent_calls": 1.0, "agent_errors": 0.0}, "refused requests are no calls"
+    assert json.loads(sampled) == pytest.approx(rollout.logprobs, abs=1e-6)
 
 
 class FirstProblem:

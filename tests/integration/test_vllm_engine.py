@@ -15,8 +15,8 @@ import torch
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.vllm_engine import VllmGenerator
 from test_envs_tokens import check_bookkeeping, logprob_gap, play
-from test_vllm_server import (SETTINGS, long_prefix_problems, mean_gap, perturbed, run,  # noqa: F401 (fixtures)
-                              vllm_here, vllm_policy)
+from test_vllm_server import (SETTINGS, check_agent_through, long_prefix_problems, mean_gap,  # noqa: F401 (fixtures)
+                              perturbed, run, vllm_chat_policy, vllm_here, vllm_policy)
 
 
 def test_in_process_rollouts_match_the_learner_at_lr_0_and_with_every_steps_new_weights(tmp_path):
@@ -89,3 +89,7 @@ def test_multi_turn_episodes_through_vllm_keep_exact_tokens(vllm_policy):
     assert sum(len(r.turns) for r in rollouts) > len(rollouts), "some episodes take several turns"
     check_bookkeeping(rollouts, tokenizer)
     assert logprob_gap(model, rollouts, tokenizer.pad_token_id) < 1e-5
+
+
+def test_an_agents_calls_are_sampled_by_vllm_in_process_token_for_token(vllm_chat_policy, tmp_path):
+    check_agent_through({"engine": "vllm"}, vllm_chat_policy, tmp_path)

@@ -11,7 +11,6 @@ a missing vLLM fails every test here instead (:func:`vllm_here`).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from pathlib import Path
@@ -20,7 +19,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from serving import free_port, get, post
+from serving import free_port, get, perturbed, post
+from tempering.build import build_generator
 from tempering.learner.forward import token_logprobs
 from tempering.config import PretrainConfig, TrainConfig
 from tempering.learner.step import collate
@@ -30,6 +30,7 @@ from tempering.rollout.remote import ServerGenerator, ServerSettings
 from tempering.rollout.vllm_launch import VllmSettings, launch, vllm_missing
 from tempering.train import train
 from tempering.types import Problem
+from test_agents import check_stop_token_ids, episodes_after_new_weights, served_agent_config, with_chat_template
 
 
 def require_vllm() -> None:
@@ -60,6 +61,29 @@ def vllm_policy(tempering_cache):
     from tempering.pretrain import ensure_pretrained
 
     return load_model(str(ensure_pretrained(PretrainConfig(**VLLM_PRETRAIN), progress=False)))
+
+
+@pytest.fixture(scope="module")
+def vllm_chat_policy(vllm_policy):
+    """:func:`vllm_policy` with a chat template."""
+    return with_chat_template(vllm_policy)
+
+
+def check_agent_through(rollout: dict, vllm_chat_policy, tmp_path) -> None:
+    """A run's generator sampling with vLLM as ``rollout`` says plays an agent's episodes after
+    new weights: the rollouts are the calls vLLM sampled, token for token
+    (``test_agents.episodes_after_new_weights``), and their log-probs are the new weights' to
+    fp32 rounding, as the learner recomputes them; the stop token ids a call may add reach vLLM."""
+    model, chat = vllm_chat_policy
+    config = served_agent_config("unused", tmp_path / "run", {**rollout, "vllm": {"kv_cache_gib": 0.25}})
+    generator = build_generator(config, model, chat, batch_size=8)
+    try:
+        rollouts, moved = episodes_after_new_weights(generator, model, chat)
+        check_stop_token_ids(generator.sampler, chat)
+    finally:
+        generator.close()
+    assert mean_gap(moved, rollouts, chat.pad_token_id, 1.0) < 1e-6
+    assert mean_gap(model, rollouts, chat.pad_token_id, 1.0) > 1e-2, "the control: not the old weights'"
 
 
 @pytest.fixture(scope="module")
@@ -153,15 +177,6 @@ def mean_gap(model, rollouts, pad_id: int, temperature: float) -> float:
     return float(((recomputed_BT - batch.old_logprobs_BT) * mask_BT).abs().sum() / mask_BT.sum())
 
 
-def perturbed(model, seed: int):
-    changed = copy.deepcopy(model)
-    noise = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in changed.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=noise))
-    return changed
-
-
 def test_every_reload_resets_the_prefix_cache(vllm_policy, base_url, tmp_path):
     model, tokenizer = vllm_policy
     problems, params = long_prefix_problems(tokenizer), SamplingParams(temperature=0.8, max_new_tokens=12)
@@ -209,3 +224,7 @@ def test_a_launched_server_matches_the_learner_at_lr_0_and_stops_with_the_run(tm
         assert record["mismatch/k3"] < 1e-6
     with pytest.raises(OSError):
         get(url + "/v1/models")
+
+
+def test_an_agents_calls_are_sampled_by_a_launched_vllm_server_token_for_token(vllm_chat_policy, tmp_path):
+    check_agent_through({"server": {"url": "http://127.0.0.1:0", "launch": "vllm"}}, vllm_chat_policy, tmp_path)

@@ -19,8 +19,9 @@ A task names its agent as its environment::
 
 Each episode's agent runs on a thread of its own against
 :class:`~tempering.envs.recording.RecordingServer` on 127.0.0.1, which samples with the
-current policy (the sampler this generator wraps; concurrent calls share sampler calls) and
-records every call's exact prompt ids, sampled ids and log-probs. The episode becomes
+current policy (the sampler this generator wraps: the built-in one, ``rollout.engine: vllm``
+or ``rollout.server``; concurrent calls share sampler calls) and records every call's exact
+prompt ids, sampled ids and log-probs as that sampler drew them. The episode becomes
 training data:
 
 - when each call's prompt continues the previous call's prompt and completion token for
@@ -40,9 +41,9 @@ which carries its score into the group's statistics and trains no token. Per ste
 means over rollouts of the score (``reward/env/agent``), ``env/agent_calls`` and
 ``env/agent_errors`` are logged.
 
-Not done: ``rollout.server`` (calls are sampled in this process by the built-in sampler),
-what :mod:`tempering.rollout.server` leaves out; a timed-out agent's thread cannot be stopped, only
-refused further calls.
+Not done: what :mod:`tempering.rollout.server` leaves out; with vLLM or a server, requests for
+alternatives or prompt log-probs (refused: :mod:`tempering.envs.recording`); a timed-out
+agent's thread cannot be stopped, only refused further calls.
 """
 
 from __future__ import annotations
@@ -61,8 +62,7 @@ import torch
 from tempering.envs.recording import Call, Recording, RecordingServer
 from tempering.envs.runner import WrappingGenerator, split_generate
 from tempering.registry import resolve
-from tempering.rollout.base import SamplingParams
-from tempering.rollout.hf import HFGenerator
+from tempering.rollout.base import SamplingParams, TokenSampler
 from tempering.rollout.server import OpenAIHTTPServer, serve_in_background
 from tempering.types import Group, Problem, Rollout, Turn
 
@@ -201,7 +201,7 @@ class AgentGenerator(WrappingGenerator):
     against a recording endpoint over ``sampler``; other problems go to ``inner`` (a generator
     over the same sampler)."""
 
-    def __init__(self, inner: Any, sampler: HFGenerator, agents: dict[str, AgentSettings]):
+    def __init__(self, inner: Any, sampler: TokenSampler, agents: dict[str, AgentSettings]):
         super().__init__(inner, sampler)
         self.agents = agents
         self._http: Optional[OpenAIHTTPServer] = None
@@ -275,6 +275,6 @@ def _report(episodes: list[Problem], outcomes: list[Outcome]) -> None:
               file=sys.stderr)
 
 
-def with_agents(generator: Any, sampler: HFGenerator, agents: dict[str, AgentSettings]) -> Any:
+def with_agents(generator: Any, sampler: TokenSampler, agents: dict[str, AgentSettings]) -> Any:
     """``generator`` with the tasks in ``agents`` played by their agents; itself when there are none."""
     return AgentGenerator(generator, sampler, agents) if agents else generator

@@ -16,6 +16,14 @@ evaluation, none of the others), its ``max_tokens`` is capped at the run's
 ``seed`` is replaced by one drawn for the episode (so an episode replays exactly). The
 ``model`` it names is ignored. An episode takes at most ``max_calls`` requests; once closed
 (its agent returned or timed out), requests to its path are refused with 410.
+
+The sampler is the run's :class:`~tempering.rollout.base.TokenSampler`: the built-in one, or
+vLLM in the run's process or on a server (``tempering.rollout.requests``), to which each row
+goes as token ids in a request seeded from its call's stream, so the recorded ids and
+log-probs are the ones vLLM drew. Those samplers return the sampled tokens' log-probs alone,
+so with them a request that wants more is refused (400) rather than answered with something
+else: alternatives (``logprobs`` above 0, chat's ``top_logprobs`` above 0) and the prompt's
+log-probs (``echo`` with ``logprobs``).
 """
 
 from __future__ import annotations
@@ -25,9 +33,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable, Optional
 
-from tempering.rollout.base import SamplingParams
+from tempering.rollout.base import SamplingParams, TokenSampler
 from tempering.rollout.hf import HFGenerator
-from tempering.rollout.openai_api import RequestError, logprobs_asked, sampling_request
+from tempering.rollout.openai_api import RequestError, flag, logprobs_asked, sampling_request
 from tempering.rollout.server import Job, Server
 
 SAMPLING_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -81,7 +89,7 @@ class Recording:
 class RecordingServer(Server):
     """:class:`~tempering.rollout.server.Server` whose endpoints live under ``/episodes/<key>``."""
 
-    def __init__(self, sampler: HFGenerator, batch_size: int):
+    def __init__(self, sampler: TokenSampler, batch_size: int):
         super().__init__(sampler, "policy", batch_size)
         self._episodes: dict[str, Recording] = {}
         self._lock = threading.Lock()
@@ -122,6 +130,7 @@ class RecordingServer(Server):
         recording = self._episodes.get(key)
         if recording is None:
             raise RequestError(f"no episode {key} is being recorded (it is over, or never began)", 410)
+        self._check_asked(body)
         self.check_prompts(prompts)
         body = _capped(body, recording.params.max_new_tokens, self.sampler.context_length - max(map(len, prompts)))
         asked, n, _ = sampling_request(body, [len(p) for p in prompts], self.sampler.context_length, self.vocab)
@@ -133,6 +142,21 @@ class RecordingServer(Server):
         recording.add([Call(body, prompt, ids, logprobs, self.tokenizer.decode(ids, skip_special_tokens=True), reason)
                        for prompt, (ids, logprobs, reason) in zip(rows, job.outputs)])
         return job
+
+    def _check_asked(self, body: dict) -> None:
+        """A RequestError for what only the built-in sampler computes: other samplers (vLLM,
+        a server) return the sampled tokens' log-probs alone."""
+        if isinstance(self.sampler, HFGenerator):
+            return
+        chat = "messages" in body
+        if logprobs_asked(body, chat):
+            key = "top_logprobs" if chat else "logprobs"
+            raise RequestError(f"'{key}' above 0: this run samples with vLLM or a server (rollout.engine, "
+                               "rollout.server), which give each sampled token's log-prob but not the most likely "
+                               f"alternatives; ask for {'logprobs: true alone' if chat else 'logprobs: 0'}", param=key)
+        if not chat and flag(body, "echo") and body.get("logprobs") is not None:
+            raise RequestError("'echo' with 'logprobs': this run samples with vLLM or a server (rollout.engine, "
+                               "rollout.server), which does not score prompts here; leave out echo", param="echo")
 
 
 def _capped(body: dict, limit: int, room: int) -> dict:

@@ -126,6 +126,11 @@ class RowStreams:
                 uniform_B[rows] = torch.rand(count, generator=generator)
         return uniform_B
 
+    def seeds(self) -> list[int]:
+        """One seed for each row, in row order, from its stream: for a sampler that sends each
+        row as a request of its own seed (vLLM, a server), where a row's draws happen elsewhere."""
+        return [int(torch.randint(0, 2**62, (1,), generator=self.generators[k])) for k in self.owner_B.tolist()]
+
 
 def _truncated(weights_BV: torch.Tensor, top_k: int, min_p: float) -> torch.Tensor:
     """A copy of ``weights_BV`` (each row's largest entry 1, as ``exp(x - max)`` makes it)

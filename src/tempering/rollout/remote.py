@@ -180,8 +180,9 @@ class ServerGenerator(RequestSampler):
     def _complete(self, url: str, prompt_ids: list[int], n: int, params: SamplingParams, seed: int) -> list[Drawn]:
         body = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": params.max_new_tokens,
                 "temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
-                "stop": list(params.stop), "seed": seed, "logprobs": 0, "return_tokens_as_token_ids": True,
-                "return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": False}
+                "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids), "seed": seed,
+                "logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True,
+                "include_stop_str_in_output": True, "skip_special_tokens": False}
         reply = self._request("POST", "/v1/completions", body, url=url)
         version = reply.get("policy_version")
         if version is not None and self.served_version is not None and version != self.served_version:

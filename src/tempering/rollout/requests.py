@@ -7,7 +7,9 @@ them to the context, asks its engine for ``n = group_size`` completions of each 
 the prompt's own seed, and keeps the engine's token ids and log-probs as they are. The seeds
 are drawn in order from the run's stream before any request is sent, so what each request
 draws does not depend on what the engine batched it with. The engine's side is one method,
-``_complete_all``.
+``_complete_all``, which applies the temperature, top-p, token budget, stop strings and stop
+token ids of :class:`~tempering.rollout.base.SamplingParams` (a run sets no other field; an
+agent's calls add stop token ids, ``tempering.envs.recording``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Optional
 import torch
 
 from tempering.rollout.base import SamplingParams
+from tempering.rollout.hf import RowStreams
 from tempering.rollout.prompts import encode_prompt, fit_prompt
 from tempering.types import Group, Problem, Prompt, Rollout
 
@@ -48,9 +51,12 @@ class RequestSampler:
             for ids, logprobs, reason in drawn]) for problem, prompt_ids, drawn in zip(problems, prompts, outputs)]
 
     def sample(self, prompts: list[list[int]], params: SamplingParams,
-               generator: Optional[torch.Generator] = None) -> list[Drawn]:
-        """``(completion ids, log-probs, finish reason)`` after each prompt (one request each)."""
-        return [outputs[0] for outputs in self._complete_all(prompts, 1, params, _seeds(len(prompts), generator))]
+               generator: Optional[torch.Generator | RowStreams] = None) -> list[Drawn]:
+        """``(completion ids, log-probs, finish reason)`` after each prompt (one request each),
+        seeded from ``generator``, or with :class:`~tempering.rollout.hf.RowStreams` each from
+        its row's own stream (what ``temper serve``'s batcher gives, e.g. for an agent's calls)."""
+        seeds = generator.seeds() if isinstance(generator, RowStreams) else _seeds(len(prompts), generator)
+        return [outputs[0] for outputs in self._complete_all(prompts, 1, params, seeds)]
 
     def _complete_all(self, prompts: list[list[int]], n: int, params: SamplingParams,
                       seeds: list[int]) -> list[list[Drawn]]:

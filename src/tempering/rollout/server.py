@@ -187,17 +187,24 @@ class Batcher:
 
     def _sample(self, batch: list[Job]) -> tuple[list, list]:
         """The batch's outputs and alternatives, ``max_rows`` rows a sampler call (only a job
-        larger than that alone takes several); each job's rows draw from its own stream."""
+        larger than that alone takes several); each job's rows draw from its own stream.
+
+        The sampler is the built-in one (``temper serve``'s) or, for an agent's calls, any
+        :class:`~tempering.rollout.base.TokenSampler` a run samples with; only the built-in one
+        gives alternatives (a job asking for them reaches no other: ``tempering.envs.recording``)."""
         rows = [ids for job in batch for ids in job.rows]
         owners = [k for k, job in enumerate(batch) for _ in job.rows]
         generators = [torch.Generator().manual_seed(job.seed) for job in batch]
         top = max(job.top for job in batch)
         outputs, alternatives = [], []
-        with self.lock, (nullcontext() if batch[0].adapter else adapters_off(self.sampler.model)):
+        with self.lock, (nullcontext() if batch[0].adapter else adapters_off(getattr(self.sampler, "model", None))):
             for start in range(0, len(rows), self.max_rows):
                 streams = RowStreams(generators, owners[start : start + self.max_rows])
-                done, alts = self.sampler.sample_with_alternatives(rows[start : start + self.max_rows],
-                                                                   batch[0].params, streams, top)
+                chunk = rows[start : start + self.max_rows]
+                if top:
+                    done, alts = self.sampler.sample_with_alternatives(chunk, batch[0].params, streams, top)
+                else:
+                    done, alts = self.sampler.sample(chunk, batch[0].params, streams), []
                 outputs += done
                 alternatives += alts
             version = self.version

@@ -102,7 +102,8 @@ class VllmGenerator(RequestSampler):
         from vllm.inputs import TokensPrompt
 
         requests = [VllmParams(n=n, temperature=0.0 if params.greedy else params.temperature, top_p=params.top_p,
-                               max_tokens=params.max_new_tokens, stop=list(params.stop), seed=seed, logprobs=0,
+                               max_tokens=params.max_new_tokens, stop=list(params.stop),
+                               stop_token_ids=list(params.stop_token_ids), seed=seed, logprobs=0,
                                include_stop_str_in_output=True, skip_special_tokens=False)
                     for seed in seeds]
         replies = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], requests, use_tqdm=False)

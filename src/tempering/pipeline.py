@@ -30,11 +30,6 @@ outages in a row the pipeline raises :class:`GraderOutage` naming the reward and
 error; the problems of that round are kept in the state, so a run resumed from a checkpoint
 taken then samples them first.
 
-When both workers are in this process and a reward can score a completion on its own (the
-sandbox's ``code`` reward), each completion the sampler finishes early goes to that reward at
-once (``RewardWorker.begin``), so its program runs on a free sandbox slot while the other rows
-decode; the round's scoring then waits only for what was left. ``reward_s`` is that wait.
-
 State: ``state_dict`` holds the buffered rounds (sampled and scored, not yet trained on),
 the problems of a round an outage stopped, the rollout worker's RNG, the reward normalizer
 and the counters; in async mode it is
@@ -53,7 +48,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -95,21 +90,9 @@ class RolloutWorker:
         self.rng = torch.Generator().manual_seed(seed)
         self.version = 0
 
-    @property
-    def reports_finished(self) -> bool:
-        """Whether the sampler can report each completion as it stops (:meth:`sample_reporting`)."""
-        return getattr(self.generator, "reports_finished", False)
-
     def sample(self, problems: list[Problem]) -> list[Group]:
         faults.point("sample")
         return self.generator.generate(problems, self.group_size, self.sampling, self.version, self.rng)
-
-    def sample_reporting(self, problems: list[Problem], on_finished: Callable[[Problem, str], None]) -> list[Group]:
-        """:meth:`sample`, calling ``on_finished(problem, text)`` for each completion as soon as
-        the sampler has it (where :attr:`reports_finished`)."""
-        faults.point("sample")
-        return self.generator.generate(problems, self.group_size, self.sampling, self.version, self.rng,
-                                       on_finished=on_finished)
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Load new policy weights; return the seconds it took."""
@@ -142,15 +125,6 @@ class RewardWorker:
 
     def __init__(self, rewarder: Any):
         self.rewarder = rewarder
-
-    @property
-    def starts_early(self) -> bool:
-        """Whether some reward can start on a completion before its round is scored."""
-        return self.rewarder.starts_early
-
-    def begin(self, problem: Problem, completion: str) -> None:
-        """Start the rewards that can on one finished completion (see the module docstring)."""
-        self.rewarder.begin(problem, completion)
 
     def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
         record = self.rewarder.score(groups)
@@ -207,8 +181,6 @@ class Pipeline:
         self._last_weights: Optional[tuple[dict, int]] = None
         if hasattr(rollout, "on_restart"):
             rollout.on_restart = self._refresh_rollout
-        local = isinstance(rollout, RolloutWorker) and isinstance(reward, RewardWorker)
-        self._on_finished = reward.begin if local and rollout.reports_finished and reward.starts_early else None
 
     def _refresh_rollout(self, handle: RolloutHandle) -> None:
         """A restarted rollout worker: the newest weights, and a random stream of its own."""
@@ -246,8 +218,7 @@ class Pipeline:
         outages = 0
         while True:
             t0 = time.perf_counter()
-            groups = (self.rollout.sample(problems) if self._on_finished is None
-                      else self.rollout.sample_reporting(problems, self._on_finished))
+            groups = self.rollout.sample(problems)
             t1 = time.perf_counter()
             groups, record = self.reward.score(groups)
             generate_s, reward_s = generate_s + t1 - t0, reward_s + time.perf_counter() - t1

@@ -219,25 +219,6 @@ def test_rows_that_finish_early_leave_without_changing_the_others(tiny_policy):
     assert {r.finish_reason for r in together} == {"stop", "length"}
 
 
-def test_each_row_that_stops_early_is_reported_once_as_it_stops_with_its_rollouts_text(tiny_policy):
-    model, tokenizer = tiny_policy
-    generator = _early_ending_generator(model, tokenizer)
-    generator.batch_size = 6  # the groups span two sampling batches
-    reported = []
-    groups = generator.generate(_problems(), 3, SamplingParams(temperature=1.0, max_new_tokens=16),
-                                generator=torch.Generator().manual_seed(1),
-                                on_finished=lambda problem, text: reported.append((problem.key, text)))
-
-    flat = [(g.problem.key, r) for g in groups for r in g.rollouts]
-    expected = []
-    for start in (0, 6):
-        batch = flat[start : start + 6]
-        last_step = max(len(r.completion_ids) for _, r in batch)  # the batch's rows still running then end with it
-        expected += [(key, r.text) for key, r in batch if r.finish_reason == "stop" and len(r.completion_ids) < last_step]
-    assert len(expected) >= 3, "rows stop at different steps"
-    assert sorted(reported) == sorted(expected)
-
-
 def test_the_decoder_and_the_preallocated_cache_sample_what_transformers_cache_samples(tiny_policy):
     model, tokenizer = tiny_policy
     generator = _early_ending_generator(model, tokenizer)

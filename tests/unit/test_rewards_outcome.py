@@ -4,8 +4,6 @@ The code reward's own logic (extraction, credit, retries, dropping sandbox fault
 against a scripted sandbox; tests/integration/test_rewards_code.py runs it in the real one.
 """
 
-import threading
-
 import pytest
 
 from tempering.rewards import build_reward
@@ -187,91 +185,3 @@ def test_two_problems_sharing_a_key_but_not_their_tests_each_run_the_program():
     results = reward.score_batch([_code_problem(0), twin], _rollouts([ADD, ADD]))
     assert [len(specs) for specs in reward._sandbox.calls] == [2]
     assert [r.score for r in results] == [1.0, 0.0]
-
-
-class EarlySandbox(ScriptedSandbox):
-    """A ScriptedSandbox that also runs single specs (what ``begin`` sends): ``verdicts`` maps a
-    program to the statuses of its cases; the specs it ran are recorded in ``singles``. A single
-    run waits for ``go`` first."""
-
-    workers = 3  # two slots for programs begun early
-
-    def __init__(self, rounds, verdicts):
-        super().__init__(rounds)
-        self.verdicts, self.singles = verdicts, []
-        self.go = threading.Event()
-        self.go.set()
-
-    def test(self, spec):
-        self.go.wait()
-        self.singles.append(spec.code)
-        return TestResult.from_cases([CaseResult(s, 0.0) for s in self.verdicts[spec.code]])
-
-
-def _settle(reward):
-    """Wait until the runs begun so far have ended."""
-    for future in list(reward._started.values()):
-        future.result()
-
-
-def test_a_program_begun_before_its_batch_is_not_run_again_and_scores_what_the_batch_would():
-    programs = _adds(3)
-    codes = [extract_code(text) for text in programs]
-    reward = CodeReward(credit="fraction")
-    reward._sandbox = EarlySandbox([[["passed", "wrong_answer"]]],
-                                   {codes[0]: ["passed", "passed"], codes[1]: ["wrong_answer", "wrong_answer"]})
-    problem = _code_problem()
-    reward.begin(problem, programs[0])
-    reward.begin(problem, programs[1])
-    reward.begin(problem, programs[0])  # a copy begun twice runs once
-    _settle(reward)
-
-    results = reward.score_batch([problem] * 4, _rollouts([programs[0], programs[1], programs[2], programs[0]]))
-
-    assert sorted(reward._sandbox.singles) == sorted(codes[:2])
-    assert [[spec.code for spec in call] for call in reward._sandbox.calls] == [[codes[2]]]
-    assert [r.score for r in results] == [1.0, 0.0, 0.5, 1.0]
-    assert [r.diagnostics.get("early", 0) for r in results] == [1, 1, 0, 1]
-
-
-def test_a_begun_run_that_met_a_sandbox_fault_runs_again_with_the_batch():
-    program = _adds(1)[0]
-    reward = CodeReward()
-    reward._sandbox = EarlySandbox([[["passed", "passed"]]], {extract_code(program): ["sandbox_error"]})
-    reward.begin(_code_problem(), program)
-    _settle(reward)
-    (result,) = reward.score_batch([_code_problem()], _rollouts([program]))
-    assert len(reward._sandbox.calls) == 1 and result.score == 1.0 and "early" not in result.diagnostics
-
-
-def test_a_begun_program_still_waiting_for_an_early_slot_runs_with_the_batch_on_every_slot():
-    programs = _adds(3)
-    reward = CodeReward(early_slots=1)
-    reward._sandbox = EarlySandbox([[["passed", "passed"], ["passed", "passed"]]],
-                                   {extract_code(programs[0]): ["passed", "passed"]})
-    reward._sandbox.go.clear()  # the first begun run holds the one early slot until released
-    for program in programs:
-        reward.begin(_code_problem(), program)
-    threading.Timer(0.2, reward._sandbox.go.set).start()
-
-    results = reward.score_batch([_code_problem()] * 3, _rollouts(programs))
-
-    assert reward._sandbox.singles == [extract_code(programs[0])]
-    assert [[spec.code for spec in call] for call in reward._sandbox.calls] == [[extract_code(p) for p in programs[1:]]]
-    assert [r.diagnostics.get("early", 0) for r in results] == [1, 0, 0]
-
-
-def test_begun_runs_last_one_batch_and_early_false_begins_nothing():
-    program = _adds(1)[0]
-    reward = CodeReward()
-    reward._sandbox = EarlySandbox([[["passed", "passed"]], [["wrong_answer", "passed"]]],
-                                   {extract_code(program): ["passed", "passed"]})
-    reward.begin(_code_problem(0), program)
-    _settle(reward)
-    reward.score_batch([_code_problem(1)], _rollouts([program]))  # another problem: the begun run is not its
-    (result,) = reward.score_batch([_code_problem(0)], _rollouts([program]))
-    assert result.score == 0.0, "the second batch ran the program itself, not the first batch's leftover"
-    late = CodeReward(early=False)
-    late._sandbox = EarlySandbox([], {})
-    late.begin(_code_problem(), program)
-    assert late._sandbox.singles == [] and late._started == {}

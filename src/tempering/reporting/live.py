@@ -23,13 +23,6 @@ def step_line(record: dict, steps: int) -> str:
     ...            "reward_s": 0.25, "diag/code/status/passed": 0.5, "diag/code/status/failed": 0.375,
     ...            "diag/code/status/timeout": 0.125}, 10)
     'step 3/10  reward 0.500  acc 50.0%  len 40.0  code passed 50% failed 38% timeout 12%  2.00 s/step (rewards 12%)'
-
-    Where programs were begun while the sampler was still decoding (``diag/<reward>/early``,
-    ``tempering.pipeline``), ``reward_s`` is only the wait after decoding, and the line says so:
-
-    >>> step_line({"step": 3, "reward": 0.5, "accuracy": 0.5, "completion_length": 40.0, "step_s": 2.0,
-    ...            "reward_s": 0.25, "diag/code/early": 0.75}, 10)
-    'step 3/10  reward 0.500  acc 50.0%  len 40.0  2.00 s/step (rewards 12% after decoding, 75% begun during it)'
     """
     parts = [f"step {record['step']}/{steps}", f"reward {record['reward']:.3f}", f"acc {100 * record['accuracy']:.1f}%",
              f"len {record['completion_length']:.1f}"]
@@ -44,9 +37,7 @@ def step_line(record: dict, steps: int) -> str:
     parts += [f"{reward} {' '.join(labels)}" for reward, labels in statuses.items()]
     timing = f"{record['step_s']:.2f} s/step"
     if record.get("reward_s") and record["step_s"] > 0:
-        early = [value for key, value in record.items() if key.startswith("diag/") and key.endswith("/early")]
-        during = f" after decoding, {100 * max(early):.0f}% begun during it" if early else ""
-        timing += f" (rewards {100 * record['reward_s'] / record['step_s']:.0f}%{during})"
+        timing += f" (rewards {100 * record['reward_s'] / record['step_s']:.0f}%)"
     parts.append(timing)
     return "  ".join(parts)
 

@@ -36,14 +36,6 @@ evaluation's, before any model work) asks the service for ``/health`` and is ref
 (a run's evaluations) do not ask again, so a service that goes away mid-run costs grader
 errors there, not the run.
 
-A sampler in the same process hands each completion to :meth:`CodeReward.begin` as soon as it
-stops (``tempering.pipeline``): its program starts on a free slot while the other rows are still
-decoding (on one slot less than the pool has, so the sampler keeps a core), and ``score_batch``
-takes the verdicts begun by the time the batch comes; programs still waiting for an early slot
-then run with the batch, on every slot, and a fault is retried like any other. ``early: false``
-turns that off. Verdicts begun so are counted in the diagnostic ``early`` (the share of a
-step's rollouts).
-
 Not done here: compiling once per problem, partial credit by test weight.
 """
 
@@ -51,7 +43,6 @@ from __future__ import annotations
 
 import re
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 import warnings
 from typing import Literal, Optional, Sequence
@@ -186,17 +177,13 @@ class CodeReward:
     ``forgeable_credit``: the factor on the score of a forgeable (``program``) verdict;
     above 0 it pays for what a program can claim about itself, and start-up warns.
     ``unfenced``: a completion without a fenced block is run as :func:`unfenced_code` reads it
-    (it scores 0 unrun by default). ``early``: :meth:`begin` starts a program before its batch
-    is scored (see the module docstring); false makes it do nothing. ``early_slots``: programs
-    begun so run on at most this many slots at once (0: one less than the pool's slots, at
-    least one, so that the sampler keeps a core while it decodes).
+    (it scores 0 unrun by default).
     """
 
     def __init__(self, *, credit: Literal["all", "fraction"] = "all", language: str = "python",
                  timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 0,
                  isolation: str = "auto", url: str = "", token: str = "", retries: int = 1,
-                 forgeable_credit: float = 0.0, unfenced: bool = False, early: bool = True,
-                 early_slots: int = 0):
+                 forgeable_credit: float = 0.0, unfenced: bool = False):
         if credit not in ("all", "fraction"):
             raise ValueError(f"credit must be 'all' or 'fraction', got {credit!r}")
         if not 0 <= forgeable_credit <= 1:
@@ -206,16 +193,11 @@ class CodeReward:
                           "word, which a completion can forge (write the done message, exit 0); such passes earn "
                           "reward. Prefer stdio or call tests, which the parent judges", stacklevel=2)
         self.credit, self.language, self.retries = credit, language, retries
-        if early_slots < 0:
-            raise ValueError(f"early_slots must be 0 (one less than the slots) or more, got {early_slots!r}")
         self.forgeable_credit, self.unfenced = forgeable_credit, unfenced
-        self.early, self.early_slots = early, early_slots
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
         self._connect = (url, token, workers, isolation)
         self._sandbox = None
         self._lock = threading.Lock()
-        self._started: dict[tuple[str, str], Future] = {}  # job -> its verdict, begun before its batch
-        self._early_pool: Optional[ThreadPoolExecutor] = None
         if url:
             check_service(url, token)
 
@@ -247,32 +229,6 @@ class CodeReward:
         return TestSpec(language, problem.meta.get("code_prefix", "") + code, problem_tests(problem),
                         self.timeout_s, self.memory_mb)
 
-    def begin(self, problem: Problem, completion: str) -> None:
-        """Start running ``completion``'s program now, on a free slot, so that its verdict is
-        ready when :meth:`score_batch` meets the same job (see the module docstring)."""
-        if not self.early:
-            return
-        code = self.code_of(problem, completion)
-        if code is None:
-            return
-        spec = self.spec(problem, code)
-        job = problem.key, repr(spec)
-        sandbox = self.sandbox()
-        with self._lock:
-            if job in self._started:
-                return
-            if self._early_pool is None:
-                slots = self.early_slots or max(getattr(sandbox, "workers", 0) - 1, 1)
-                self._early_pool = ThreadPoolExecutor(slots, thread_name_prefix="code-early")
-            self._started[job] = self._early_pool.submit(sandbox.test, spec)
-
-    def _take_started(self) -> dict[tuple[str, str], Future]:
-        """The verdicts begun since the last batch; the next batch starts afresh (a job begun
-        for a completion that never reached a batch is not kept)."""
-        with self._lock:
-            started, self._started = self._started, {}
-        return started
-
     def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]:
         """Each distinct (problem, sandbox job) of the batch runs once, every test in one
         sandbox run, and each rollout that wrote it gets that verdict: a group's samples often
@@ -293,19 +249,6 @@ class CodeReward:
             else:
                 first_of[job] = i
                 runnable[i] = spec
-        started = self._take_started()
-        # begun and running (or done); those still waiting for an early slot run with the batch, on every slot
-        begun = {i: started[job] for job, i in first_of.items() if job in started and not started[job].cancel()}
-        early = set()
-        for i, future in begun.items():
-            try:
-                outcome = future.result()
-            except Exception:  # run again below, with the batch's retries
-                continue
-            if outcome.status != "error":
-                results[i] = self._result(outcome, problems[i].meta.get("credit", self.credit))
-                del runnable[i]
-                early.add(i)
         error = "sandbox_error"
         for _ in range(self.retries + 1):
             if not runnable:
@@ -322,8 +265,6 @@ class CodeReward:
                     del runnable[i]
         for i in runnable:
             results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"status": "error"}, error=error)
-        for i in early:
-            results[i].diagnostics["early"] = 1
         for i, original in copies:  # a copy each, so that no later change to one reaches another
             first = results[original]
             results[i] = replace(first, components=dict(first.components), diagnostics=dict(first.diagnostics))
@@ -340,7 +281,5 @@ class CodeReward:
         return RewardResult(value, components, {"status": outcome.status, "verdict": outcome.verdict})
 
     def close(self) -> None:
-        if self._early_pool is not None:
-            self._early_pool.shutdown(wait=True, cancel_futures=True)
         if self._sandbox is not None and hasattr(self._sandbox, "close"):
             self._sandbox.close()

@@ -79,22 +79,8 @@ class Rewarder:
                 raise ValueError(f"rewards.task_normalize.{name}: no such task (tasks: {', '.join(domains)})")
         self.normalizer = RunningNormalizer(
             {domains[name]: s for name, s in (normalize or {}).items()}, default_normalize)
-        self._starters = {task: [self.rewards[name].begin for name in spec if hasattr(self.rewards[name], "begin")]
-                          for task, spec in self.specs.items()}
-        self.starts_early = any(self._starters.values())
-        """Whether a reward of some task can start on one completion before its batch (``begin``)."""
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="reward")
         self.last_error: Optional[tuple[str, str]] = None
-
-    def begin(self, problem: Problem, completion: str) -> None:
-        """Let the rewards of ``problem``'s task that can (those with ``begin``, the sandbox's
-        ``code``) start on one finished completion now; :meth:`score` later takes what they
-        made. A reward that cannot start is left to :meth:`score`."""
-        for start in self._starters.get(problem.task, ()):
-            try:
-                start(problem, completion)
-            except Exception:  # scored the usual way when its batch comes, contained there
-                pass
 
     def _items(self, groups: list[Group]) -> dict[str, Items]:
         items: dict[str, Items] = {name: [] for name in self.rewards}

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -247,9 +247,6 @@ class HFGenerator:
     """Samples completions from ``model`` (a :class:`~tempering.rollout.base.Generator`); one
     instance per policy copy."""
 
-    reports_finished = True
-    """``generate`` takes ``on_finished``, called with each completion as it stops."""
-
     def __init__(self, model, tokenizer, chat_template: Optional[bool] = None, batch_size: int = 256,
                  bf16: bool = False, fast: bool = True, share: bool = True, onednn: bool | str = "auto"):
         self.model = model
@@ -289,23 +286,15 @@ class HFGenerator:
         params: SamplingParams,
         policy_version: int = 0,
         generator: Optional[torch.Generator] = None,
-        on_finished: Optional[Callable[[Problem, str], None]] = None,
     ) -> list[Group]:
-        """``group_size`` completions for each problem, in problem order. ``on_finished(problem,
-        text)`` is called for each completion that stops before the last decoding step, as soon
-        as it stops (the text its rollout will hold), so its reward can start while the other
-        rows are still decoding."""
+        """``group_size`` completions for each problem, in problem order."""
         limit = prompt_limit(self.model.config, params.max_prompt_tokens, params.max_new_tokens)
         prompts = [fit_prompt(self.encode_prompt(p.prompt), p, limit, params.long_prompts) for p in problems]
         flat = [(i, prompts[i]) for i in range(len(problems)) for _ in range(group_size)]
         rollouts: list[Rollout] = []
         for start in range(0, len(flat), self.batch_size):
             chunk = flat[start : start + self.batch_size]
-            finished = None
-            if on_finished is not None:
-                def finished(row: int, completion: list[int], chunk=chunk) -> None:
-                    on_finished(problems[chunk[row][0]], self.tokenizer.decode(completion, skip_special_tokens=True))
-            outputs = self.sample([ids for _, ids in chunk], params, generator, finished)
+            outputs = self.sample([ids for _, ids in chunk], params, generator)
             for (i, prompt_ids), (completion, logprobs, reason) in zip(chunk, outputs):
                 rollouts.append(Rollout(
                     problem=problems[i], prompt_ids=prompt_ids, completion_ids=completion,
@@ -331,22 +320,17 @@ class HFGenerator:
         return getattr(self.model.config, "max_position_embeddings", None) or 0
 
     def sample(self, prompts: list[list[int]], params: SamplingParams,
-               generator: Optional[torch.Generator | RowStreams] = None,
-               on_finished: Optional[Callable[[int, list[int]], None]] = None,
-               ) -> list[tuple[list[int], list[float], str]]:
+               generator: Optional[torch.Generator | RowStreams] = None) -> list[tuple[list[int], list[float], str]]:
         """``(completion ids, log-probs, finish reason)`` after each prompt, given as token ids
         (repeats welcome: a repeated prompt is prefilled once); the finish reason is "stop"
         (end-of-sequence, a stop token or a stop string) or "length". Multi-turn episodes
         (``tempering.envs.runner``) continue their token histories through this. Draws come
-        from ``generator``, or with :class:`RowStreams` from each row's own stream.
-        ``on_finished(row, completion ids)`` is called for each row as it stops, unless it stops
-        at the last step."""
-        return self.sample_with_alternatives(prompts, params, generator, on_finished=on_finished)[0]
+        from ``generator``, or with :class:`RowStreams` from each row's own stream."""
+        return self.sample_with_alternatives(prompts, params, generator)[0]
 
     @torch.no_grad()
     def sample_with_alternatives(self, prompts: list[list[int]], params: SamplingParams,
-                                 generator: Optional[torch.Generator | RowStreams] = None, alternatives: int = 0,
-                                 on_finished: Optional[Callable[[int, list[int]], None]] = None,
+                                 generator: Optional[torch.Generator | RowStreams] = None, alternatives: int = 0
                                  ) -> tuple[list[tuple[list[int], list[float], str]], list[list[list[tuple[int, float]]]]]:
         """What :meth:`sample` gives, and for each row, per sampled token, the ``alternatives``
         most likely ``(token id, log-prob)`` under the distribution it was drawn from (what
@@ -405,9 +389,6 @@ class HFGenerator:
                 stopped_B[row_B[done_B]] = True
                 if step == limit - 1 or bool(done_B.all()):
                     break
-                if on_finished is not None and bool(done_B.any()):
-                    for row, completion in zip(row_B[done_B].tolist(), tokens_BT[row_B[done_B], : step + 1].tolist()):
-                        on_finished(row, completion)
                 live_B = (~done_B).nonzero()[:, 0]
                 row_B, history_B, next_B = row_B[live_B], history_B[live_B], next_B[live_B]
                 source_U, token_U, history_B = continue_histories(history_B, next_B, self.share)

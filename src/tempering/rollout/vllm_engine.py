@@ -29,6 +29,11 @@ its tcmalloc) for worker processes an in-process engine never starts, and the la
 engine's start only; left set, every later child of the run (a ``temper`` subprocess, a
 grading process) would load OpenMP before it could make its threads sleep rather than spin.
 
+vLLM's CPU attention checks that a step runs on as many OpenMP threads as it planned for, and a
+thread's OpenMP count is its own: a call from a thread other than the one that built the engine
+(an agent's recording server samples on its batcher's thread), which starts with OpenMP's
+default (the cores), first sets its own count to the builder's.
+
 Not done: LoRA adapters (use ``rollout.server.launch: vllm``), tensor parallelism.
 """
 
@@ -95,12 +100,19 @@ class VllmGenerator(RequestSampler):
         self.chat_template = use_chat_template(tokenizer, chat_template)
         self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         self.batch_size = sys.maxsize  # vLLM schedules every request of a call itself
+        self.threads = torch.get_num_threads()  # this thread's, which vLLM's steps plan for
+
+    def _same_threads(self) -> None:
+        """This thread on the engine builder's OpenMP thread count (see the module docstring)."""
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
 
     def _complete_all(self, prompts: list[list[int]], n: int, params: SamplingParams,
                       seeds: list[int]) -> list[list[Drawn]]:
         from vllm import SamplingParams as VllmParams
         from vllm.inputs import TokensPrompt
 
+        self._same_threads()
         requests = [VllmParams(n=n, temperature=0.0 if params.greedy else params.temperature, top_p=params.top_p,
                                max_tokens=params.max_new_tokens, stop=list(params.stop),
                                stop_token_ids=list(params.stop_token_ids), seed=seed, logprobs=0,
@@ -114,6 +126,7 @@ class VllmGenerator(RequestSampler):
         every cached prefix block."""
         if not weights:
             return
+        self._same_threads()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache after new weights (requests were running)")

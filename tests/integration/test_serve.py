@@ -26,7 +26,8 @@ from tempering.learner.forward import token_logprobs
 from tempering.learner.step import collate
 from tempering.models.lora import apply_lora
 from tempering.rollout.base import SamplingParams
-from tempering.rollout.hf import HFGenerator, RowStreams
+from tempering.rollout.base import RowStreams
+from tempering.rollout.hf import HFGenerator
 from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
 from tempering.rollout.server import Limits, start
 from tempering.types import Problem

@@ -62,7 +62,7 @@ import torch
 from tempering.envs.recording import Call, Recording, RecordingServer
 from tempering.envs.runner import WrappingGenerator, split_generate
 from tempering.registry import resolve
-from tempering.rollout.base import SamplingParams, TokenSampler
+from tempering.rollout.base import SamplingParams, TokenSampler, draw_seed
 from tempering.rollout.server import OpenAIHTTPServer, serve_in_background
 from tempering.types import Group, Problem, Rollout, Turn
 
@@ -221,7 +221,7 @@ class AgentGenerator(WrappingGenerator):
         app.batcher.version = policy_version  # what the replies tell the agents
         episodes = [p for p in problems for _ in range(group_size)]
         settings = [self.agents[p.task] for p in episodes]
-        recordings = [Recording(params, int(torch.randint(0, 2**62, (1,), generator=generator)), s.max_calls)
+        recordings = [Recording(params, draw_seed(generator), s.max_calls)
                       for s in settings]
         keys = [app.open(r) for r in recordings]
         work = [partial(s.agent, f"{http.url}/episodes/{key}/v1", p) for s, key, p in zip(settings, keys, episodes)]

@@ -62,6 +62,40 @@ class SamplingParams:
     passes ``rollout.long_prompts``, evaluation truncates."""
 
 
+def draw_seed(generator: Optional[torch.Generator]) -> int:
+    """One request seed from ``generator`` (torch's default stream without one), for a sampler
+    that sends each prompt as a request of its own seed."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator))
+
+
+class RowStreams:
+    """Random streams of their own for groups of rows sampled together: row ``b`` draws from
+    ``generators[owner_B[b]]``, and each stream gives its live rows their numbers in row
+    order. What a group draws then depends only on its own rows, not on what else shares the
+    batch: ``temper serve`` gathers concurrent requests into one call, each request with its
+    own seed, and a request sampled alone gets the same tokens."""
+
+    def __init__(self, generators: list[torch.Generator], owner_B: list[int]):
+        self.generators = generators
+        self.owner_B = torch.tensor(owner_B)
+
+    def uniform(self, row_B: torch.Tensor) -> torch.Tensor:
+        """One uniform number in [0, 1) for each row of ``row_B`` (ascending), from its stream."""
+        owner_B = self.owner_B[row_B.cpu()]
+        uniform_B = torch.empty(len(row_B))
+        for k, generator in enumerate(self.generators):
+            rows = owner_B == k
+            count = int(rows.sum())
+            if count:
+                uniform_B[rows] = torch.rand(count, generator=generator)
+        return uniform_B
+
+    def seeds(self) -> list[int]:
+        """One seed for each row, in row order, from its stream: for a sampler that sends each
+        row as a request of its own seed (vLLM, a server), where a row's draws happen elsewhere."""
+        return [draw_seed(self.generators[k]) for k in self.owner_B.tolist()]
+
+
 @runtime_checkable
 class Generator(Protocol):
     """Samples groups of completions with exact token ids and log-probs."""
@@ -91,6 +125,7 @@ class TokenSampler(Protocol):
     """Rows one ``sample`` call should hold at most."""
 
     def sample(self, prompts: list[list[int]], params: SamplingParams,
-               generator: Optional[torch.Generator] = None) -> list[tuple[list[int], list[float], str]]:
-        """``(completion ids, log-probs, finish reason "stop" | "length")`` after each prompt."""
+               generator: Optional[torch.Generator | RowStreams] = None) -> list[tuple[list[int], list[float], str]]:
+        """``(completion ids, log-probs, finish reason "stop" | "length")`` after each prompt;
+        draws from ``generator``, or with :class:`RowStreams` from each row's own stream."""
         ...

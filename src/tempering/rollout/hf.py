@@ -51,7 +51,7 @@ from tempering.models.compat import (cache_argument, fused_llama_supported, logi
                                      preallocated_cache, select_cache_rows)
 from tempering.models.lora import unwrapped
 from tempering.rollout import fast_llama
-from tempering.rollout.base import SamplingParams
+from tempering.rollout.base import RowStreams, SamplingParams
 from tempering.rollout.prompts import encode_prompt, fit_prompt, prompt_limit, use_chat_template
 from tempering.types import Group, Problem, Prompt, Rollout
 
@@ -102,34 +102,6 @@ def _inverse_cdf(weights_BV: torch.Tensor, uniform_B: torch.Tensor) -> torch.Ten
     cdf_BY = blocks_BZY[torch.arange(rows, device=block_B.device), block_B].cumsum(dim=-1)
     within_B1 = _below(target_B1 - before_B1, cdf_BY[:, -1:])
     return block_B * _BLOCK + torch.searchsorted(cdf_BY, within_B1, right=True)[:, 0]
-
-
-class RowStreams:
-    """Random streams of their own for groups of rows sampled together: row ``b`` draws from
-    ``generators[owner_B[b]]``, and each stream gives its live rows their numbers in row
-    order. What a group draws then depends only on its own rows, not on what else shares the
-    batch: ``temper serve`` gathers concurrent requests into one call, each request with its
-    own seed, and a request sampled alone gets the same tokens."""
-
-    def __init__(self, generators: list[torch.Generator], owner_B: list[int]):
-        self.generators = generators
-        self.owner_B = torch.tensor(owner_B)
-
-    def uniform(self, row_B: torch.Tensor) -> torch.Tensor:
-        """One uniform number in [0, 1) for each row of ``row_B`` (ascending), from its stream."""
-        owner_B = self.owner_B[row_B.cpu()]
-        uniform_B = torch.empty(len(row_B))
-        for k, generator in enumerate(self.generators):
-            rows = owner_B == k
-            count = int(rows.sum())
-            if count:
-                uniform_B[rows] = torch.rand(count, generator=generator)
-        return uniform_B
-
-    def seeds(self) -> list[int]:
-        """One seed for each row, in row order, from its stream: for a sampler that sends each
-        row as a request of its own seed (vLLM, a server), where a row's draws happen elsewhere."""
-        return [int(torch.randint(0, 2**62, (1,), generator=self.generators[k])) for k in self.owner_B.tolist()]
 
 
 def _truncated(weights_BV: torch.Tensor, top_k: int, min_p: float) -> torch.Tensor:

@@ -18,8 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from tempering.rollout.base import SamplingParams
-from tempering.rollout.hf import RowStreams
+from tempering.rollout.base import RowStreams, SamplingParams, draw_seed
 from tempering.rollout.prompts import encode_prompt, fit_prompt
 from tempering.types import Group, Problem, Prompt, Rollout
 
@@ -53,7 +52,7 @@ class RequestSampler:
     def sample(self, prompts: list[list[int]], params: SamplingParams,
                generator: Optional[torch.Generator | RowStreams] = None) -> list[Drawn]:
         """``(completion ids, log-probs, finish reason)`` after each prompt (one request each),
-        seeded from ``generator``, or with :class:`~tempering.rollout.hf.RowStreams` each from
+        seeded from ``generator``, or with :class:`~tempering.rollout.base.RowStreams` each from
         its row's own stream (what ``temper serve``'s batcher gives, e.g. for an agent's calls)."""
         seeds = generator.seeds() if isinstance(generator, RowStreams) else _seeds(len(prompts), generator)
         return [outputs[0] for outputs in self._complete_all(prompts, 1, params, seeds)]
@@ -65,4 +64,4 @@ class RequestSampler:
 
 
 def _seeds(count: int, generator: Optional[torch.Generator]) -> list[int]:
-    return [int(torch.randint(0, 2**62, (1,), generator=generator)) for _ in range(count)]
+    return [draw_seed(generator) for _ in range(count)]

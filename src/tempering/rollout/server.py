@@ -38,7 +38,7 @@ reads both (the fields and answers: ``tempering.rollout.openai_api``):
 Concurrent requests are gathered into one sampler call (requests with the same sampling
 settings, up to ``batch_size`` rows; a larger request runs as several calls of that size):
 each request draws from a random stream seeded by its own ``seed``
-(:class:`~tempering.rollout.hf.RowStreams`), so what a request gets does not depend on what
+(:class:`~tempering.rollout.base.RowStreams`), so what a request gets does not depend on what
 it was batched with. A reload waits for the sampler call in progress and never overlaps one.
 
 Bounds (:class:`Limits`): a request's token positions (its rows, prompts times ``n``, each
@@ -73,8 +73,8 @@ import torch
 
 from tempering.models.loading import load_weights_from
 from tempering.models.lora import adapters_off, is_adapted, serve_adapter
-from tempering.rollout.base import SamplingParams
-from tempering.rollout.hf import HFGenerator, RowStreams
+from tempering.rollout.base import RowStreams, SamplingParams
+from tempering.rollout.hf import HFGenerator
 from tempering.rollout.openai_api import (RequestError, Sampled, Streamed, Wire, chat_messages, completion_prompts,
                                           error_body, event_stream, flag, logprobs_asked, refuse_unsupported,
                                           sampling_request, usage)

@@ -29,7 +29,8 @@ QUICK = {
     "code_baselines": (["--problems", "2"],
                        lambda out: len(out["per_task"]) == 7 and 0 <= out["mean"]["best_constant"] <= 1),
     "code_reward": (["--rounds", "1"],
-                    lambda out: 0 < out["programs"] <= out["rollouts"] and out["ms_per_program"] > 0),
+                    lambda out: 0 < out["programs"] <= out["rollouts"] and out["ms_per_program"] > 0
+                    and out["ready"]["ms_per_program"] > 0),
     "code_families": (["--model", "{model}", "--problems", "1", "--families", "at_least,below", "--max-new-tokens", "8"],
                       lambda out: {name: e["problems"] for name, e in out["families"].items()} == {"at_least": 1, "below": 1}),
     "generation": (["--quick", "--model", "{model}", "--threads", "1", "--workloads", "group", "--precisions", "fp32"],

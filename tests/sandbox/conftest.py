@@ -21,9 +21,14 @@ def _isolation():
         pytest.skip(f"no sandbox isolation on this machine: {err}")
 
 
-@pytest.fixture(scope="session")
-def executor():
-    with Executor(workers=2, isolation=_isolation()) as pool:
+@pytest.fixture(scope="session", params=[0, 8], ids=["forked", "ready"])
+def executor(request):
+    """The pool every claim is tested against: once forking each run's child when its run
+    comes, once serving runs from children forked ahead (``ready``, namespaces mode)."""
+    isolation = _isolation()
+    if request.param and isolation != "namespaces":
+        pytest.skip("children are forked ahead of their runs in namespaces mode only")
+    with Executor(workers=2, isolation=isolation, ready=request.param) as pool:
         probe = pool.run(RunRequest("print('ready')"))
         if probe.status == "sandbox_error" and pool.isolation == "bwrap":
             # e.g. a kernel that forbids unprivileged user namespaces (Ubuntu's AppArmor

@@ -172,7 +172,8 @@ class CodeReward:
 
     ``credit``: ``all`` (1 only when every case passes) or ``fraction`` (cases passed /
     cases). ``url``: a ``temper sandbox serve`` address to use instead of a local pool of
-    ``workers`` slots (0 = one per core) with ``isolation``. ``retries``: extra rounds for
+    ``workers`` slots (0 = one per core) with ``isolation``, each forking ``ready`` children
+    ahead of their runs while idle (see :class:`tempering.sandbox.Executor`). ``retries``: extra rounds for
     rollouts whose run hit a sandbox fault, on top of the executor's own retries.
     ``forgeable_credit``: the factor on the score of a forgeable (``program``) verdict;
     above 0 it pays for what a program can claim about itself, and start-up warns.
@@ -182,7 +183,7 @@ class CodeReward:
 
     def __init__(self, *, credit: Literal["all", "fraction"] = "all", language: str = "python",
                  timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 0,
-                 isolation: str = "auto", url: str = "", token: str = "", retries: int = 1,
+                 isolation: str = "auto", url: str = "", token: str = "", retries: int = 1, ready: int = 0,
                  forgeable_credit: float = 0.0, unfenced: bool = False):
         if credit not in ("all", "fraction"):
             raise ValueError(f"credit must be 'all' or 'fraction', got {credit!r}")
@@ -195,7 +196,9 @@ class CodeReward:
         self.credit, self.language, self.retries = credit, language, retries
         self.forgeable_credit, self.unfenced = forgeable_credit, unfenced
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
-        self._connect = (url, token, workers, isolation)
+        if ready < 0:
+            raise ValueError(f"ready must be at least 0, got {ready!r}")
+        self._connect = (url, token, workers, isolation, ready)
         self._sandbox = None
         self._lock = threading.Lock()
         if url:
@@ -205,13 +208,13 @@ class CodeReward:
         """The executor or client, started on first use (so building a config costs nothing)."""
         with self._lock:
             if self._sandbox is None:
-                url, token, workers, isolation = self._connect
+                url, token, workers, isolation, ready = self._connect
                 if url:
                     self._sandbox = SandboxClient(url, token or None)
                 else:
                     from tempering.sandbox import Executor
 
-                    self._sandbox = Executor(workers or None, isolation)
+                    self._sandbox = Executor(workers or None, isolation, ready=ready)
             return self._sandbox
 
     def code_of(self, problem: Problem, completion: str) -> Optional[str]:

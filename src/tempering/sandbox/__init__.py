@@ -1,7 +1,8 @@
 """Isolated, concurrent, reproducible execution of untrusted programs, judged by the parent.
 
 Code rewards are only as honest as the place the model's programs run. This package runs
-them in a pool of pre-forked, jailed workers and computes every verdict in the caller's
+them in a pool of jailed workers, each of which forks the children for its next runs while
+it has nothing to do (``namespaces`` mode), and computes every verdict in the caller's
 process, from facts the jail reports (exit status, output, returned values), against
 expected values that never enter the jail.
 
@@ -27,16 +28,20 @@ default isolation (``namespaces``, as root) the sandbox claims that a program ca
    /etc files (the loader cache, alternatives, localtime; not passwd or shadow) and
    /dev/{null,zero,full,random,urandom}. Nothing else of the host is mounted: not home
    directories, not the rest of /root, not the working tree. Its environment is a fixed
-   list of variables and /proc shows only its own slot's processes.
+   list of variables and /proc shows only its own processes (its uid's, in its slot's PID
+   namespace): not the worker, nor the children waiting, as root, for runs of their own.
 4. **write outside its scratch space**: / is read-only; /tmp is a private tmpfs of
    ``scratch_mb`` MiB, fresh for each job.
 5. **exhaust host memory, disk or processes**: each process is capped in address space,
    CPU time, file size, open files and stack, the slot's uid in processes and threads,
    the scratch tmpfs in bytes and inodes, and the output the parent keeps in bytes.
-6. **outlive its job**: after every run the worker kills everything left in the slot's
-   PID namespace, daemons and detached sessions included, and reaps them.
+6. **outlive its job**: after every run the worker kills everything the run left, daemons
+   and detached sessions included (each becomes the worker's child, PID 1 of the slot's
+   namespace, when its parent exits; every process of the slot's uid is killed), and
+   reaps them.
 7. **affect other jobs**: slots have separate namespaces, uids and scratch; a program can
-   neither signal its worker nor see another slot's files, and the next job starts clean
+   neither signal its worker or the children waiting for the slot's next runs (root's,
+   and out of sight) nor see another slot's files, and the next job starts clean
    (no System V segment, semaphore or queue, which would outlive a job, can be made).
 8. **produce a passing verdict without computing the right outputs**: the parent compares
    stdout or returned values itself; an early ``exit(0)``, a return value whose ``__eq__``

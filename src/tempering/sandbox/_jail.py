@@ -169,7 +169,9 @@ def build_root(python_paths, hostname: str = "sandbox") -> None:
             _bind_readonly(path, root + path)
     _make_dev(root)
     os.makedirs(root + "/proc")
-    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # A program sees its own uid's processes only: not the worker, nor the children it
+    # forked ahead of their runs (root's, waiting for a run of their own).
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
     os.makedirs(root + scratch_point(python_paths), exist_ok=True)
     os.makedirs(root + "/.old")
     pivot_root(root, root + "/.old")

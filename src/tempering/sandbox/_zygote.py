@@ -18,6 +18,8 @@ without namespaces (an explicit opt-in for trusted code). Jobs arrive as length-
 the settings give; replies go back the same way. The worker reports raw outcomes only; verdicts are the parent's.
 """
 
+import collections
+import fcntl
 import json
 import os
 import select
@@ -39,6 +41,8 @@ import _runner  # noqa: E402
 sys.path[:] = [path for path in sys.path if path != _HERE]
 
 _READ_CHUNK = 65536
+_IDLE_S = 0.005
+_PREPARE_NICE = 10
 _RESULT_CAP = 8 << 20
 _LIMIT_MARKERS = ("MemoryError", "std::bad_alloc", "heap out of memory", "Cannot allocate memory")
 # Landlock mode has no size-capped tmpfs: the scratch directory is measured this often, and
@@ -74,9 +78,14 @@ def _recv_exact(sock: socket.socket, size: int):
 class Worker:
     """Serves jobs for one slot; ``mode`` is ``jail``, ``landlock``, ``bwrap`` or ``none``."""
 
-    def __init__(self, mode: str, uid: int, gid: int, scratch_mb: int, env: dict, control_fd: int):
+    def __init__(self, mode: str, uid: int, gid: int, scratch_mb: int, env: dict, control_fd: int,
+                 ready: int = 0):
         self.mode, self.uid, self.gid, self.scratch_mb = mode, uid, gid, scratch_mb
         self.env, self.control_fd = env, control_fd
+        # Children forked ahead of their runs (namespaces mode): (pid, pipes), oldest first.
+        self.ready_target = ready if mode == "jail" else 0
+        self.ready = collections.deque()
+        self.nice = os.getpriority(os.PRIO_PROCESS, 0)
         self.seccomp = _jail.seccomp_program_apart(private_unix=mode == "landlock")
         self.scratch = _jail.scratch_point(_jail.python_paths()) if mode == "jail" else "/tmp"
         self.scratch_cap = None
@@ -105,8 +114,11 @@ class Worker:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def kill_all(self, pid: int) -> None:
-        """Kill every process the job left (the whole PID namespace, every process of the
-        slot's uid, or the job's process group) and reap them."""
+        """Kill every process the job left (every process of the slot's uid, or the job's
+        process group) and reap them."""
+        if self.mode == "jail":
+            self._clear_leftovers()
+            return
         while True:
             try:
                 if self.mode == "none":
@@ -122,6 +134,24 @@ class Worker:
                     time.sleep(0.0005)
             except ChildProcessError:
                 return
+
+    def _clear_leftovers(self) -> None:
+        """In its own PID namespace the worker is PID 1, so whatever a run left running
+        (its processes' parents gone) is the worker's child by the time the worker has
+        reaped the run's own process. Children other than the ready ones are such leftovers:
+        when there are any, every process of the slot's uid is killed and they are reaped.
+        The ready children are root's and are not touched."""
+        ready = {pid for pid, _ in self.ready}
+        while True:
+            left = [pid for pid in _children() if pid not in ready]
+            if not left:
+                return
+            _jail.kill_uid(self.uid)
+            for pid in left:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
 
     def run_job(self, job: dict) -> dict:
         self.open_scratch()
@@ -144,13 +174,22 @@ class Worker:
             self.close_scratch()
 
     def run_one(self, run: dict) -> dict:
-        pipes = {name: os.pipe() for name in ("stdin", "stdout", "stderr", "result", "setup")}
-        started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            self._child(run, pipes)
-        for name, (read_end, write_end) in pipes.items():
-            os.close(read_end if name == "stdin" else write_end)
+        if "argv" not in run and self.ready_target:
+            pid, pipes = self.ready.popleft() if self.ready else self.prepare()
+            job_write = pipes.pop("job")[1]
+            started = time.monotonic()
+            try:
+                _send_run(job_write, run)
+            except OSError:
+                pass  # the child is gone: the watch reports its setup as failed
+        else:
+            pipes = {name: os.pipe() for name in ("stdin", "stdout", "stderr", "result", "setup")}
+            started = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                self._child(run, pipes)
+            for name, (read_end, write_end) in pipes.items():
+                os.close(read_end if name == "stdin" else write_end)
         try:
             watch = _Watch(run, pipes, pid, started, self.control_fd)
             if self.scratch_cap:
@@ -162,32 +201,65 @@ class Worker:
                 _close_quietly(write_end if name == "stdin" else read_end)
         return outcome
 
-    def _child(self, run: dict, pipes: dict) -> None:
-        """In the forked child: confine this process, then hand it to the program."""
+    def prepare(self) -> tuple:
+        """Fork a child that takes its session, descriptors, environment and seccomp filter
+        now, rehearses a run and waits, as root, for its own run on a pipe (descriptor 5);
+        the rest of its confinement (limits, uid, no_new_privs) follows once the run has
+        come, as in a child forked for it. A run's path is then the program, not the fork."""
+        pipes = {name: os.pipe() for name in ("stdin", "stdout", "stderr", "result", "setup", "job")}
+        pid = os.fork()
+        if pid == 0:
+            self._ready_child(pipes)
+        for name, (read_end, write_end) in pipes.items():
+            os.close(read_end if name in ("stdin", "job") else write_end)
+        return pid, pipes
+
+    def top_up(self, sock: socket.socket) -> None:
+        """Prepare ready children while no job comes on ``sock``: once it has been quiet
+        for ``_IDLE_S`` (a batch's next job follows its last reply sooner), at low priority,
+        one child at a time."""
+        if len(self.ready) >= self.ready_target or select.select([sock], [], [], _IDLE_S)[0]:
+            return
+        os.setpriority(os.PRIO_PROCESS, 0, self.nice + _PREPARE_NICE)
         try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the worker chose
-            os.setsid()
-            for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr"), (3, "result"), (4, "setup")):
-                os.dup2(pipes[name][1 if name != "stdin" else 0], fd)
-            os.closerange(5, 1 << 16)
-            os.set_inheritable(4, False)
-            os.chdir(self.scratch)
-            os.environ.clear()
-            os.environ.update(self.env, HOME=self.scratch, TMPDIR=self.scratch)
-            _jail.apply_rlimits(run["rlimits"])
-            if self.mode == "landlock":
-                ruleset = _landlock.ruleset(_landlock_read_paths(), _jail.host_devices(), self.scratch)
-            if self.mode in ("jail", "landlock"):
-                _jail.hand_over_stdio(self.uid, self.gid)
-                _jail.drop_privileges(self.uid, self.gid, self.keep_read_search and "argv" not in run)
-            _jail.prctl(_jail.PR_SET_NO_NEW_PRIVS, 1)
-            if self.mode == "landlock":
-                _landlock.restrict_self(ruleset)
+            while len(self.ready) < self.ready_target and not select.select([sock], [], [], 0)[0]:
+                self.ready.append(self.prepare())
+        finally:
+            os.setpriority(os.PRIO_PROCESS, 0, self.nice)
+
+    def _ready_child(self, pipes: dict) -> None:
+        try:
+            job_read = fcntl.fcntl(pipes["job"][0], fcntl.F_DUPFD, 16)  # above what 0-5 take
+            self._take_descriptors(pipes)
+            os.dup2(job_read, 5)
+            os.closerange(6, 1 << 16)
+            os.set_inheritable(5, False)
+            # As root (CAP_SYS_ADMIN) the filter needs no no_new_privs yet; what follows
+            # once the run has come (limits, the uid, no_new_privs) is allowed by it.
             _jail.load_seccomp(self.seccomp)
-            os.write(4, b"ok")
+            _runner.rehearse()
+            data = _read_to_end(5)
+            os.close(5)
         except BaseException as err:
             os.write(2, f"sandbox setup failed: {err}\n".encode())
             os._exit(126)
+        if not data:  # the worker went away before a run came
+            os._exit(0)
+        os.setpriority(os.PRIO_PROCESS, 0, self.nice)  # born while the worker prepared at low priority
+        run = json.loads(data)
+        self._confine(run, filtered=True)
+        os.close(4)
+        _runner.run(run["code"], run.get("call"), run.get("check", False), 3)
+
+    def _child(self, run: dict, pipes: dict) -> None:
+        """In the forked child: confine this process, then hand it to the program."""
+        try:
+            self._take_descriptors(pipes)
+            os.closerange(5, 1 << 16)
+        except BaseException as err:
+            os.write(2, f"sandbox setup failed: {err}\n".encode())
+            os._exit(126)
+        self._confine(run)
         if "argv" in run:
             os.set_inheritable(3, False)
             try:
@@ -198,6 +270,36 @@ class Worker:
         os.close(4)
         _runner.run(run["code"], run.get("call"), run.get("check", False), 3)
 
+    def _take_descriptors(self, pipes: dict) -> None:
+        """A new session; the run's pipes on descriptors 0-4; the slot's environment."""
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the worker chose
+        os.setsid()
+        for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr"), (3, "result"), (4, "setup")):
+            os.dup2(pipes[name][1 if name != "stdin" else 0], fd)
+        os.set_inheritable(4, False)
+        os.environ.clear()
+        os.environ.update(self.env, HOME=self.scratch, TMPDIR=self.scratch)
+
+    def _confine(self, run: dict, filtered: bool = False) -> None:
+        """The run's limits, then the slot's uid, no_new_privs, Landlock and seccomp; reports
+        ``ok`` on descriptor 4, or exits 126 saying what failed."""
+        try:
+            os.chdir(self.scratch)
+            _jail.apply_rlimits(run["rlimits"])
+            if self.mode == "landlock":
+                ruleset = _landlock.ruleset(_landlock_read_paths(), _jail.host_devices(), self.scratch)
+            if self.mode in ("jail", "landlock"):
+                _jail.hand_over_stdio(self.uid, self.gid)
+                _jail.drop_privileges(self.uid, self.gid, self.keep_read_search and "argv" not in run)
+            _jail.prctl(_jail.PR_SET_NO_NEW_PRIVS, 1)
+            if self.mode == "landlock":
+                _landlock.restrict_self(ruleset)
+            if not filtered:
+                _jail.load_seccomp(self.seccomp)
+            os.write(4, b"ok")
+        except BaseException as err:
+            os.write(2, f"sandbox setup failed: {err}\n".encode())
+            os._exit(126)
 
 class _Watch:
     """Follows one running child: feeds stdin, collects output, enforces deadlines and caps."""
@@ -380,6 +482,28 @@ def _landlock_read_paths() -> list:
     return system + ["/etc/" + name for name in _jail.ETC_FILES] + _jail.python_paths()
 
 
+def _children() -> list:
+    """This process's children (zombies included), from /proc."""
+    with open(f"/proc/self/task/{os.getpid()}/children") as listing:
+        return [int(pid) for pid in listing.read().split()]
+
+
+def _send_run(fd: int, run: dict) -> None:
+    data = json.dumps(run, separators=(",", ":")).encode()
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+
+
+def _read_to_end(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, _READ_CHUNK):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _close_quietly(fd: int) -> None:
     try:
         os.close(fd)
@@ -390,6 +514,7 @@ def _close_quietly(fd: int) -> None:
 def _serve(worker: Worker, sock: socket.socket, single: bool) -> None:
     send_message(sock, {"ready": True, "pid": os.getpid()})
     while True:
+        worker.top_up(sock)
         job = recv_message(sock)
         if job is None:
             return
@@ -433,7 +558,8 @@ def main() -> None:
     if settings["mode"] == "jail":
         _enter_namespaces(settings["fd"])
     worker = Worker(settings["mode"], settings.get("uid", -1), settings.get("gid", -1),
-                    settings.get("scratch_mb", 64), settings["env"], settings["fd"])
+                    settings.get("scratch_mb", 64), settings["env"], settings["fd"],
+                    settings.get("ready", 0))
     _serve(worker, sock, settings["mode"] == "bwrap")
 
 

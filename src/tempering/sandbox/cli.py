@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from tempering.sandbox.executor import ISOLATION_MODES, MAX_WORKERS, Executor
+from tempering.sandbox.executor import ISOLATION_MODES, MAX_READY, MAX_WORKERS, Executor
 from tempering.sandbox.languages import SUFFIXES
 from tempering.sandbox.spec import Limits, RunRequest, SandboxUnavailable, SpecError, TestSpec
 
@@ -42,8 +42,10 @@ def _executor(args) -> Executor:
     if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers {args.workers}: sandbox slots must be between 1 and {MAX_WORKERS} "
                          "(leave it out for one per CPU)")
+    if not 0 <= args.ready <= MAX_READY:
+        raise UsageError(f"--ready {args.ready}: must be between 0 and {MAX_READY}")
     try:
-        return Executor(workers=args.workers, isolation=args.isolation)
+        return Executor(workers=args.workers, isolation=args.isolation, ready=args.ready)
     except SandboxUnavailable as err:
         raise UsageError(str(err)) from err
 
@@ -164,6 +166,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--workers", type=int, default=None,
                         help=f"sandbox slots, 1 to {MAX_WORKERS} (default: one per CPU)")
+    common.add_argument("--ready", type=int, default=0,
+                        help=f"children each slot forks ahead of its runs while idle, 0 to {MAX_READY} "
+                             "(namespaces isolation; default 0: one fork per run, when it comes)")
     common.add_argument("--isolation", choices=ISOLATION_MODES, default="auto",
                         help="auto picks namespaces (root with CAP_SYS_ADMIN), landlock (root "
                              "without it) or bubblewrap; 'none' runs unisolated")

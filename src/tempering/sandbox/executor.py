@@ -46,6 +46,8 @@ ENVIRONMENT = {
     "PYTHONIOENCODING": "utf-8",
     "TZ": "UTC",
 }
+MAX_READY = 64
+"""Children one slot may fork ahead of its runs (``ready``)."""
 _START_TIMEOUT_S = 60.0
 _pools = itertools.count()
 
@@ -135,8 +137,8 @@ def _bwrap_prefix(scratch_mb: int) -> list:
 class _Slot:
     """One worker process and its control socket."""
 
-    def __init__(self, index: int, isolation: str, scratch_mb: int, uid_base: int):
-        self.index, self.isolation, self.scratch_mb = index, isolation, scratch_mb
+    def __init__(self, index: int, isolation: str, scratch_mb: int, uid_base: int, ready: int = 0):
+        self.index, self.isolation, self.scratch_mb, self.ready = index, isolation, scratch_mb, ready
         self.uid = uid_base + index
         self.process = None
         self.sock = None
@@ -144,7 +146,7 @@ class _Slot:
     def _command(self, fd: int) -> list:
         mode = {"namespaces": "jail", "landlock": "landlock", "bwrap": "bwrap", "none": "none"}[self.isolation]
         settings = {"mode": mode, "fd": fd, "uid": self.uid, "gid": self.uid,
-                    "scratch_mb": self.scratch_mb, "env": ENVIRONMENT}
+                    "scratch_mb": self.scratch_mb, "env": ENVIRONMENT, "ready": self.ready}
         # Not -I: that would ignore PYTHONHASHSEED. The environment is ENVIRONMENT alone.
         command = [sys.executable, "-s", ZYGOTE, json.dumps(settings)]
         if self.isolation == "bwrap":
@@ -220,18 +222,27 @@ class Executor(SandboxAPI):
 
     ``workers``: slots (default: the CPUs this process may use). ``isolation``: see the
     module docstring. ``scratch_mb``: size of each job's private tmpfs. ``retries``: extra
-    attempts for a job that met an infrastructure fault.
+    attempts for a job that met an infrastructure fault. ``ready``: children each slot
+    forks ahead of its runs while it is idle (``namespaces`` mode only; 0, the default, forks
+    each run's child when its run comes). A Python run then starts in a child that already
+    has its session, descriptors, environment and seccomp filter, so the fork and that setup
+    leave the run's path for the slot's idle time: worth it where the sandbox has cores that
+    would otherwise idle, not where that idle time is another process's (docs/sandbox.md,
+    "Speed").
     """
 
     def __init__(self, workers: int | None = None, isolation: str = "auto",
-                 scratch_mb: int = 64, retries: int = 2):
+                 scratch_mb: int = 64, retries: int = 2, ready: int = 0):
         self.isolation = choose_isolation(isolation)
         self.workers = workers or len(os.sched_getaffinity(0))
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"workers must be between 1 and {MAX_WORKERS}, got {self.workers}")
+        if not 0 <= ready <= MAX_READY:
+            raise ValueError(f"ready must be between 0 and {MAX_READY}, got {ready}")
+        self.ready = ready if self.isolation == "namespaces" else 0
         self.retries = retries
         uid_base = 1_000_000 + ((os.getpid() % (1 << 20)) * 16 + next(_pools) % 16) * MAX_WORKERS
-        self._slots = [_Slot(i, self.isolation, scratch_mb, uid_base) for i in range(self.workers)]
+        self._slots = [_Slot(i, self.isolation, scratch_mb, uid_base, self.ready) for i in range(self.workers)]
         self._free = queue.SimpleQueue()
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._closed = threading.Event()

@@ -29,6 +29,7 @@ import time
 from tempering.build import build_tasks
 from tempering.config import load_config
 from tempering.rewards.base import build_reward
+from tempering.sandbox.executor import MAX_READY
 from tempering.tasks.code import CodeTask
 from tempering.types import Problem, Rollout
 
@@ -60,8 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit(f"code_reward.py: --rounds must be at least 1, got {args.rounds}")
-    if not 1 <= args.ready <= 64 or args.idle < 0:
-        raise SystemExit("code_reward.py: --ready must be 1 to 64 and --idle at least 0")
+    if not 1 <= args.ready <= MAX_READY or args.idle < 0:
+        raise SystemExit(f"code_reward.py: --ready must be 1 to {MAX_READY} and --idle at least 0")
     config = load_config(args.config)
     tasks = build_tasks(config)
     if other := [task.name for task in tasks if not (isinstance(task, CodeTask) and task.style == "raw")]:

@@ -89,7 +89,7 @@ def test_the_children_waiting_are_out_of_a_runs_sight_and_reach():
         time.sleep(0.5)
         attack = pool.run(RunRequest(SIGNAL_EVERY_PID))
         assert (attack.status, attack.stdout) == ("ok", "True []\n"), attack
-        time.sleep(0.5)
+        time.sleep(1.0)
         ages = [_age(pool) for _ in range(8)]
         assert min(ages) > 0.4, ages
 

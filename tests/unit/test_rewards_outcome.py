@@ -173,6 +173,9 @@ def test_code_options_are_checked_when_built():
         build_reward("code", {"credit": "most"})
     with pytest.raises(ValueError, match="reward 'code' has no option 'nosuch'"):
         build_reward("code", {"nosuch": 1})
+    for ready in (-1, 65):  # refused before the sandbox starts, not at the first scoring
+        with pytest.raises(ValueError, match=f"ready must be between 0 and 64, got {ready}"):
+            build_reward("code", {"ready": ready})
 
 
 def test_two_problems_sharing_a_key_but_not_their_tests_each_run_the_program():

@@ -49,6 +49,7 @@ from typing import Literal, Optional, Sequence
 
 from tempering.rewards.base import RewardResult, register_reward
 from tempering.sandbox.client import SandboxClient, SandboxHTTPError
+from tempering.sandbox.executor import MAX_READY
 from tempering.sandbox.spec import TAMPERING, Tests, TestSpec
 from tempering.types import Problem, Rollout
 
@@ -196,8 +197,8 @@ class CodeReward:
         self.credit, self.language, self.retries = credit, language, retries
         self.forgeable_credit, self.unfenced = forgeable_credit, unfenced
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
-        if ready < 0:
-            raise ValueError(f"ready must be at least 0, got {ready!r}")
+        if not 0 <= ready <= MAX_READY:
+            raise ValueError(f"ready must be between 0 and {MAX_READY}, got {ready!r}")
         self._connect = (url, token, workers, isolation, ready)
         self._sandbox = None
         self._lock = threading.Lock()

@@ -175,7 +175,9 @@ class Worker:
 
     def run_one(self, run: dict) -> dict:
         if "argv" not in run and self.ready_target:
-            pid, pipes = self.ready.popleft() if self.ready else self.prepare()
+            # None waiting (a batch longer than the slot's children): one forked now, with
+            # no rehearsal, which would only add to this run's path.
+            pid, pipes = self.ready.popleft() if self.ready else self.prepare(rehearse=False)
             job_write = pipes.pop("job")[1]
             started = time.monotonic()
             try:
@@ -201,15 +203,16 @@ class Worker:
                 _close_quietly(write_end if name == "stdin" else read_end)
         return outcome
 
-    def prepare(self) -> tuple:
+    def prepare(self, rehearse: bool = True) -> tuple:
         """Fork a child that takes its session, descriptors, environment and seccomp filter
-        now, rehearses a run and waits, as root, for its own run on a pipe (descriptor 5);
-        the rest of its confinement (limits, uid, no_new_privs) follows once the run has
-        come, as in a child forked for it. A run's path is then the program, not the fork."""
+        now, rehearses a run (unless ``rehearse`` is false) and waits, as root, for its own
+        run on a pipe (descriptor 5); the rest of its confinement (limits, uid,
+        no_new_privs) follows once the run has come, as in a child forked for it. A run's
+        path is then the program, not the fork."""
         pipes = {name: os.pipe() for name in ("stdin", "stdout", "stderr", "result", "setup", "job")}
         pid = os.fork()
         if pid == 0:
-            self._ready_child(pipes)
+            self._ready_child(pipes, rehearse)
         for name, (read_end, write_end) in pipes.items():
             os.close(read_end if name in ("stdin", "job") else write_end)
         return pid, pipes
@@ -227,7 +230,7 @@ class Worker:
         finally:
             os.setpriority(os.PRIO_PROCESS, 0, self.nice)
 
-    def _ready_child(self, pipes: dict) -> None:
+    def _ready_child(self, pipes: dict, rehearse: bool) -> None:
         try:
             job_read = fcntl.fcntl(pipes["job"][0], fcntl.F_DUPFD, 16)  # above what 0-5 take
             self._take_descriptors(pipes)
@@ -237,16 +240,17 @@ class Worker:
             # As root (CAP_SYS_ADMIN) the filter needs no no_new_privs yet; what follows
             # once the run has come (limits, the uid, no_new_privs) is allowed by it.
             _jail.load_seccomp(self.seccomp)
-            _runner.rehearse()
+            if rehearse:
+                _runner.rehearse()
             data = _read_to_end(5)
             os.close(5)
+            if not data:  # the worker went away before a run came
+                os._exit(0)
+            os.setpriority(os.PRIO_PROCESS, 0, self.nice)  # born while the worker prepared at low priority
+            run = json.loads(data)
         except BaseException as err:
             os.write(2, f"sandbox setup failed: {err}\n".encode())
             os._exit(126)
-        if not data:  # the worker went away before a run came
-            os._exit(0)
-        os.setpriority(os.PRIO_PROCESS, 0, self.nice)  # born while the worker prepared at low priority
-        run = json.loads(data)
         self._confine(run, filtered=True)
         os.close(4)
         _runner.run(run["code"], run.get("call"), run.get("check", False), 3)
@@ -489,10 +493,8 @@ def _children() -> list:
 
 
 def _send_run(fd: int, run: dict) -> None:
-    data = json.dumps(run, separators=(",", ":")).encode()
     try:
-        while data:
-            data = data[os.write(fd, data):]
+        _runner._write(fd, json.dumps(run, separators=(",", ":")).encode())
     finally:
         os.close(fd)
 

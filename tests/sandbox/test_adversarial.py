@@ -7,6 +7,7 @@ works. The last test checks that the whole suite left no processes, files, descr
 or memory behind.
 """
 
+import json
 import os
 import platform
 import resource
@@ -265,6 +266,23 @@ def test_claim3_no_host_files_or_environment(executor, name):
         pytest.skip("landlock mode: host paths' existence is visible (see the threat model)")
     result = run(executor, READS[name])
     assert "READ" not in result.stdout and SECRET not in result.stdout + result.stderr, result
+
+
+def test_claim3_every_run_has_the_fixed_environment_whatever_an_earlier_run_set(executor):
+    """The environment is the fixed list with HOME and TMPDIR the run's scratch space (its
+    working directory), in every run a slot serves, waiting children's included; what a run
+    sets, unsets or replaces stays in its own process."""
+    from tempering.sandbox.executor import ENVIRONMENT
+
+    show = "import json, os\nprint(json.dumps([dict(os.environ), os.getcwd()]))"
+    meddle = ("import os\nos.environ['LEAKED'] = '1'\nos.putenv('LEAKED_C', '1')\nos.environ.pop('PATH')\n"
+              "os.environ['TZ'] = 'Europe/Paris'\n" + show)
+    results = executor.run_many([RunRequest(meddle)] * 4 + [RunRequest(show)] * 12)
+    assert all(r.status == "ok" for r in results), results
+    seen = [json.loads(r.stdout) for r in results]
+    assert all("LEAKED" in env and "PATH" not in env for env, _ in seen[:4])
+    for env, cwd in seen[4:]:
+        assert env == {**ENVIRONMENT, "HOME": cwd, "TMPDIR": cwd}, env
 
 
 def test_claim3_host_secret_file(executor, tmp_path):

@@ -18,6 +18,7 @@ without namespaces (an explicit opt-in for trusted code). Jobs arrive as length-
 the settings give; replies go back the same way. The worker reports raw outcomes only; verdicts are the parent's.
 """
 
+import _signal
 import collections
 import fcntl
 import json
@@ -89,6 +90,10 @@ class Worker:
         self.seccomp = _jail.seccomp_program_apart(private_unix=mode == "landlock")
         self.scratch = _jail.scratch_point(_jail.python_paths()) if mode == "jail" else "/tmp"
         self.scratch_cap = None
+        # Where per-job scratch directories go, read before TMPDIR becomes the runs' scratch.
+        self.scratch_parent = tempfile.gettempdir() if mode in ("none", "landlock") else None
+        self.environ_for = None  # the scratch path the environment was last set for
+        self._set_environment()  # before any child is forked ahead of a job
         if mode == "landlock":
             # Orphans of a job become this worker's children, so none escapes the reaping.
             _jail.prctl(_jail.PR_SET_CHILD_SUBREAPER, 1)
@@ -103,9 +108,20 @@ class Worker:
         if self.mode == "jail":
             _jail.mount_scratch(self.scratch, self.scratch_mb, self.uid, self.gid)
         elif self.mode in ("none", "landlock"):
-            self.scratch = tempfile.mkdtemp(prefix="tempering-sandbox-")
+            self.scratch = tempfile.mkdtemp(prefix="tempering-sandbox-", dir=self.scratch_parent)
         if self.mode == "landlock":
             os.chown(self.scratch, self.uid, self.gid)
+        self._set_environment()
+
+    def _set_environment(self) -> None:
+        """The worker's own environment becomes its runs' (the slot's, HOME and TMPDIR the
+        scratch space), so that a child inherits it rather than rebuilding it: every object
+        a forked child touches costs it a page copied from the worker. Set again only when
+        the scratch path changes (namespaces mode: once)."""
+        if self.environ_for != self.scratch:
+            os.environ.clear()
+            os.environ.update(self.env, HOME=self.scratch, TMPDIR=self.scratch)
+            self.environ_for = self.scratch
 
     def close_scratch(self) -> None:
         if self.mode == "jail":
@@ -275,14 +291,13 @@ class Worker:
         _runner.run(run["code"], run.get("call"), run.get("check", False), 3)
 
     def _take_descriptors(self, pipes: dict) -> None:
-        """A new session; the run's pipes on descriptors 0-4; the slot's environment."""
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the worker chose
+        """A new session and the run's pipes on descriptors 0-4 (the environment is the
+        worker's: :meth:`_set_environment`)."""
+        _signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the worker chose
         os.setsid()
         for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr"), (3, "result"), (4, "setup")):
             os.dup2(pipes[name][1 if name != "stdin" else 0], fd)
         os.set_inheritable(4, False)
-        os.environ.clear()
-        os.environ.update(self.env, HOME=self.scratch, TMPDIR=self.scratch)
 
     def _confine(self, run: dict, filtered: bool = False) -> None:
         """The run's limits, then the slot's uid, no_new_privs, Landlock and seccomp; reports

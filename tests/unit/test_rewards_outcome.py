@@ -188,3 +188,21 @@ def test_two_problems_sharing_a_key_but_not_their_tests_each_run_the_program():
     results = reward.score_batch([_code_problem(0), twin], _rollouts([ADD, ADD]))
     assert [len(specs) for specs in reward._sandbox.calls] == [2]
     assert [r.score for r in results] == [1.0, 0.0]
+
+
+def test_a_problems_tests_are_parsed_once_however_many_completions_are_scored_against_them(monkeypatch):
+    """A group's completions are scored against one test dict, and a dataset's problems come
+    back step after step: each dict is parsed once (with the repr that keys its jobs), and
+    another dict, equal or not, is parsed for itself."""
+    import tempering.rewards.code as code
+
+    parsed, real = [], code.TestSpec.from_dict
+    monkeypatch.setattr(code.TestSpec, "from_dict", lambda data: parsed.append(data) or real(data))
+    problem, twin = _code_problem(0), _code_problem(0)  # equal, not the same dict
+    reward = CodeReward()
+    reward._sandbox = ScriptedSandbox([[["passed", "passed"]], [["passed", "passed"]]])
+    first = reward.score_batch([problem] * 4 + [twin] * 4, _rollouts([ADD] * 8))
+    again = reward.score_batch([problem] * 4, _rollouts([ADD] * 4))
+    assert len(parsed) == 2, parsed
+    assert [len(specs) for specs in reward._sandbox.calls] == [1, 1]  # equal tests, one job
+    assert [r.score for r in first + again] == [1.0] * 12

@@ -152,13 +152,32 @@ def check_service(url: str, token: str = "") -> None:
     _ANSWERED.add(url)
 
 
+_PARSED: dict[int, tuple[object, object]] = {}
+"""Test dicts parsed and tests' reprs made so far, by identity: ``id(x) -> (x, made)``."""
+_PARSED_MAX = 2048
+
+
+def _once(source, make):
+    """``make(source)``, made once per object: a step scores every completion of a group
+    against one test dict, and a dataset's problems come back step after step. An entry
+    holds its object, so that id is not reused while the entry lasts."""
+    hit = _PARSED.get(id(source))
+    if hit is not None and hit[0] is source:
+        return hit[1]
+    made = make(source)
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.clear()
+    _PARSED[id(source)] = (source, made)
+    return made
+
+
 def problem_tests(problem: Problem) -> Tests:
     tests = problem.meta.get("tests")
     if isinstance(tests, Tests):
         return tests
     if tests is None:
         raise ValueError(f"problem {problem.key} has no meta['tests'] for the code reward")
-    return TestSpec.from_dict({"code": "", "tests": tests}).tests
+    return _once(tests, lambda data: TestSpec.from_dict({"code": "", "tests": data}).tests)
 
 
 def entry_point(problem: Problem) -> str:
@@ -247,7 +266,9 @@ class CodeReward:
                 results[i] = RewardResult(0.0, {"pass_fraction": 0.0}, {"no_code": 1})
                 continue
             spec = self.spec(problem, code)
-            job = problem.key, repr(spec)  # the spec's test cases hold lists: no hash, but a full repr
+            # The tests are part of the key (their cases hold lists: no hash, but a full repr,
+            # made once per Tests), the program and its limits the rest.
+            job = problem.key, _once(spec.tests, repr), spec.language, spec.code, spec.timeout_s, spec.memory_mb
             if job in first_of:
                 copies.append((i, first_of[job]))
             else:

@@ -23,6 +23,7 @@ import pytest
 
 from sandbox_helpers import SECRET, fd_targets, open_fds, sandbox_processes
 from tempering.sandbox import CallCase, Executor, Limits, RunRequest, StdioCase, Tests, TestSpec
+from tempering.sandbox.executor import ENVIRONMENT
 
 BASELINE = {}
 
@@ -272,8 +273,6 @@ def test_claim3_every_run_has_the_fixed_environment_whatever_an_earlier_run_set(
     """The environment is the fixed list with HOME and TMPDIR the run's scratch space (its
     working directory), in every run a slot serves, waiting children's included; what a run
     sets, unsets or replaces stays in its own process."""
-    from tempering.sandbox.executor import ENVIRONMENT
-
     show = "import json, os\nprint(json.dumps([dict(os.environ), os.getcwd()]))"
     meddle = ("import os\nos.environ['LEAKED'] = '1'\nos.putenv('LEAKED_C', '1')\nos.environ.pop('PATH')\n"
               "os.environ['TZ'] = 'Europe/Paris'\n" + show)

@@ -192,8 +192,8 @@ def test_two_problems_sharing_a_key_but_not_their_tests_each_run_the_program():
 
 def test_a_problems_tests_are_parsed_once_however_many_completions_are_scored_against_them(monkeypatch):
     """A group's completions are scored against one test dict, and a dataset's problems come
-    back step after step: each dict is parsed once (with the repr that keys its jobs), and
-    another dict, equal or not, is parsed for itself."""
+    back step after step: each dict is parsed once, and another dict, equal or not, is parsed
+    for itself."""
     import tempering.rewards.code as code
 
     parsed, real = [], code.TestSpec.from_dict

@@ -152,23 +152,28 @@ def check_service(url: str, token: str = "") -> None:
     _ANSWERED.add(url)
 
 
-_PARSED: dict[int, tuple[object, object]] = {}
-"""Test dicts parsed and tests' reprs made so far, by identity: ``id(x) -> (x, made)``."""
+_PARSED: dict[int, tuple[dict, Tests]] = {}
+"""Test dicts parsed so far, by identity: ``id(tests) -> (tests, Tests)``."""
 _PARSED_MAX = 2048
 
 
-def _once(source, make):
-    """``make(source)``, made once per object: a step scores every completion of a group
-    against one test dict, and a dataset's problems come back step after step. An entry
-    holds its object, so that id is not reused while the entry lasts."""
-    hit = _PARSED.get(id(source))
+def _once(memo: dict, source, make):
+    """``make(source)``, made once per object in ``memo``. An entry holds its object, so
+    that id is not reused while the entry lasts."""
+    hit = memo.get(id(source))
     if hit is not None and hit[0] is source:
         return hit[1]
     made = make(source)
+    memo[id(source)] = (source, made)
+    return made
+
+
+def _parse(tests: dict) -> Tests:
+    """Each test dict parsed once: a step scores every completion of a group against one
+    dict, and a dataset's problems come back step after step."""
     if len(_PARSED) >= _PARSED_MAX:
         _PARSED.clear()
-    _PARSED[id(source)] = (source, made)
-    return made
+    return _once(_PARSED, tests, lambda data: TestSpec.from_dict({"code": "", "tests": data}).tests)
 
 
 def problem_tests(problem: Problem) -> Tests:
@@ -177,7 +182,7 @@ def problem_tests(problem: Problem) -> Tests:
         return tests
     if tests is None:
         raise ValueError(f"problem {problem.key} has no meta['tests'] for the code reward")
-    return _once(tests, lambda data: TestSpec.from_dict({"code": "", "tests": data}).tests)
+    return _parse(tests)
 
 
 def entry_point(problem: Problem) -> str:
@@ -259,7 +264,7 @@ class CodeReward:
         tests, limits) is part of the key because two problems with other hidden tests may
         share a problem key."""
         results: list[Optional[RewardResult]] = [None] * len(problems)
-        runnable, first_of, copies = {}, {}, []
+        runnable, first_of, copies, reprs = {}, {}, [], {}
         for i, (problem, rollout) in enumerate(zip(problems, rollouts)):
             code = self.code_of(problem, rollout.text)
             if code is None:
@@ -267,8 +272,8 @@ class CodeReward:
                 continue
             spec = self.spec(problem, code)
             # The tests are part of the key (their cases hold lists: no hash, but a full repr,
-            # made once per Tests), the program and its limits the rest.
-            job = problem.key, _once(spec.tests, repr), spec.language, spec.code, spec.timeout_s, spec.memory_mb
+            # made once per Tests object in the batch), the program and its limits the rest.
+            job = problem.key, _once(reprs, spec.tests, repr), spec.language, spec.code, spec.timeout_s, spec.memory_mb
             if job in first_of:
                 copies.append((i, first_of[job]))
             else:

@@ -92,7 +92,6 @@ class Worker:
         self.scratch_cap = None
         # Where per-job scratch directories go, read before TMPDIR becomes the runs' scratch.
         self.scratch_parent = tempfile.gettempdir() if mode in ("none", "landlock") else None
-        self.environ_for = None  # the scratch path the environment was last set for
         self._set_environment()  # before any child is forked ahead of a job
         if mode == "landlock":
             # Orphans of a job become this worker's children, so none escapes the reaping.
@@ -109,19 +108,16 @@ class Worker:
             _jail.mount_scratch(self.scratch, self.scratch_mb, self.uid, self.gid)
         elif self.mode in ("none", "landlock"):
             self.scratch = tempfile.mkdtemp(prefix="tempering-sandbox-", dir=self.scratch_parent)
+            self._set_environment()  # a new scratch path each job in these modes
         if self.mode == "landlock":
             os.chown(self.scratch, self.uid, self.gid)
-        self._set_environment()
 
     def _set_environment(self) -> None:
         """The worker's own environment becomes its runs' (the slot's, HOME and TMPDIR the
         scratch space), so that a child inherits it rather than rebuilding it: every object
-        a forked child touches costs it a page copied from the worker. Set again only when
-        the scratch path changes (namespaces mode: once)."""
-        if self.environ_for != self.scratch:
-            os.environ.clear()
-            os.environ.update(self.env, HOME=self.scratch, TMPDIR=self.scratch)
-            self.environ_for = self.scratch
+        a forked child touches costs it a page copied from the worker."""
+        os.environ.clear()
+        os.environ.update(self.env, HOME=self.scratch, TMPDIR=self.scratch)
 
     def close_scratch(self) -> None:
         if self.mode == "jail":

@@ -24,7 +24,7 @@ def serve_model(args: argparse.Namespace, model_path: Optional[str], config_path
     from tempering.rollout.hf import HFGenerator
     from tempering.rollout.remote import API_KEY_VARIABLE
     from tempering.rollout.server import Limits, start
-    from tempering.sandbox.server import is_loopback
+    from tempering.httpd import host_port, is_loopback
 
     api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
     if not is_loopback(args.host) and api_key is None:
@@ -48,8 +48,7 @@ def serve_model(args: argparse.Namespace, model_path: Optional[str], config_path
         http = start(sampler, args.name or model_path or config.model.path, rc.batch_size, args.host, args.port,
                      limits, api_key)
     except OSError as exc:
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        raise ConfigError(f"cannot listen on {host}:{args.port}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot listen on {host_port(args.host, args.port)}: {exc.strerror or exc}") from None
     print(f"temper serve: {resolved} at {http.url} (OpenAI-compatible: {http.url}/v1)", flush=True)
     threading.Event().wait()
     return 0

@@ -54,7 +54,7 @@ def test_a_port_another_server_holds_is_refused_before_vllm_starts(tmp_path):
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1 port {port} \\(rollout.server.url\\)"):
+        with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port} \\(rollout.server.url\\)"):
             LaunchedServer(tmp_path, f"http://127.0.0.1:{port}", settings)
 
 

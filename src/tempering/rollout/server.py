@@ -79,7 +79,7 @@ from tempering.rollout.openai_api import (RequestError, Sampled, Streamed, Wire,
                                           error_body, event_stream, flag, logprobs_asked, refuse_unsupported,
                                           sampling_request, usage)
 from tempering.rollout.prompts import chat_ids, encode_prompt
-from tempering.sandbox.server import HTTPServer
+from tempering.httpd import HTTPServer
 
 MAX_BODY_BYTES = 64 << 20
 

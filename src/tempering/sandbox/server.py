@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import collections
 import hmac
-import ipaddress
 import json
-import socket
 import threading
 import time
 import traceback
@@ -44,8 +42,9 @@ import urllib.parse
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from functools import partial
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
+from tempering.httpd import HTTPServer, is_loopback
 from tempering.sandbox import fusion, harness
 from tempering.sandbox.languages import offered
 from tempering.sandbox.spec import SpecError, TestSpec
@@ -56,36 +55,6 @@ _NO_BODY = object()  # what _read_json returns once it has answered with an erro
 # SandboxFusion endpoints this service does not have (its Jupyter runner and online judge).
 ABSENT = frozenset(("run_jupyter", "submit", "get_prompts", "get_prompt_by_id", "list_datasets",
                     "list_ids", "get_metrics", "get_metrics_function"))
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def http_url(address: tuple) -> str:
-    """``http://host:port`` of a listening socket's ``server_address``, an IPv6 host in brackets
-    (this service's and ``temper serve``'s)."""
-    host, port = address[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-class HTTPServer(ThreadingHTTPServer):
-    """A threading HTTP server on an IPv4 or IPv6 ``host`` (the socket family follows the
-    address; the base class always opens IPv4), saying where it listens as :func:`http_url`.
-    This service's and ``temper serve``'s both build on it."""
-
-    def __init__(self, host: str, port: int, handler: type):
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        super().__init__((host, port), handler)
-
-    @property
-    def url(self) -> str:
-        return http_url(self.server_address)
 
 
 class QueueTimeout(Exception):

@@ -129,9 +129,11 @@ def gspo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     the gradient ``s`` in its own log-prob only, and gets
     ``max(-A_t * s_t, -A_t * clip(s_t, 1 - low, 1 + high))``. With one advantage per sequence
     (outcome estimators: GRPO and the like) this is GSPO's sequence-level loss, value and
-    gradient, under any aggregation that weighs a row's tokens alike; estimators whose
-    advantages vary along a sequence (GAE, REINFORCE++ with gamma < 1 or a per-token KL
-    penalty, distillation) keep that per-token credit, and each token's clip decision follows
+    gradient, under any aggregation that weighs a row's tokens alike. A per-token weight
+    applied after the loss (the staleness or mismatch correction) weighs each token's own
+    gradient, as in verl, where the sequence-level form spread it over the row. Estimators
+    whose advantages vary along a sequence (GAE, REINFORCE++ with gamma < 1 or a per-token KL
+    penalty, distillation) keep that per-token credit, each token's clip decision following
     its own advantage's sign. This is verl's ``gspo`` policy loss, whose clamp is ``10`` above
     only; here the log-ratio is clamped to ``±LOG_RATIO_LIMIT`` as in every loss.
 

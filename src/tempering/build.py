@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -23,7 +22,7 @@ import torch
 
 from tempering import checkpoint
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
-from tempering.algorithms.advantages import needs_teacher, needs_values, varies_along_sequences
+from tempering.algorithms.advantages import needs_teacher, needs_values
 from tempering.config import ConfigError, EnvSpec, PretrainConfig, TrainConfig
 from tempering.envs.agent import AGENT_ENV, AgentSettings, agent_settings, with_agents
 from tempering.envs.base import check_env
@@ -196,11 +195,6 @@ def resolve_algorithm(config: TrainConfig) -> dict:
     if ac.teacher.path is not None and not needs_teacher(found["advantage"]):
         raise ConfigError(f"algorithm.teacher.path is set but algorithm.advantage={ac.advantage} uses no teacher; "
                           "set algorithm.advantage=distill, or algorithm.teacher.path=null")
-    penalty = ac.kl_in_reward and ac.kl_coef > 0
-    if found["loss"] is LOSSES["gspo"] and varies_along_sequences(found["advantage"], ac.gamma, penalty):
-        warnings.warn(f"algorithm.loss=gspo with algorithm.advantage={ac.advantage}: these advantages vary along "
-                      "a sequence, and gspo weighs each sequence by the mean of its token advantages; "
-                      "use ppo_clip or cispo to keep each token's own", stacklevel=2)
     return found
 
 

@@ -1,5 +1,7 @@
 """DAPO's data techniques: dynamic sampling, overlong filtering and soft overlong punishment."""
 
+import math
+
 import pytest
 
 from tempering.algorithms.dapo import collect_groups, has_signal, mask_truncated, overlong_penalty
@@ -80,6 +82,37 @@ def test_when_no_group_has_signal_the_last_round_is_trained_on_as_it_is():
     assert [[r.reward for r in g.rollouts] for g in groups] == [[0, 0]]
     # the first round's group was dropped; the last round's is used, so not counted as dropped
     assert record["dropped_groups"] == 1 and record["dropped_fraction"] == pytest.approx(1 / 2)
+
+
+def _empty_round(record):
+    return Round([], record, version=0, generate_s=0.5, reward_s=0.0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_round_with_no_groups_gives_an_empty_batch_and_a_record_without_nan(dynamic):
+    # no groups: nothing to keep, no fraction of nothing (0/0 was a ZeroDivisionError), no mean of nothing;
+    # with dynamic sampling the extra round is empty too and then the rounds run out
+    rounds = iter([_empty_round({"reward/dropped": 4.0}), _empty_round({})])
+    groups, record = collect_groups(lambda: next(rounds), 2, dynamic=dynamic, max_extra_rounds=1)
+    assert groups == []
+    assert all(math.isfinite(value) for value in record.values()), record
+    assert (record["dropped_groups"], record["dropped_fraction"], record["zero_signal_fraction"]) == (0, 0.0, 0.0)
+    assert (record["completion_tokens"], record["completion_length"]) == (0, 0.0)
+    assert record["sampling_rounds"] == (2 if dynamic else 1)
+    assert record["generate_s"] == (1.0 if dynamic else 0.5)
+    assert "reward/dropped" not in record, "a mean over no rollouts is left out, not made 0"
+
+
+def test_an_empty_round_adds_nothing_to_the_means_of_the_rounds_with_rollouts():
+    # an empty round's record may hold NaN (the mean of nothing): weighted by its 0 rollouts it made
+    # the step's mean NaN; the batch and means are the next round's
+    source = Source([[[1, 0], [1, 1]]])
+    rounds = iter([_empty_round({"reward": float("nan")})])
+    groups, record = collect_groups(lambda: next(rounds, None) or source.next_round(), 1, dynamic=True,
+                                    max_extra_rounds=2)
+    assert [[r.reward for r in g.rollouts] for g in groups] == [[1, 0]]
+    assert record["reward"] == pytest.approx(3 / 4)
+    assert record["sampling_rounds"] == 2 and record["zero_signal_fraction"] == pytest.approx(1 / 2)
 
 
 def test_has_signal_needs_two_different_rewards():

@@ -139,14 +139,14 @@ def test_gspo_clips_one_geometric_mean_ratio_per_sequence():
     loss_BT, metrics = gspo(inputs)
 
     # row 0: mean log-ratio over trained tokens (0.1 - 0.2 + 0.4) / 3 = 0.1, s = e^0.1 = 1.10517092,
-    #        inside [0.8, 1.2]: loss -1 * 1.10517092 on every token; gradient -A * s / 3 = -0.36839031
+    #        inside [0.8, 1.2]: loss -1 * 1.10517092 on every token; gradient -A * s per token
     # row 1: (0.5 + 0.3) / 2 = 0.4, s = e^0.4 = 1.49182470 > 1.2 with A = 2: loss -2 * 1.2 = -2.4, gradient 0
     # row 2: s = e^-0.3 = 0.74081822 < 0.8 with A = -1: loss max(0.74081822, 0.8) = 0.8, gradient 0
     s0 = 1.1051709180756477
     expected_BT = torch.tensor([[-s0] * 4, [-2.4] * 4, [0.8] * 4])
     torch.testing.assert_close(loss_BT.detach(), expected_BT, atol=1e-6, rtol=0)
     (loss_BT * mask_BT).sum().backward()
-    # each trained token of row 0 receives the gradient of all three: 3 * (-s0 / 3) = -s0
+    # each trained token of row 0: -A * s0 = -s0 (its own term; the sequence ratio's value is held)
     torch.testing.assert_close(logprobs_BT.grad, torch.tensor([[-s0, -s0, -s0, 0.0], [0.0] * 4, [0.0] * 4]),
                                atol=1e-6, rtol=0)
     # clipped tokens: 2 of row 1 and 4 of row 2, of 9 trained tokens
@@ -191,8 +191,8 @@ def test_reinforce_is_minus_advantage_times_logprob():
 
 @pytest.mark.parametrize("name", ["ppo_clip", "dual_clip", "gspo", "cispo", "reinforce"])
 def test_every_loss_at_the_sampling_policy_has_the_policy_gradient_minus_a(name):
-    # ratio 1 everywhere: each loss's gradient is -A per token (GSPO's too: three tokens of one row
-    # share its advantage, each getting -A * s / 3 from each of the three)
+    # ratio 1 everywhere: each loss's gradient is -A per token (GSPO's too: each token's ratio has the
+    # value of its row's s = 1 and the gradient s in its own log-prob)
     inputs = _inputs(ratios_BT=[[1.0, 1.0, 1.0]], advantages_BT=[[0.5, 0.5, 0.5]], mask_BT=[[1.0, 1.0, 1.0]])
     loss_BT, _ = LOSSES[name](inputs)
     loss_BT.sum().backward()
@@ -251,17 +251,96 @@ def test_cispo_far_below_the_sampler_keeps_the_clipped_weight_as_its_gradient():
     torch.testing.assert_close(logprobs_BT.grad, torch.tensor([[-0.8]]), atol=1e-6, rtol=0)
 
 
-def test_gspo_weighs_a_sequence_by_the_mean_of_its_token_advantages():
-    # one row of 3 trained tokens, sequence ratio s = e^0.5 = 1.6487213 > 1.2 (clipped for A > 0),
-    # advantages that vary along the row (as GAE's do): 2, -1, 2; their mean is 1.
-    # With the mean, every token gets max(-1 * s, -1 * 1.2) = -1.2 and no gradient. Taken token by
-    # token, the -1 token would escape the clip (max(s, 1.2) = s) and pull with gradient s / 3.
-    old_BT = torch.zeros(1, 4)
-    logprobs_BT = torch.tensor([[0.5, 0.5, 0.5, 7.0]], requires_grad=True)
+def test_gspo_token_clips_each_token_with_its_own_advantage_against_the_sequence_ratio():
+    # GSPO-token: log s_t = sg(log s) + logp_t - sg(logp_t), so every token's ratio has the value of its
+    # row's s and the gradient s in its own logp only; each token keeps its advantage and its clip decision.
+    # row 0: log-ratios 0.5 on 3 trained tokens, s = e^0.5 = 1.6487213 > 1.2; advantages 2, -1, 2:
+    #        A=2:  max(-2 s, -2 * 1.2) = -2.4, clipped (no gradient)
+    #        A=-1: max(s, 1.2) = s, unclipped: gradient -A * s = s on that token alone
+    #        (the row's mean advantage 1 would have clipped all three and given no gradient)
+    # row 1: log-ratios 0.1, -0.2, 0.4, s = e^0.1 = 1.1051709 inside [0.8, 1.2]; advantages 1, -2, 0.5:
+    #        losses -s, 2 s, -0.5 s and gradients the same (-A * s per token)
+    old_BT = torch.zeros(2, 4)
+    logprobs_BT = torch.tensor([[0.5, 0.5, 0.5, 7.0],
+                                [0.1, -0.2, 0.4, -3.0]], requires_grad=True)
     inputs = LossInputs(logprobs_BT=logprobs_BT, old_logprobs_BT=old_BT,
-                        advantages_BT=torch.tensor([[2.0, -1.0, 2.0, 0.0]]),
-                        mask_BT=torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
-    loss_BT, _ = gspo(inputs)
+                        advantages_BT=torch.tensor([[2.0, -1.0, 2.0, 0.0],
+                                                    [1.0, -2.0, 0.5, 0.0]]),
+                        mask_BT=torch.tensor([[1.0, 1.0, 1.0, 0.0],
+                                              [1.0, 1.0, 1.0, 0.0]]))
+    loss_BT, metrics = gspo(inputs)
     (loss_BT * inputs.mask_BT).sum().backward()
-    torch.testing.assert_close(loss_BT.detach()[:, :3], torch.full((1, 3), -1.2), atol=1e-6, rtol=0)
-    torch.testing.assert_close(logprobs_BT.grad, torch.zeros(1, 4), atol=1e-6, rtol=0)
+    s0, s1 = math.exp(0.5), math.exp(0.1)
+    torch.testing.assert_close(loss_BT.detach(), torch.tensor([[-2.4, s0, -2.4, 0.0],
+                                                               [-s1, 2 * s1, -0.5 * s1, 0.0]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(logprobs_BT.grad, torch.tensor([[0.0, s0, 0.0, 0.0],
+                                                               [-s1, 2 * s1, -0.5 * s1, 0.0]]), atol=1e-6, rtol=0)
+    assert metrics["clip_fraction"] == pytest.approx(2 / 6, abs=1e-6)
+    assert metrics["ratio_mean"] == pytest.approx((s0 + s1) / 2, abs=1e-6)
+
+
+def _random_rows(advantages: str, seed: int = 0) -> LossInputs:
+    """Six rows of different lengths in float64, each row's log-ratios its own offset plus noise in
+    [-0.2, 0.2] (sequence ratios inside and outside the clip range [0.9, 1.15], on either side),
+    advantages one per row or one per token, garbage off the mask."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([7, 1, 4, 6, 3, 5])
+    mask_BT = (torch.arange(7)[None, :] < lengths[:, None]).double()
+    offset_B1 = torch.tensor([[0.3], [-0.05], [-0.25], [0.02], [0.2], [-0.15]], dtype=torch.float64)
+    old_BT = -3 * torch.rand(6, 7, generator=gen, dtype=torch.float64)
+    logprobs_BT = old_BT + offset_B1 + 0.4 * torch.rand(6, 7, generator=gen, dtype=torch.float64) - 0.2
+    logprobs_BT = torch.where(mask_BT > 0, logprobs_BT, torch.full_like(logprobs_BT, 9.0)).requires_grad_()
+    shape = (6, 1) if advantages == "sequence" else (6, 7)
+    advantages_BT = torch.randn(shape, generator=gen, dtype=torch.float64).expand(6, 7)
+    return LossInputs(logprobs_BT=logprobs_BT, old_logprobs_BT=old_BT, advantages_BT=advantages_BT,
+                      mask_BT=mask_BT, clip_low=0.1, clip_high=0.15)
+
+
+def _reference_gspo_token(x: LossInputs) -> torch.Tensor:
+    """verl's GSPO-token written out row by row: the sequence log-ratio is the masked mean of the
+    token log-ratios, detached; token t's ratio is exp(that + logp_t - sg(logp_t)); per token
+    max(-A_t * r_t, -A_t * clip(r_t, 1 - low, 1 + high))."""
+    rows = []
+    for logp_T, old_T, adv_T, mask_T in zip(x.logprobs_BT, x.old_logprobs_BT, x.advantages_BT, x.mask_BT):
+        trained = mask_T.bool()
+        log_s = (logp_T[trained] - old_T[trained]).mean().detach()
+        ratio_T = torch.exp(log_s + logp_T - logp_T.detach())
+        clipped_T = torch.clamp(ratio_T, 1 - x.clip_low, 1 + x.clip_high)
+        rows.append(torch.maximum(-adv_T * ratio_T, -adv_T * clipped_T))
+    return torch.stack(rows)
+
+
+def _reference_gspo_sequence(x: LossInputs) -> torch.Tensor:
+    """GSPO as the paper writes it for one advantage per sequence: s = exp(mean log-ratio), with its
+    gradient through every token of the row, and max(-A * s, -A * clip(s)) on each of its tokens."""
+    log_s_B = ((x.logprobs_BT - x.old_logprobs_BT) * x.mask_BT).sum(-1) / x.mask_BT.sum(-1)
+    s_B = torch.exp(log_s_B)
+    advantage_B = x.advantages_BT[:, 0]
+    loss_B = torch.maximum(-advantage_B * s_B, -advantage_B * s_B.clamp(1 - x.clip_low, 1 + x.clip_high))
+    return loss_B[:, None].expand_as(x.mask_BT)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm"])
+@pytest.mark.parametrize("advantages, reference", [("token", _reference_gspo_token),
+                                                   ("sequence", _reference_gspo_token),
+                                                   ("sequence", _reference_gspo_sequence)])
+def test_gspo_equals_gspo_token_and_on_sequence_advantages_the_sequence_level_form(aggregation, advantages,
+                                                                                  reference):
+    # value and gradient of the aggregated loss to 1e-6: against verl's GSPO-token formula (token or
+    # sequence advantages), and, with one advantage per row, against the sequence-level form GSPO had
+    # before (the two have the same value, and the same gradient whenever a row's tokens weigh alike)
+    aggregate = AGGREGATIONS[aggregation]
+    ours = _random_rows(advantages)
+    theirs = _random_rows(advantages)
+    tokens, sequences = int(ours.mask_BT.sum()), len(ours.mask_BT)
+    loss_BT, _ = gspo(ours)
+    loss = aggregate(loss_BT, ours.mask_BT, tokens, sequences, 8)
+    expected = aggregate(reference(theirs), theirs.mask_BT, tokens, sequences, 8)
+    loss.backward()
+    expected.backward()
+    with torch.no_grad():
+        log_ratio_BT = (theirs.logprobs_BT - theirs.old_logprobs_BT) * theirs.mask_BT
+        s_B = torch.exp(log_ratio_BT.sum(-1) / theirs.mask_BT.sum(-1))
+    assert (s_B > 1.15).any() and (s_B < 0.9).any() and ((s_B > 0.9) & (s_B < 1.15)).any(), s_B
+    assert abs(loss.item() - expected.item()) < 1e-6
+    torch.testing.assert_close(ours.logprobs_BT.grad, theirs.logprobs_BT.grad, atol=1e-6, rtol=0)

@@ -81,3 +81,27 @@ def test_without_optional_inputs_only_the_policy_loss_is_aggregated():
     assert set(metrics) == {"clip_fraction", "ratio_mean", "loss", "entropy"}
     loss.backward()
     assert x.entropy_BT.grad is None, "no bonus, no gradient into the entropy"
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "dual_clip", "gspo", "cispo", "reinforce"])
+@pytest.mark.parametrize("off_policy", ["tis", "decoupled"])
+@pytest.mark.parametrize("log_weight", [100.0, -110.0])
+def test_the_behaviour_weight_stays_finite_at_log_ratios_past_the_float32_range_of_exp(loss, off_policy, log_weight):
+    # a proximal policy 100 nats above the sampler on three tokens: exp(100) is inf in float32, and
+    # unclamped "decoupled" made their losses inf (-inf for A > 0) and NaN at A = 0 (-110 underflows
+    # to 0). The log-ratio is clamped to +-LOG_RATIO_LIMIT as the losses clamp theirs: the weights are
+    # e^20 or e^-20, and 1 on the fourth token, where prox and sampler agree.
+    sampler_BT = torch.tensor([[-105.0, -105.0, -105.0, -1.0]])
+    x = _inputs(logprobs_BT=torch.tensor([[-2.0, -1.0, -3.0, -1.0]], requires_grad=True),
+                sampler_logprobs_BT=sampler_BT,
+                prox_logprobs_BT=sampler_BT + log_weight * torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
+                advantages_BT=torch.tensor([[1.0, -1.0, 0.0, 1.0]]), mask_BT=torch.ones(1, 4),
+                entropy_BT=torch.zeros(1, 4))
+    result, metrics = objective(x, _settings(loss=LOSSES[loss], off_policy=off_policy))
+    result.backward()
+    assert math.isfinite(result.item()), result
+    assert torch.isfinite(x.logprobs_BT.grad).all(), x.logprobs_BT.grad
+    assert all(math.isfinite(value) for value in metrics.values()), metrics
+    if off_policy == "decoupled":
+        expected = math.exp(20.0) if log_weight > 0 else math.exp(-20.0)
+        assert metrics["behaviour_weight"] == pytest.approx((3 * expected + 1) / 4, rel=1e-6)

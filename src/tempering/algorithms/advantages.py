@@ -59,12 +59,10 @@ AdvantageFn = Callable[[AdvantageInputs], torch.Tensor]
 ADVANTAGES: dict[str, AdvantageFn] = {}
 
 
-def register_advantage(name: str, needs_values: bool = False, needs_teacher: bool = False,
-                       token_level: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Register an estimator; ``token_level`` declares that it turns per-token rewards into
-    per-token returns (see :func:`varies_along_sequences`)."""
+def register_advantage(name: str, needs_values: bool = False,
+                       needs_teacher: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
     return lambda fn: add(ADVANTAGES, "advantage estimator", name, fn, needs_values=needs_values,
-                          needs_teacher=needs_teacher, token_level=token_level)
+                          needs_teacher=needs_teacher)
 
 
 def needs_values(estimator: AdvantageFn) -> bool:
@@ -75,20 +73,6 @@ def needs_values(estimator: AdvantageFn) -> bool:
 def needs_teacher(estimator: AdvantageFn) -> bool:
     """Whether the estimator reads ``teacher_logprobs_BT`` (so a teacher model must be loaded)."""
     return bool(getattr(estimator, "needs_teacher", False))
-
-
-def varies_along_sequences(estimator: AdvantageFn, gamma: float, token_penalty: bool) -> bool:
-    """Whether the estimator can give the tokens of one sequence different advantages: always
-    with a critic's values or a teacher's log-probs (GAE, distillation), and for token-level
-    returns (REINFORCE++) when they are discounted or carry a per-token penalty. Outcome
-    estimators give one value per rollout; a plug-in that declares nothing is not judged.
-
-    >>> [varies_along_sequences(ADVANTAGES[name], 1.0, False) for name in ("grpo", "reinforce_pp", "gae")]
-    [False, False, True]
-    """
-    if needs_values(estimator) or needs_teacher(estimator):
-        return True
-    return bool(getattr(estimator, "token_level", False)) and (gamma < 1 or token_penalty)
 
 
 def group_statistics(rewards_B: torch.Tensor, group_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,7 +188,7 @@ def rloo(inputs: AdvantageInputs) -> torch.Tensor:
     return advantage_B[:, None] * inputs.mask_BT
 
 
-@register_advantage("reinforce_pp", token_level=True)
+@register_advantage("reinforce_pp")
 def reinforce_pp(inputs: AdvantageInputs) -> torch.Tensor:
     """REINFORCE++: discounted per-token returns, whitened over all trained tokens of the batch.
 
@@ -224,7 +208,7 @@ def reinforce_pp_baseline(inputs: AdvantageInputs) -> torch.Tensor:
     return whiten((rewards_B - mean_B)[:, None] * inputs.mask_BT, inputs.mask_BT, inputs.eps)
 
 
-@register_advantage("gae", needs_values=True, token_level=True)
+@register_advantage("gae", needs_values=True)
 def gae(inputs: AdvantageInputs) -> torch.Tensor:
     """PPO's generalised advantage estimation over each row's trained tokens.
 

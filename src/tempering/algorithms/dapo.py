@@ -49,6 +49,10 @@ def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
     per rollout, ``completion_length``;
     ``dropped_groups``, ``dropped_fraction`` (of sampled groups), ``zero_signal_fraction``
     (of sampled groups, measured also without ``dynamic``) and ``sampling_rounds``.
+
+    A round with no groups is taken like any other (an empty batch when every round is
+    empty): it adds its costs, and nothing to the means, which are left out when no rollout
+    was sampled; fractions of no groups are 0.
     """
     kept: list[Group] = []
     totals: dict[str, float] = {"generate_s": 0.0, "reward_s": 0.0, "weight_sync_s": 0.0,
@@ -65,8 +69,9 @@ def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
         totals["staleness"] = max(totals["staleness"], made.staleness)
         count = sum(len(g.rollouts) for g in groups)
         totals["completion_tokens"] += sum(len(r.completion_ids) for g in groups for r in g.rollouts)
-        for key, value in made.record.items():
-            weighted[key] = weighted.get(key, 0.0) + value * count
+        if count:  # an empty round has no means to add (its record may hold a mean of nothing)
+            for key, value in made.record.items():
+                weighted[key] = weighted.get(key, 0.0) + value * count
         sampled_rollouts += count
         sampled_groups += len(groups)
         signal = [g for g in groups if has_signal(g)]
@@ -78,8 +83,8 @@ def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
         kept, dropped = groups, flat - len(groups)
     record = {key: value / sampled_rollouts for key, value in weighted.items()}
     record.update(totals, completion_length=totals["completion_tokens"] / max(sampled_rollouts, 1),
-                  dropped_groups=dropped, dropped_fraction=dropped / sampled_groups,
-                  zero_signal_fraction=flat / sampled_groups, sampling_rounds=rounds)
+                  dropped_groups=dropped, dropped_fraction=dropped / max(sampled_groups, 1),
+                  zero_signal_fraction=flat / max(sampled_groups, 1), sampling_rounds=rounds)
     return kept[:wanted], record
 
 

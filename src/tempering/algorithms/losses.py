@@ -19,7 +19,7 @@ range, so only tokens the clip already stops are affected.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -121,29 +121,31 @@ def dual_clip(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
 
 @register_loss("gspo", zero_at_zero_advantage=True)
 def gspo(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-    """GSPO: PPO clipping on one ratio per sequence, the geometric mean of its token ratios.
+    """GSPO in its token form (GSPO-token): PPO clipping on the sequence's ratio, the geometric
+    mean of its token ratios, with each token's own advantage.
 
-    ``s = exp(mean over trained tokens of (logp - old_logp))``; every trained token of the
-    row gets ``max(-A * s, -A * clip(s, 1 - low, 1 + high))``, with gradient
-    ``-A * s / |y|`` per token while unclipped. Sequence ratios stay near 1, so GSPO wants
-    much smaller clip ranges than token-level PPO (the paper uses 3e-4 and 4e-4) and the
-    aggregation ``seq_mean_token_mean`` to weigh sequences equally. The clip fraction counts
-    tokens, not sequences.
+    Per token ``log s_t = sg(log s) + logp_t - sg(logp_t)`` with ``log s`` the mean over the
+    row's trained tokens of ``logp - old_logp``: every token's ratio has the value ``s`` and
+    the gradient ``s`` in its own log-prob only, and gets
+    ``max(-A_t * s_t, -A_t * clip(s_t, 1 - low, 1 + high))``. With one advantage per sequence
+    (outcome estimators: GRPO and the like) this is GSPO's sequence-level loss, value and
+    gradient, under any aggregation that weighs a row's tokens alike. A per-token weight
+    applied after the loss (the staleness or mismatch correction) weighs each token's own
+    gradient, as in verl, where the sequence-level form spread it over the row. Estimators
+    whose advantages vary along a sequence (GAE, REINFORCE++ with gamma < 1 or a per-token KL
+    penalty, distillation) keep that per-token credit, each token's clip decision following
+    its own advantage's sign. This is verl's ``gspo`` policy loss, whose clamp is ``10`` above
+    only; here the log-ratio is clamped to ``±LOG_RATIO_LIMIT`` as in every loss.
 
-    The advantage is one per sequence too: the mean of the row's token advantages, as in
-    TRL's sequence-level importance sampling. For outcome estimators (GRPO and the like) that
-    is the rollout's advantage. Estimators whose advantages vary along a sequence (GAE,
-    REINFORCE++ with gamma < 1 or a KL penalty in the reward, distillation) lose that
-    variation here; verl's GSPO-token keeps it, which this loss does not do. The loop warns
-    at start-up when such an estimator is combined with GSPO.
+    Sequence ratios stay near 1, so GSPO wants much smaller clip ranges than token-level PPO
+    (the paper uses 3e-4 and 4e-4) and the aggregation ``seq_mean_token_mean`` to weigh
+    sequences equally. The clip fraction counts tokens, not sequences.
     """
     mask_BT = inputs.mask_BT
-    tokens_B = mask_BT.sum(-1).clamp(min=1)
-    log_ratio_B = ((inputs.logprobs_BT - inputs.old_logprobs_BT) * mask_BT).sum(-1) / tokens_B
-    ratio_BT = importance_ratio(log_ratio_B)[:, None].expand_as(mask_BT)
-    advantage_B = (inputs.advantages_BT * mask_BT).sum(-1) / tokens_B
-    sequence = replace(inputs, advantages_BT=advantage_B[:, None].expand_as(mask_BT))
-    return _clipped_surrogate(sequence, ratio_BT)
+    with torch.no_grad():
+        log_ratio_B = ((inputs.logprobs_BT - inputs.old_logprobs_BT) * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1)
+    log_ratio_BT = log_ratio_B[:, None] + inputs.logprobs_BT - inputs.logprobs_BT.detach()
+    return _clipped_surrogate(inputs, importance_ratio(log_ratio_BT))
 
 
 @register_loss("cispo", zero_at_zero_advantage=True)

@@ -14,11 +14,12 @@ the whole mini-batch's token and sequence counts, so micro-batches sum to the fu
 
 The anchor of the importance ratio is the sampler's log-probs, or the proximal policy's
 (these weights at the start of the step) when one is given; the behaviour weight is then
-``pi_prox / pi_sampler`` (detached), truncated at ``is_cap`` for ``off_policy="tis"`` and
-left whole for ``"decoupled"``, or, with ``mismatch_correction`` (a sampler that is not the
-learner), that variant of ``tempering.algorithms.correction`` in its place. Each term is
-present when its inputs are: no proximal log-probs, no correction; no ``weights_B``, every row
-weighs 1; no reference log-probs, no KL term; no values, no value loss.
+``pi_prox / pi_sampler`` (detached, its log clamped to ``±LOG_RATIO_LIMIT`` as every ratio's),
+truncated at ``is_cap`` for ``off_policy="tis"`` and left whole for ``"decoupled"``, or, with
+``mismatch_correction`` (a sampler that is not the learner), that variant of
+``tempering.algorithms.correction`` in its place. Each term is present when its inputs are: no
+proximal log-probs, no correction; no ``weights_B``, every row weighs 1; no reference
+log-probs, no KL term; no values, no value loss.
 
 Not here: running the policy, the reference or the critic (``tempering.learner``), deciding
 when a proximal policy is needed (the learner's: for stale rollouts, and for every batch with
@@ -35,7 +36,8 @@ import torch
 
 from tempering.algorithms.correction import correct
 from tempering.algorithms.kl import kl_estimate
-from tempering.algorithms.losses import AggregationFn, LossFn, LossInputs, clipped_value_loss, masked_mean
+from tempering.algorithms.losses import (AggregationFn, LossFn, LossInputs, clipped_value_loss, importance_ratio,
+                                         masked_mean)
 
 
 @dataclass(kw_only=True)
@@ -98,10 +100,12 @@ def behaviour_weight(prox_BT: torch.Tensor, sampler_BT: torch.Tensor, mask_BT: t
                      s: ObjectiveSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """The weight per token from ``pi_prox / pi_sampler`` and its metrics: the engine-mismatch
     correction when one is set (``tempering.algorithms.correction``), else the staleness one
-    (1 off the mask; truncated at ``is_cap`` for "tis")."""
+    (1 off the mask; truncated at ``is_cap`` for "tis"). The log-ratio is clamped as the losses
+    clamp theirs (``importance_ratio``): unclamped, a proximal policy 89 nats above the sampler
+    on one token made "decoupled"'s weight inf and the loss inf, or NaN at a zero advantage."""
     if s.mismatch_correction != "none":
         return correct(s.mismatch_correction, prox_BT, sampler_BT, mask_BT, s.mismatch_low, s.mismatch_high)
-    weight_BT = torch.exp((prox_BT - sampler_BT) * mask_BT)
+    weight_BT = importance_ratio((prox_BT - sampler_BT) * mask_BT)
     if s.off_policy == "tis":
         weight_BT = weight_BT.clamp(max=s.is_cap)
     return weight_BT, {"behaviour_weight": masked_mean(weight_BT, mask_BT)}

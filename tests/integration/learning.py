@@ -39,11 +39,10 @@ def run_metrics(settings: dict, advantage: str, tmp_path: Path) -> list[dict]:
     return read_jsonl(run_dir / "metrics.jsonl")
 
 
-def check_lift(rewards: list[float], learns: bool, margin: float, window: int) -> None:
-    """The mean reward of the last ``window`` steps exceeds the first ``window``'s by more than
+def check_lift(rewards: list[float], learns: bool, margin: float, head: int, tail: int) -> None:
+    """The mean reward of the last ``tail`` steps exceeds the first ``head`` steps' by more than
     ``margin`` when the run ``learns``, and by less than half of it when it must not."""
-    head, tail = rewards[:window], rewards[-window:]
-    lift = sum(tail) / len(tail) - sum(head) / len(head)
+    lift = sum(rewards[-tail:]) / tail - sum(rewards[:head]) / head
     if learns:
         assert lift > margin, f"mean reward moved by {lift:+.3f} (need > {margin}): {rewards}"
     else:

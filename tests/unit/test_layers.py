@@ -15,9 +15,10 @@ import tempering
 
 ROOT = Path(tempering.__file__).parent
 
-FOUNDATIONS = {"tempering", "config", "types", "registry", "faults", "threads"}
+FOUNDATIONS = {"tempering", "config", "types", "registry", "faults", "threads", "httpd"}
 """What every layer may use: typed config, the data types, the registry mechanism, the kill
-points and TrainingDiverged, the CPU thread count (``tempering`` is the package itself)."""
+points and TrainingDiverged, the CPU thread count, the HTTP base the sandbox's and ``temper
+serve``'s servers share (``tempering`` is the package itself)."""
 
 BELOW_BUILD = {"algorithms", "models", "sandbox", "checkpoint", "rollout", "rewards", "envs", "tasks",
                "scheduler", "learner", "eval", "reporting", "pipeline", "placement"}

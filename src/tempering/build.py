@@ -1,9 +1,11 @@
 """Config -> objects: every builder ``temper train`` (and the workers it places) uses.
 
-This is the one place that reads a :class:`~tempering.config.TrainConfig`. Components take
-plain arguments and settings dataclasses whose fields are all required, so their values
-come from the config's fields (and their defaults) and nowhere else; a unit test that wants
-a real run's settings builds them here from a config too.
+This is the one place that reads a :class:`~tempering.config.TrainConfig`, with two
+neighbours it calls: ``tempering.rollout.engines`` (which sampler, and how vLLM starts) and
+``tempering.placement`` (where Ray puts the workers). Components take plain arguments and
+settings dataclasses whose fields are all required, so their values come from the config's
+fields (and their defaults) and nowhere else; a unit test that wants a real run's settings
+builds them here from a config too.
 
 A bad name, option or combination found while building is a :class:`ConfigError` naming the
 key. :func:`build_run` puts a whole run together; ``tempering.train`` loops over it.
@@ -46,11 +48,8 @@ from tempering.reporting.sinks import check_sinks
 from tempering.rewards import (MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, TaskRewards,
                                resolve_reward)
 from tempering.rollout.base import Generator, SamplingParams
-from tempering.rollout.hf import HFGenerator
+from tempering.rollout.engines import build_sampler, builtin_sampler, uses_vllm, vllm_settings
 from tempering.rollout.prompts import longest_token, prompt_limit, screen_datasets
-from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
-from tempering.rollout.vllm_engine import VllmGenerator
-from tempering.rollout.vllm_launch import LaunchedServer, VllmSettings, launch, vllm_missing
 from tempering.scheduler import Mixture, Settings
 from tempering.tasks import Task, build_task
 from tempering.threads import ThreadGovernor, auto_threads
@@ -386,79 +385,22 @@ def agent_specs(config: TrainConfig) -> dict[str, AgentSettings]:
 
 def build_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16: bool = False,
                     share: bool = True) -> Generator:
-    """The sampler: the ``rollout.server`` when one is set, ``vllm.LLM`` with ``rollout.engine:
-    vllm``, else the built-in one over ``model``; each plays the tasks that have an environment
-    (or an agent) as episodes."""
-    if config.rollout.server is not None:
-        sampler = server_generator(config, model, tokenizer)
-    elif config.rollout.engine == "vllm":
-        settings = vllm_settings(config)
-        try:
-            sampler = VllmGenerator(model, tokenizer, settings, config.model.chat_template)
-        except Exception as exc:  # vLLM's own refusal (cache size, head size, memory), said as a config error
-            raise ConfigError(f"rollout.engine=vllm: vLLM could not start on this model: "
-                              f"{type(exc).__name__}: {exc}") from exc
-    else:
-        return local_generator(config, model, tokenizer, batch_size, bf16, share)
-    return with_episodes(config, sampler)
+    """The sampler ``rollout`` configures (``tempering.rollout.engines``), playing the tasks that
+    have an environment (or an agent) as episodes."""
+    return with_episodes(config, build_sampler(config, model, tokenizer, batch_size, bf16, share))
 
 
 def local_generator(config: TrainConfig, model, tokenizer, batch_size: int, bf16: bool = False,
                     share: bool = True) -> Generator:
     """The built-in sampler over ``model``, playing the tasks that have an environment (or an
     agent) as episodes."""
-    sampler = HFGenerator(model, tokenizer, config.model.chat_template, batch_size, bf16, share=share,
-                          onednn=config.rollout.onednn)
-    return with_episodes(config, sampler)
+    return with_episodes(config, builtin_sampler(config, model, tokenizer, batch_size, bf16, share))
 
 
 def with_episodes(config: TrainConfig, sampler: Any) -> Generator:
     """``sampler`` playing the tasks that have an environment, and those that have an agent,
     as episodes (the agents' calls sampled by ``sampler`` too)."""
     return with_agents(with_envs(sampler, env_specs(config)), sampler, agent_specs(config))
-
-
-def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
-    """A generator over ``rollout.server`` (started first with ``launch``); a ConfigError when it
-    cannot be used, started or reached."""
-    sc = config.rollout.server
-    launched = launch_server(config, model, tokenizer) if sc.launch == "vllm" else None
-    url = (sc.url if isinstance(sc.url, str) else tuple(sc.url)) if launched is None else launched.url
-    reload = "vllm" if launched is not None and sc.reload != "none" else sc.reload
-    settings = ServerSettings(url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
-                              sc.weights_dir, reload)
-    try:
-        return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template,
-                               adapted=model if config.model.lora is not None else None, launched=launched)
-    except BaseException as exc:
-        if launched is not None:  # whatever stopped the generator, the server this run started goes with it
-            launched.stop()
-        if isinstance(exc, ServerError):
-            raise ConfigError(f"rollout.server.url={sc.url}: {exc}") from None
-        raise
-
-
-def uses_vllm(config: TrainConfig) -> bool:
-    """Whether rollouts come from vLLM that this run starts (in-process or launched)."""
-    sc = config.rollout.server
-    return sc.launch == "vllm" if sc is not None else config.rollout.engine == "vllm"
-
-
-def vllm_settings(config: TrainConfig) -> VllmSettings:
-    """How vLLM runs for this config (``rollout.vllm``); a ConfigError when it is not installed."""
-    key = "rollout.server.launch" if config.rollout.server is not None else "rollout.engine"
-    if key == "rollout.server.launch" and not isinstance(config.rollout.server.url, str):
-        raise ConfigError("rollout.server.url: launch: vllm starts one server; give one URL, its host and port "
-                          "(port 0: a free one)")
-    missing = vllm_missing()
-    if missing is not None:
-        raise ConfigError(f"{key}=vllm: {missing}")
-    if key == "rollout.engine" and config.model.lora is not None:
-        raise ConfigError("rollout.engine=vllm does not sync LoRA adapters; with model.lora use "
-                          "rollout.server={url: 'http://127.0.0.1:0', launch: vllm}")
-    vc = config.rollout.vllm
-    return VllmSettings(vc.dtype or config.model.dtype, vc.kv_cache_gib, vc.threads or config.threads, vc.cpu_bind,
-                        vc.compile, config.seed, run_device(config).type == "cpu", vc.start_timeout_s, tuple(vc.args))
 
 
 def check_mismatch_band(config: TrainConfig) -> None:
@@ -478,16 +420,6 @@ def check_onednn(config: TrainConfig) -> None:
         sampler = "rollout.server" if rc.server is not None else f"rollout.engine={rc.engine}"
         raise ConfigError(f"rollout.onednn=true sets the built-in sampler's products, but {sampler} samples here; "
                           "drop rollout.onednn or sample with the built-in sampler")
-
-
-def launch_server(config: TrainConfig, model, tokenizer) -> LaunchedServer:
-    """vLLM serving the learner's weights as they are now (``rollout.server.launch: vllm``)."""
-    settings = vllm_settings(config)
-    lora_rank = config.model.lora.rank if config.model.lora is not None else 0
-    try:
-        return launch(model, tokenizer, config.rollout.server.url, settings, lora_rank)
-    except RuntimeError as exc:
-        raise ConfigError(f"rollout.server.launch=vllm: {exc}") from None
 
 
 def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:

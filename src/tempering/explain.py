@@ -62,8 +62,9 @@ class Inspection:
 def inspect_model(config: TrainConfig) -> Inspection:
     """The model loaded without downloading or pre-training anything, and what it tells."""
     from tempering.build import (build_generator, build_tasks, learner_token_budget, load_model, local_generator,
-                                 resolve_algorithm, uses_vllm)
+                                 resolve_algorithm)
     from tempering.pretrain import cached_model_dir
+    from tempering.rollout.engines import uses_vllm
 
     path = config.model.path
     if path == "builtin:tiny" and not (cached_model_dir(config.pretrain) / "config.json").exists():

@@ -347,10 +347,14 @@ class Pipeline:
         self.counters = state["counters"]
 
     def close(self) -> None:
+        """Stop the feeder, then both workers: the reward worker (and the sandbox pool or model
+        it holds) also when closing the rollout side raises, which is then raised."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
-        self.rollout.close()
-        self.reward.close()
+        try:
+            self.rollout.close()
+        finally:
+            self.reward.close()

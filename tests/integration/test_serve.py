@@ -20,13 +20,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tempering.build import server_generator
 from tempering.config import ConfigError, TrainConfig
 from tempering.learner.forward import token_logprobs
 from tempering.learner.step import collate
 from tempering.models.lora import apply_lora
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.base import RowStreams
+from tempering.rollout.engines import server_generator
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
 from tempering.rollout.server import Limits, start

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from tempering.build import check_onednn, vllm_settings
+from tempering.build import check_onednn
 from tempering.config import ConfigError, TrainConfig
+from tempering.rollout.engines import vllm_settings
 from tempering.rollout.vllm_launch import VllmSettings, engine_flags, environment
 from tempering.torch_extensions import SITE_DIR
 

@@ -140,10 +140,16 @@ def test_the_token_may_be_in_the_path_or_the_query(served):
 
 
 def test_health_says_what_the_service_takes(served):
+    """The languages are named as the official client's ``language`` field takes them (it
+    cannot send ``javascript``: node is ``nodejs`` there)."""
+    from typing import get_args
+
+    from sandbox_fusion.models import Language
+
     with SandboxClient(served) as client:
         health = client.health()
-    assert (health["workers"], health["max_queue"], health["memory_mb"]) == (2, 64, 512)
-    assert {"python", "cpp"} <= set(health["languages"])
+    assert (health["workers"], health["max_queue"], health["memory_mb"]) == (2, 64, 4096)
+    assert {"python", "cpp"} <= set(health["languages"]) <= set(get_args(Language)), health["languages"]
 
 
 def test_serve_refuses_arguments_out_of_range():
@@ -206,23 +212,68 @@ def _post_timed(url, path, body):
     return response.status, time.monotonic() - started, response.headers.get("Retry-After")
 
 
-def test_a_full_queue_waits_up_to_the_run_timeout_then_answers_504(executor):
-    """verl's reward code retries 504 and gives up on 429: a request waits its turn for as long
-    as its own run_timeout, and only then is answered 504 with Retry-After."""
-    body = json.dumps({"code": "import time\ntime.sleep(1)", "run_timeout": 1.6})
+def _post_all(url, path, bodies):
+    """Every body posted at once, each on its own connection: (status, seconds) each."""
     answers = []
+    senders = [threading.Thread(target=lambda body=body: answers.append(_post_timed(url, path, body)[:2]))
+               for body in bodies]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join()
+    return answers
+
+
+def test_run_code_waits_for_a_slot_past_its_run_timeout_and_the_queue_cap(executor):
+    """As in SandboxFusion, /run_code has no queue cap and waits as long as its client does:
+    six one-second programs on two slots with max_queue 1 all run (503 and 504 before:
+    verl's reward code scored such answers as wrong)."""
+    body = json.dumps({"code": "import time\ntime.sleep(1)", "run_timeout": 1.5})
     with in_process_server(executor, max_queue=1) as server:
-        senders = [threading.Thread(target=lambda: answers.append(_post_timed(server.url, "/run_code", body)))
-                   for _ in range(4)]
-        for sender in senders:
-            sender.start()
-        for sender in senders:
-            sender.join()
-    statuses = sorted(status for status, _, _ in answers)
-    assert 200 in statuses and 504 in statuses and set(statuses) == {200, 504}, answers
-    for status, waited, retry_after in answers:
-        if status == 504:
-            assert waited >= 1.6 and retry_after == "1", answers
+        answers = _post_all(server.url, "/run_code", [body] * 6)
+    assert [status for status, _ in answers] == [200] * 6, answers
+    assert max(waited for _, waited in answers) >= 2.5, answers  # the last ones waited their turn
+
+
+def test_run_code_past_the_wait_bound_is_504_with_retry_after(executor):
+    body = json.dumps({"code": "import time\ntime.sleep(1.5)", "run_timeout": 3})
+    with in_process_server(executor, max_wait_s=0.5) as server:
+        answers = _post_all(server.url, "/run_code", [body] * 3)
+    assert sorted(status for status, _ in answers) == [200, 200, 504], answers
+    assert all(waited >= 0.5 for status, waited in answers if status == 504), answers
+
+
+def test_connections_past_the_limit_wait_for_one_to_close(executor):
+    """Past max_connections a connection is left in the listen backlog until one closes,
+    then served (each got 503 at once before)."""
+    body = json.dumps({"code": "import time\ntime.sleep(0.3)\nprint(1)"})
+    with in_process_server(executor, max_connections=2) as server:
+        answers = _post_all(server.url, "/run_code", [body] * 8)
+        assert server.connections == 0
+    assert [status for status, _ in answers] == [200] * 8, answers
+
+
+def test_a_request_whose_client_left_leaves_the_queue(executor):
+    """A /run_code request waiting for a slot whose client closed its connection is dropped
+    (it would otherwise hold its place and run for nobody)."""
+    sleeper = json.dumps({"code": "import time\ntime.sleep(3)", "run_timeout": 5})
+    with in_process_server(executor) as server, SandboxClient(server.url) as client:
+        busy = [threading.Thread(target=_post_quietly, args=(server.url, "/run_code", sleeper), daemon=True)
+                for _ in range(executor.workers)]
+        for thread in busy:
+            thread.start()
+        while client.health()["running"] < executor.workers:
+            time.sleep(0.05)
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        leaving = http.client.HTTPConnection(host, int(port), timeout=60)
+        leaving.request("POST", "/run_code", body=sleeper)
+        while client.health()["queued"] < executor.workers + 1:
+            time.sleep(0.05)
+        leaving.close()
+        time.sleep(1.5)  # the slots are still busy: only the client's leaving can free it
+        assert client.health()["queued"] == executor.workers
+        for thread in busy:
+            thread.join()
 
 
 def test_a_full_service_is_a_warning_and_its_answers_are_retried(executor, caplog):

@@ -440,3 +440,44 @@ def _post_quietly(url, path, body):
         _post(url, path, body)
     except (OSError, http.client.HTTPException):
         pass  # a request cut off by the shutdown
+
+
+def test_the_code_reward_refuses_a_wrong_or_missing_token_at_start_naming_it(executor):
+    """/health needs no token, so the start-up check passed and the token's 401s showed only
+    as a grader outage after its backoff; now it is refused when built, in well under a second."""
+    from tempering.rewards.code import CodeReward
+
+    with in_process_server(executor, token=TOKEN) as server:
+        for token, said in (("wrong", "a token that is not its own"), ("", "no token")):
+            started = time.monotonic()
+            with pytest.raises(ValueError, match="rewards.options.code.token") as refused:
+                CodeReward(url=server.url, token=token)
+            assert said in str(refused.value) and server.url in str(refused.value)
+            assert time.monotonic() - started < 5
+        CodeReward(url=server.url, token=TOKEN).close()
+
+
+def test_unisolated_runs_are_warned_of_where_they_are_chosen(tmp_path):
+    from tempering.rewards.code import CodeReward
+
+    program = tmp_path / "p.py"
+    program.write_text("print(1)")
+    assert "UNISOLATED" in cli("run", str(program), "--isolation", "none").stderr
+    with pytest.warns(UserWarning, match="UNISOLATED"):
+        CodeReward(isolation="none")
+
+
+def test_a_program_given_stdin_that_is_no_text_is_refused_naming_it(served):
+    """``run_code(..., stdin=5)`` reached the worker, whose failure was a sandbox error; a lone
+    surrogate was one after retries that held the slot."""
+    from tempering.api import run_code
+    from tempering.sandbox import SpecError
+
+    for stdin in (5, "\ud800"):
+        with pytest.raises(SpecError, match="^stdin must be"):
+            run_code("print(input())", stdin=stdin)
+        with pytest.raises(SpecError, match="^stdin must be"), SandboxClient(served, TOKEN) as client:
+            client.run(RunRequest("print(input())", stdin=stdin))
+    with pytest.raises(SpecError, match=r"tests.cases\[1\].stdin must be UTF-8 text"):
+        TestSpec.from_dict({"code": "", "tests": {"kind": "stdio", "cases": [
+            {"stdin": "1", "stdout": "1"}, {"stdin": "\udc80", "stdout": "2"}]}})

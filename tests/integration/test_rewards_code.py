@@ -89,7 +89,7 @@ def verl_url(bench_module):
     (WRONG_ADD, ADD_CALL, 1024, 0.0),
     (RIGHT_ADD, ADD_ASSERTS, 1024, 1.0),
     (WRONG_ADD, ADD_ASSERTS, 1024, 0.0),
-    (RIGHT_STDIO, ADD_STDIO, -1, 1.0),  # SandboxFusion's own default: the service's limit
+    (RIGHT_STDIO, ADD_STDIO, -1, 1.0),  # SandboxFusion's own default (unlimited): the service's cap
 ])
 def test_verl_scores_as_against_sandboxfusion(verl_url, completion, test_cases, memory_limit_mb, expected):
     score, metadata = compute_score(verl_url, None, memory_limit_mb, completion, json.dumps(test_cases))

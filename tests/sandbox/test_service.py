@@ -152,12 +152,23 @@ def test_health_says_what_the_service_takes(served):
     assert {"python", "cpp"} <= set(health["languages"]) <= set(get_args(Language)), health["languages"]
 
 
+def test_memory_limit_minus_one_is_the_services_cap_not_512(served):
+    """SandboxFusion reads -1 as unlimited: here it gets --max-memory-mb (4096 by default),
+    so a program that needs 600 MiB runs (memory_limit at the 512 MiB it got before)."""
+    body = json.dumps({"code": "block = bytearray(600 << 20)\nprint(len(block) >> 20)", "memory_limit_MB": -1})
+    status, text = _post(served, "/run_code", body, {"Authorization": f"Bearer {TOKEN}"})
+    answer = json.loads(text)
+    assert (status, answer["status"], answer["run_result"]["stdout"]) == (200, "Success", "600\n"), answer
+
+
 def test_serve_refuses_arguments_out_of_range():
     assert "between 0 and 65535" in cli("serve", "--port", "99999", check_status=2).stderr
     assert "--workers must be between 1 and 64, got 0" in cli("serve", "--workers", "0",
                                                              check_status=2, timeout=30).stderr
     assert "between 1 and" in cli("serve", "--max-queue", "0", check_status=2).stderr
     assert "between 16 and 65536" in cli("serve", "--memory-mb", "-1", check_status=2).stderr
+    assert "between 16 and 65536" in cli("serve", "--max-memory-mb", "0", check_status=2).stderr
+    assert "between 1 and" in cli("serve", "--max-connections", "0", check_status=2).stderr
 
 
 def test_service_refuses_bad_requests(served):
@@ -278,10 +289,10 @@ def test_a_request_whose_client_left_leaves_the_queue(executor):
 
 def test_a_full_service_is_a_warning_and_its_answers_are_retried(executor, caplog):
     slow = RunRequest("import time\ntime.sleep(1)", limits=Limits(timeout_s=1.5))
-    with in_process_server(executor, max_queue=1) as server, SandboxClient(server.url) as client:
+    with in_process_server(executor, max_wait_s=0.3) as server, SandboxClient(server.url) as client:
         with caplog.at_level("WARNING", logger="tempering.sandbox"):
-            results = client.run_many([slow] * 3)
-    assert [r.status for r in results] == ["ok"] * 3
+            results = client.run_many([slow] * (executor.workers + 1))
+    assert [r.status for r in results] == ["ok"] * (executor.workers + 1)
     warnings = [r.getMessage() for r in caplog.records if r.name == "tempering.sandbox"]
     assert len(warnings) == 1 and "is full" in warnings[0] and "--workers" in warnings[0], warnings
 

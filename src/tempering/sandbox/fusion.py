@@ -9,16 +9,23 @@ so that code written against them (that client, verl's reward functions) scores 
   ``Success`` for a clean exit, ``Failed`` otherwise, and ``SandboxError`` for a sandbox
   failure (on which the official client raises, after retrying).
 - a program ended by a signal has ``return_code`` minus its number (-11 for a segfault,
-  -9 for SIGKILL), as SandboxFusion reports a killed process. One that prints more than
-  1 MiB is stopped with SIGKILL and its output cut at the cap; whenever a run is not clean,
-  ``message`` carries this sandbox's finer status (``output_limit``, ``memory_limit``...).
+  -9 for SIGKILL), as SandboxFusion reports a killed process. Output past 1 MiB (stdout
+  and stderr together) is left out and the program goes on, its run reported as it ended,
+  ``message`` saying so; whenever a run is not clean, ``message`` carries this sandbox's
+  finer status (``memory_limit``, ``timeout``...).
 - ``compile_result`` comes with compiled languages (cpp, java), the compiler bounded by
   ``compile_timeout``; a failed compile has no ``run_result``.
-- ``memory_limit_MB`` that is not positive (SandboxFusion's default is -1) means the
-  service's own limit (``temper sandbox serve --memory-mb``); the official client cannot
-  send the field at all, so its calls always get that limit.
+- ``memory_limit_MB`` that is not positive (SandboxFusion's default, -1, is unlimited
+  there) means the service's cap (``temper sandbox serve --max-memory-mb``), and a larger
+  one is lowered to it; the official client cannot send the field at all, so its calls
+  always get the cap.
+- ``stdin`` and ``code`` must be UTF-8 text: a lone surrogate (``"\\ud800"``, which JSON
+  carries) is a SpecError naming the field, answered 400 before any slot is taken.
+- ``args`` (a list of strings) are added to pytest's command line, as SandboxFusion does;
+  the other languages take none.
 - ``files`` (relative path -> base64) are written into the program's folder before it is
-  compiled and run; ``fetch_files`` come back in ``files``, base64, up to 8 MiB in all
+  compiled and run (a Python program's folder is first on its ``sys.path``, as for
+  ``python solution.py``, so a module sent there imports); ``fetch_files`` come back in ``files``, base64, up to 8 MiB in all
   (those that do not fit are named in ``message``). Both are done by short runs of fixed
   code inside the job's jail, as the slot's uid, so a hostile path, or a file the program
   swapped for a link, reaches no further than the program itself could.

@@ -6,18 +6,20 @@ Endpoints:
   :mod:`tempering.sandbox.fusion`).
 - ``POST /run_tests``: one test spec (as ``temper sandbox test`` reads) or a JSON list of
   at most ``max_queue`` of them, run across the pool; answers the result or the list.
-- ``GET /health``: liveness, isolation mode, slots, load, ``max_queue``, the languages and
-  the memory limit a request gets when it names none. ``GET /v1/ping``: SandboxFusion's
-  liveness check.
+- ``GET /health``: liveness, isolation mode, slots, load, ``max_queue``, the languages (as
+  SandboxFusion's client names them) and ``memory_mb``, the most a process gets (what
+  ``memory_limit_MB`` -1 gets). ``GET /v1/ping``: SandboxFusion's liveness check.
 - SandboxFusion's Jupyter and dataset endpoints (``run_jupyter``, ``submit``,
   ``get_prompts`` and the rest of its online-judge API) answer 501 saying so: this service
   runs programs, it holds no datasets and no kernels.
 
-Queue: a request first takes room for its jobs among ``max_queue`` (jobs running or
-waiting), then each job waits its turn, in arrival order, for a slot. ``/run_code`` waits
-for both at most its own ``run_timeout``, then answers 504 with ``Retry-After`` (verl's
-reward code retries 504 and nothing else; the official client retries any error). A batch
-waits for room at most ``BATCH_WAIT_S`` (then 504) and, once in, runs to its end; one
+Queue: jobs wait their turn for a slot in arrival order. ``/run_code`` is not capped, as
+SandboxFusion is not: it waits as long as its client waits for the answer (a client that
+closes its connection takes its request out of the queue), at most ``max_wait_s`` (a
+bound for sanity, 600 s), then answers 504 with ``Retry-After``. Giving up sooner failed
+verl's reward code, which retries 504 a few times only and scores a failed request as a
+wrong answer. A ``/run_tests`` batch first takes room for its jobs among ``max_queue``,
+waiting for it at most ``BATCH_WAIT_S`` (then 504), and once in runs to its end; one
 larger than ``max_queue`` could never fit and is refused at once with 413 naming the limit.
 
 Authentication: with a token set (required to bind beyond loopback), a request carries it
@@ -26,8 +28,10 @@ client takes the endpoint ``http://HOST:PORT/T``, verl the URL ``http://HOST:POR
 or as a query (``/run_code?token=T``). A token in a URL can end up in the logs of proxies on
 the way; the header cannot. ``/health`` and ``/v1/ping`` need none.
 
-Protection: a cap on the request body and on open connections (503 when they are all
-taken). Not done: TLS (put a proxy in front), per-client quotas.
+Protection: a cap on the request body, and at most ``max_connections`` connections served
+at once: past it, connections are not accepted until one closes, so they wait in the
+listen backlog (``request_queue_size``) instead of being refused (a 503, which verl does
+not retry). Not done: TLS (put a proxy in front), per-client quotas.
 """
 
 from __future__ import annotations

@@ -116,6 +116,10 @@ class StdioCase:
     stdin: str
     stdout: str
 
+    def __post_init__(self):
+        check_text("stdin", self.stdin)
+        check_text("stdout", self.stdout)
+
 
 @dataclass(frozen=True)
 class CallCase:

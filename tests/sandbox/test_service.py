@@ -187,13 +187,14 @@ def _summary(results):
 
 def test_client_matches_the_local_executor(served, executor):
     programs = [RunRequest("print(1/0)"), RunRequest("while True: pass", limits=Limits(timeout_s=0.5)),
-                RunRequest("x = bytearray(1 << 31)", limits=Limits(memory_mb=128))]
+                RunRequest("x = bytearray(1 << 31)", limits=Limits(memory_mb=128)),
+                RunRequest("print('x' * (2 << 20))")]
     spec = TestSpec("python", "def f(x):\n    return -x", Tests("call", (CallCase([1], -1), CallCase([2], 2)), "f"))
     with SandboxClient(served, token=TOKEN) as client:
         assert client.health()["status"] == "ok"
         remote = [r.status for r in client.run_many(programs)]
         assert remote == [r.status for r in executor.run_many(programs)]
-        assert remote == ["runtime_error", "timeout", "memory_limit"]
+        assert remote == ["runtime_error", "timeout", "memory_limit", "output_limit"]
         remote_tests = _summary(client.test_many([spec, spec]))
         assert remote_tests == _summary(executor.test_many([spec, spec]))
         assert remote_tests == [("failed", 1, ["passed", "wrong_answer"])] * 2
@@ -260,6 +261,9 @@ def test_connections_past_the_limit_wait_for_one_to_close(executor):
     body = json.dumps({"code": "import time\ntime.sleep(0.3)\nprint(1)"})
     with in_process_server(executor, max_connections=2) as server:
         answers = _post_all(server.url, "/run_code", [body] * 8)
+        closed_by = time.monotonic() + 5  # a connection's thread closes it just after its answer
+        while server.connections and time.monotonic() < closed_by:
+            time.sleep(0.01)
         assert server.connections == 0
     assert [status for status, _ in answers] == [200] * 8, answers
 

@@ -11,7 +11,8 @@ so that code written against them (that client, verl's reward functions) scores 
 - a program ended by a signal has ``return_code`` minus its number (-11 for a segfault,
   -9 for SIGKILL), as SandboxFusion reports a killed process. Output past 1 MiB (stdout
   and stderr together) is left out and the program goes on, its run reported as it ended,
-  ``message`` saying so; whenever a run is not clean, ``message`` carries this sandbox's
+  ``message`` saying so (``sandbox_status`` is ``output_limit``, what the local executor,
+  which stops such a run, reports); whenever a run is not clean, ``message`` carries this sandbox's
   finer status (``memory_limit``, ``timeout``...).
 - ``compile_result`` comes with compiled languages (cpp, java), the compiler bounded by
   ``compile_timeout``; a failed compile has no ``run_result``.
@@ -288,6 +289,9 @@ def response(job: FusionJob, reply: dict) -> dict:
     status = "Failed" if notes else "Success"
     results["files"] = _fetched(outcomes.get("fetch"), notes)
     if outcomes.get("program", {}).get("truncated"):
+        # The finer status says what the local executor would (it stops such a run), so
+        # SandboxClient reads the same verdict; SandboxFusion's own fields tell how it ended.
+        results["run_result"]["sandbox_status"] = "output_limit"
         notes.append(f"output past {job.job['runs'][job.steps.index('program')]['output_bytes']} "
                      "bytes was left out")
     return answer(status, "; ".join(notes), **results)

@@ -181,7 +181,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "(namespaces isolation; default 0: one fork per run, when it comes)")
     common.add_argument("--isolation", choices=ISOLATION_MODES, default="auto",
                         help="auto picks namespaces (root with CAP_SYS_ADMIN), landlock (root "
-                             "without it) or bubblewrap; 'none' runs unisolated")
+                             "without it) or bubblewrap; 'none' runs unisolated (and warns so)")
 
     run = commands.add_parser("run", parents=[common], help="run one program")
     run.add_argument("file", help="program source")

@@ -126,7 +126,9 @@ def run_code(code: str, language: str = "python", *, stdin: str = "", timeout_s:
     This starts a one-slot pool and stops it after the run; for many programs keep an
     :class:`~tempering.sandbox.Executor` (``with Executor(workers=4) as sandbox: ...``), whose
     workers are started once. A machine that cannot isolate programs raises
-    :class:`~tempering.sandbox.SandboxUnavailable` saying why.
+    :class:`~tempering.sandbox.SandboxUnavailable` saying why; ``code`` or ``stdin`` that is
+    not UTF-8 text (not a string, or holding a lone surrogate) raises
+    :class:`~tempering.sandbox.SpecError` naming it, before any sandbox starts.
     """
     from tempering.sandbox import Executor, Limits, RunRequest
 

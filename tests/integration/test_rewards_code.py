@@ -3,7 +3,9 @@ hostile programs that try to pass without computing anything; and verl's Sandbox
 reward functions (``verl_sandbox_fusion``, vendored unchanged) scoring through
 ``temper sandbox serve`` as they would through SandboxFusion."""
 
+import http.client
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,6 +13,7 @@ from verl_sandbox_fusion import compute_score
 from verl_sandbox_fusion.utils import check_correctness
 
 from tempering.rewards.code import CodeReward
+from tempering.sandbox.server import SandboxHTTPServer
 from tempering.types import Problem, Rollout
 
 CALL_TESTS = {"kind": "call", "entry_point": "add",
@@ -86,7 +89,7 @@ def verl_url(bench_module):
     (WRONG_ADD, ADD_CALL, 1024, 0.0),
     (RIGHT_ADD, ADD_ASSERTS, 1024, 1.0),
     (WRONG_ADD, ADD_ASSERTS, 1024, 0.0),
-    (RIGHT_STDIO, ADD_STDIO, -1, 1.0),  # SandboxFusion's own default: the service's limit
+    (RIGHT_STDIO, ADD_STDIO, -1, 1.0),  # SandboxFusion's own default (unlimited): the service's cap
 ])
 def test_verl_scores_as_against_sandboxfusion(verl_url, completion, test_cases, memory_limit_mb, expected):
     score, metadata = compute_score(verl_url, None, memory_limit_mb, completion, json.dumps(test_cases))
@@ -113,3 +116,38 @@ def test_verl_scores_right_under_a_full_queue(verl_url):
         scored = list(pool.map(lambda c: compute_score(verl_url, None, 1024, c, cases), completions))
     assert [score for score, _ in scored] == [1.0, 0.0] * 3
     assert not any(case.get("api_request_error") for _, metadata in scored for case in metadata)
+
+
+def _flood(url: str, requests: int) -> list:
+    """Another client's traffic: ``requests`` short programs posted one after another on new
+    connections; the statuses it got."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"code": "import time\ntime.sleep(0.2)", "run_timeout": 1})
+    statuses = []
+    for _ in range(requests):
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        connection.request("POST", "/run_code", body=body)
+        response = connection.getresponse()
+        response.read()
+        statuses.append(response.status)
+        connection.close()
+    return statuses
+
+
+def test_verl_scores_right_under_another_clients_flood(sandbox_executor):
+    """24 flooding clients on a 2-slot service that serves 8 connections at once: verl's
+    requests wait their turn and its right answers score 1.0 (they got 503, which verl does
+    not retry, and 504 past their run_timeout: scores of 0 to 0.6)."""
+    server = SandboxHTTPServer(sandbox_executor, "127.0.0.1", 0, max_connections=8)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with ThreadPoolExecutor(24) as flood, ThreadPoolExecutor(4) as verl:
+            flooded = [flood.submit(_flood, server.url, 6) for _ in range(24)]
+            scored = list(verl.map(lambda c: compute_score(f"{server.url}/run_code", None, 1024, c, ADD_STDIO),
+                                   [RIGHT_STDIO] * 4))
+            statuses = [status for future in flooded for status in future.result()]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [score for score, _ in scored] == [1.0] * 4, scored
+    assert statuses == [200] * 24 * 6, sorted(set(statuses))

@@ -11,6 +11,8 @@ import asyncio
 import base64
 import json
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from sandbox_fusion import (RunCodeRequest, SubmitRequest, SummaryMapping, TestConfig,
@@ -75,12 +77,18 @@ def test_statuses_and_return_codes_are_sandboxfusions(endpoint, name):
         assert (answer.run_result.stdout, answer.message) == ("7\n", "")
 
 
-def test_output_over_a_mebibyte_is_cut_and_killed(endpoint):
-    answer = _run(endpoint, code="print('x' * (3 << 20))", language="python")
+def test_output_over_a_mebibyte_is_cut_and_the_run_reported_as_it_ended(endpoint):
+    """SandboxFusion keeps the first MiB and lets the program finish (it was killed, -9)."""
+    code = "import sys\nprint('x' * (3 << 20))\nprint('more', file=sys.stderr)\nsys.exit(3)"
+    answer = _run(endpoint, code=code, language="python")
     assert (answer.status, answer.run_result.status, answer.run_result.return_code) == (
-        "Failed", "Finished", -9)
-    assert len(answer.run_result.stdout) == 1 << 20 and "output_limit" in answer.message
-    assert summary_run_code_result(answer, MAPPING) == "run_failed"
+        "Failed", "Finished", 3), answer.message
+    assert len(answer.run_result.stdout) == 1 << 20 and answer.run_result.stderr == ""
+    assert "left out" in answer.message
+    clean = _run(endpoint, code="print('x' * (2 << 20))", language="python")
+    assert (clean.status, clean.run_result.return_code, len(clean.run_result.stdout)) == (
+        "Success", 0, 1 << 20)
+    assert summary_run_code_result(clean, MAPPING) == "ok"
 
 
 def test_compile_results_and_compile_timeout(endpoint):
@@ -127,6 +135,18 @@ def test_pytest_runs_the_programs_tests(endpoint):
     assert "1 failed" in failing.run_result.stdout
 
 
+def test_pytest_takes_the_requests_args(endpoint):
+    """SandboxFusion runs ``pytest FILE *args``; the official client cannot send ``args``."""
+    _skip_unless_offered("pytest")
+    code = "def test_good():\n    assert True\n\ndef test_bad():\n    assert False\n"
+    status, answer = _post(endpoint, {"code": code, "language": "pytest", "run_timeout": 20,
+                                      "args": ["-k", "good"]})
+    assert (status, answer["status"], answer["run_result"]["return_code"]) == (200, "Success", 0), answer
+    assert "1 passed, 1 deselected" in answer["run_result"]["stdout"]
+    status, answer = _post(endpoint, {"code": code, "language": "pytest", "args": "-k good"})
+    assert status == 400 and "'args'" in answer["error"], answer
+
+
 def test_a_language_this_machine_lacks_fails_at_once(endpoint):
     lacking = sorted(FUSION_LANGUAGES - set(offered()) - {"nodejs"})
     started = time.monotonic()
@@ -145,6 +165,20 @@ def test_the_services_memory_limit_applies_to_what_the_client_cannot_send(endpoi
     modest = _run(endpoint, code=f"block = bytearray({SERVICE_MEMORY_MB // 4} << 20)\nprint('ok')",
                   language="python")
     assert (modest.status, modest.run_result.stdout) == ("Success", "ok\n")
+
+
+def test_a_larger_memory_limit_than_the_service_cap_gets_the_cap(endpoint):
+    hungry = f"block = bytearray({SERVICE_MEMORY_MB + 100} << 20)\nprint('allocated')"
+    status, answer = _post(endpoint, {"code": hungry, "language": "python", "memory_limit_MB": 4096})
+    assert (status, answer["status"]) == (200, "Failed") and "memory_limit" in answer["message"], answer
+
+
+def test_a_python_program_imports_a_module_sent_in_files(endpoint):
+    """``python solution.py`` puts the program's folder first on sys.path, as SandboxFusion runs it."""
+    answer = _run(endpoint, code="import helper\nfrom pkg.inner import y\nprint(helper.x + y)",
+                  language="python", files={"helper.py": _b64(b"x = 40\n"), "pkg/__init__.py": _b64(b""),
+                                            "pkg/inner.py": _b64(b"y = 2\n")})
+    assert (answer.status, answer.run_result.stdout) == ("Success", "42\n"), answer
 
 
 def test_files_in_and_fetch_files_out(endpoint):
@@ -225,21 +259,34 @@ def test_evaluation_endpoints_are_absent_with_a_clear_error(endpoint):
         assert (rejected.accepted, rejected.tests) == (False, [])
 
 
-def test_requests_the_official_server_refuses_are_refused_naming_the_field(endpoint):
-    import urllib.error
-    import urllib.request
+def _post(endpoint, body):
+    """``(status, answer)`` of a /run_code body the official client cannot send."""
+    request = urllib.request.Request(f"{endpoint}/run_code", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
 
+
+def test_requests_the_official_server_refuses_are_refused_naming_the_field(endpoint):
     def post(body):
-        request = urllib.request.Request(f"{endpoint}/run_code", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        try:
-            urllib.request.urlopen(request, timeout=30)
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())["error"]
-        return 200, ""
+        status, answer = _post(endpoint, body)
+        return status, answer.get("error", "")
     assert post({"code": "", "language": "python", "files": {"../escape": _b64(b"x")}})[1].startswith(
         "files['../escape']")
     assert "fetch_files[0]" in post({"code": "", "language": "python", "fetch_files": ["/etc/passwd"]})[1]
     assert "base64" in post({"code": "", "language": "python", "files": {"a": "not base64!"}})[1]
     assert "compile_timeout" in post({"code": "", "language": "cpp", "compile_timeout": "10"})[1]
     assert post({"code": "print(1)", "language": "python", "memory_limit_MB": -1}) == (200, "")
+
+
+@pytest.mark.parametrize("stdin", ["\ud800", "ok\udfff", 5, ["x"]])
+def test_stdin_that_is_not_utf8_text_is_a_400_naming_it_at_once(endpoint, stdin):
+    """A lone surrogate (JSON carries it, UTF-8 cannot) was a sandbox fault after retries that
+    held a slot for seconds; a number was taken for a string."""
+    started = time.monotonic()
+    status, answer = _post(endpoint, {"code": "print(input())", "language": "python", "stdin": stdin})
+    assert status == 400 and answer["error"].startswith("stdin must be"), answer
+    assert time.monotonic() - started < 2

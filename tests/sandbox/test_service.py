@@ -140,10 +140,25 @@ def test_the_token_may_be_in_the_path_or_the_query(served):
 
 
 def test_health_says_what_the_service_takes(served):
+    """The languages are named as the official client's ``language`` field takes them (it
+    cannot send ``javascript``: node is ``nodejs`` there)."""
+    from typing import get_args
+
+    from sandbox_fusion.models import Language
+
     with SandboxClient(served) as client:
         health = client.health()
-    assert (health["workers"], health["max_queue"], health["memory_mb"]) == (2, 64, 512)
-    assert {"python", "cpp"} <= set(health["languages"])
+    assert (health["workers"], health["max_queue"], health["memory_mb"]) == (2, 64, 4096)
+    assert {"python", "cpp"} <= set(health["languages"]) <= set(get_args(Language)), health["languages"]
+
+
+def test_memory_limit_minus_one_is_the_services_cap_not_512(served):
+    """SandboxFusion reads -1 as unlimited: here it gets --max-memory-mb (4096 by default),
+    so a program that needs 600 MiB runs (memory_limit at the 512 MiB it got before)."""
+    body = json.dumps({"code": "block = bytearray(600 << 20)\nprint(len(block) >> 20)", "memory_limit_MB": -1})
+    status, text = _post(served, "/run_code", body, {"Authorization": f"Bearer {TOKEN}"})
+    answer = json.loads(text)
+    assert (status, answer["status"], answer["run_result"]["stdout"]) == (200, "Success", "600\n"), answer
 
 
 def test_serve_refuses_arguments_out_of_range():
@@ -152,6 +167,8 @@ def test_serve_refuses_arguments_out_of_range():
                                                              check_status=2, timeout=30).stderr
     assert "between 1 and" in cli("serve", "--max-queue", "0", check_status=2).stderr
     assert "between 16 and 65536" in cli("serve", "--memory-mb", "-1", check_status=2).stderr
+    assert "between 16 and 65536" in cli("serve", "--max-memory-mb", "0", check_status=2).stderr
+    assert "between 1 and" in cli("serve", "--max-connections", "0", check_status=2).stderr
 
 
 def test_service_refuses_bad_requests(served):
@@ -170,13 +187,14 @@ def _summary(results):
 
 def test_client_matches_the_local_executor(served, executor):
     programs = [RunRequest("print(1/0)"), RunRequest("while True: pass", limits=Limits(timeout_s=0.5)),
-                RunRequest("x = bytearray(1 << 31)", limits=Limits(memory_mb=128))]
+                RunRequest("x = bytearray(1 << 31)", limits=Limits(memory_mb=128)),
+                RunRequest("print('x' * (2 << 20))")]
     spec = TestSpec("python", "def f(x):\n    return -x", Tests("call", (CallCase([1], -1), CallCase([2], 2)), "f"))
     with SandboxClient(served, token=TOKEN) as client:
         assert client.health()["status"] == "ok"
         remote = [r.status for r in client.run_many(programs)]
         assert remote == [r.status for r in executor.run_many(programs)]
-        assert remote == ["runtime_error", "timeout", "memory_limit"]
+        assert remote == ["runtime_error", "timeout", "memory_limit", "output_limit"]
         remote_tests = _summary(client.test_many([spec, spec]))
         assert remote_tests == _summary(executor.test_many([spec, spec]))
         assert remote_tests == [("failed", 1, ["passed", "wrong_answer"])] * 2
@@ -206,31 +224,79 @@ def _post_timed(url, path, body):
     return response.status, time.monotonic() - started, response.headers.get("Retry-After")
 
 
-def test_a_full_queue_waits_up_to_the_run_timeout_then_answers_504(executor):
-    """verl's reward code retries 504 and gives up on 429: a request waits its turn for as long
-    as its own run_timeout, and only then is answered 504 with Retry-After."""
-    body = json.dumps({"code": "import time\ntime.sleep(1)", "run_timeout": 1.6})
+def _post_all(url, path, bodies):
+    """Every body posted at once, each on its own connection: (status, seconds) each."""
     answers = []
+    senders = [threading.Thread(target=lambda body=body: answers.append(_post_timed(url, path, body)[:2]))
+               for body in bodies]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join()
+    return answers
+
+
+def test_run_code_waits_for_a_slot_past_its_run_timeout_and_the_queue_cap(executor):
+    """As in SandboxFusion, /run_code has no queue cap and waits as long as its client does:
+    six one-second programs on two slots with max_queue 1 all run (503 and 504 before:
+    verl's reward code scored such answers as wrong)."""
+    body = json.dumps({"code": "import time\ntime.sleep(1)", "run_timeout": 1.5})
     with in_process_server(executor, max_queue=1) as server:
-        senders = [threading.Thread(target=lambda: answers.append(_post_timed(server.url, "/run_code", body)))
-                   for _ in range(4)]
-        for sender in senders:
-            sender.start()
-        for sender in senders:
-            sender.join()
-    statuses = sorted(status for status, _, _ in answers)
-    assert 200 in statuses and 504 in statuses and set(statuses) == {200, 504}, answers
-    for status, waited, retry_after in answers:
-        if status == 504:
-            assert waited >= 1.6 and retry_after == "1", answers
+        answers = _post_all(server.url, "/run_code", [body] * 6)
+    assert [status for status, _ in answers] == [200] * 6, answers
+    assert max(waited for _, waited in answers) >= 2.5, answers  # the last ones waited their turn
+
+
+def test_run_code_past_the_wait_bound_is_504_with_retry_after(executor):
+    body = json.dumps({"code": "import time\ntime.sleep(1.5)", "run_timeout": 3})
+    with in_process_server(executor, max_wait_s=0.5) as server:
+        answers = _post_all(server.url, "/run_code", [body] * 3)
+    assert sorted(status for status, _ in answers) == [200, 200, 504], answers
+    assert all(waited >= 0.5 for status, waited in answers if status == 504), answers
+
+
+def test_connections_past_the_limit_wait_for_one_to_close(executor):
+    """Past max_connections a connection is left in the listen backlog until one closes,
+    then served (each got 503 at once before)."""
+    body = json.dumps({"code": "import time\ntime.sleep(0.3)\nprint(1)"})
+    with in_process_server(executor, max_connections=2) as server:
+        answers = _post_all(server.url, "/run_code", [body] * 8)
+        closed_by = time.monotonic() + 5  # a connection's thread closes it just after its answer
+        while server.connections and time.monotonic() < closed_by:
+            time.sleep(0.01)
+        assert server.connections == 0
+    assert [status for status, _ in answers] == [200] * 8, answers
+
+
+def test_a_request_whose_client_left_leaves_the_queue(executor):
+    """A /run_code request waiting for a slot whose client closed its connection is dropped
+    (it would otherwise hold its place and run for nobody)."""
+    sleeper = json.dumps({"code": "import time\ntime.sleep(3)", "run_timeout": 5})
+    with in_process_server(executor) as server, SandboxClient(server.url) as client:
+        busy = [threading.Thread(target=_post_quietly, args=(server.url, "/run_code", sleeper), daemon=True)
+                for _ in range(executor.workers)]
+        for thread in busy:
+            thread.start()
+        while client.health()["running"] < executor.workers:
+            time.sleep(0.05)
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        leaving = http.client.HTTPConnection(host, int(port), timeout=60)
+        leaving.request("POST", "/run_code", body=sleeper)
+        while client.health()["queued"] < executor.workers + 1:
+            time.sleep(0.05)
+        leaving.close()
+        time.sleep(1.5)  # the slots are still busy: only the client's leaving can free it
+        assert client.health()["queued"] == executor.workers
+        for thread in busy:
+            thread.join()
 
 
 def test_a_full_service_is_a_warning_and_its_answers_are_retried(executor, caplog):
     slow = RunRequest("import time\ntime.sleep(1)", limits=Limits(timeout_s=1.5))
-    with in_process_server(executor, max_queue=1) as server, SandboxClient(server.url) as client:
+    with in_process_server(executor, max_wait_s=0.3) as server, SandboxClient(server.url) as client:
         with caplog.at_level("WARNING", logger="tempering.sandbox"):
-            results = client.run_many([slow] * 3)
-    assert [r.status for r in results] == ["ok"] * 3
+            results = client.run_many([slow] * (executor.workers + 1))
+    assert [r.status for r in results] == ["ok"] * (executor.workers + 1)
     warnings = [r.getMessage() for r in caplog.records if r.name == "tempering.sandbox"]
     assert len(warnings) == 1 and "is full" in warnings[0] and "--workers" in warnings[0], warnings
 
@@ -389,3 +455,44 @@ def _post_quietly(url, path, body):
         _post(url, path, body)
     except (OSError, http.client.HTTPException):
         pass  # a request cut off by the shutdown
+
+
+def test_the_code_reward_refuses_a_wrong_or_missing_token_at_start_naming_it(executor):
+    """/health needs no token, so the start-up check passed and the token's 401s showed only
+    as a grader outage after its backoff; now it is refused when built, in well under a second."""
+    from tempering.rewards.code import CodeReward
+
+    with in_process_server(executor, token=TOKEN) as server:
+        for token, said in (("wrong", "a token that is not its own"), ("", "no token")):
+            started = time.monotonic()
+            with pytest.raises(ValueError, match="rewards.options.code.token") as refused:
+                CodeReward(url=server.url, token=token)
+            assert said in str(refused.value) and server.url in str(refused.value)
+            assert time.monotonic() - started < 5
+        CodeReward(url=server.url, token=TOKEN).close()
+
+
+def test_unisolated_runs_are_warned_of_where_they_are_chosen(tmp_path):
+    from tempering.rewards.code import CodeReward
+
+    program = tmp_path / "p.py"
+    program.write_text("print(1)")
+    assert "UNISOLATED" in cli("run", str(program), "--isolation", "none").stderr
+    with pytest.warns(UserWarning, match="UNISOLATED"):
+        CodeReward(isolation="none")
+
+
+def test_a_program_given_stdin_that_is_no_text_is_refused_naming_it(served):
+    """``run_code(..., stdin=5)`` reached the worker, whose failure was a sandbox error; a lone
+    surrogate was one after retries that held the slot."""
+    from tempering.api import run_code
+    from tempering.sandbox import SpecError
+
+    for stdin in (5, "\ud800"):
+        with pytest.raises(SpecError, match="^stdin must be"):
+            run_code("print(input())", stdin=stdin)
+        with pytest.raises(SpecError, match="^stdin must be"), SandboxClient(served, TOKEN) as client:
+            client.run(RunRequest("print(input())", stdin=stdin))
+    with pytest.raises(SpecError, match=r"tests.cases\[1\].stdin must be UTF-8 text"):
+        TestSpec.from_dict({"code": "", "tests": {"kind": "stdio", "cases": [
+            {"stdin": "1", "stdout": "1"}, {"stdin": "\udc80", "stdout": "2"}]}})

@@ -70,6 +70,8 @@ def test_parquet_files_read_like_jsonl(tmp_path):
      r"data.jsonl:1: field 'tests': tests.cases\[0\] needs a string 'stdout'"),
     ("code", [{"prompt": "p", "tests": {"kind": "call", "cases": []}}],
      r"data.jsonl:1: field 'tests': 'tests.entry_point' must name a function"),
+    ("code", [{"prompt": "p", "tests": {"kind": "stdio", "cases": [{"stdin": "\ud800", "stdout": "1"}]}}],
+     r"data.jsonl:1: field 'tests': tests.cases\[0\].stdin must be UTF-8 text: it holds a lone surrogate"),
 ])
 def test_malformed_records_name_file_line_and_field(tmp_path, kind, records, message):
     with pytest.raises(DatasetError, match=message):

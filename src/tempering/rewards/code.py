@@ -34,7 +34,12 @@ too, its error naming why. The first reward built for a ``url`` in a process (a 
 evaluation's, before any model work) asks the service for ``/health`` and is refused with a
 ``ValueError`` naming the URL when nothing answers; rewards built later for the same URL
 (a run's evaluations) do not ask again, so a service that goes away mid-run costs grader
-errors there, not the run.
+errors there, not the run. The check also sends a request that needs the token and runs
+nothing, so a wrong or missing token is that ``ValueError``, naming the token, at start-up
+rather than a grader outage after the first round's retries.
+
+``isolation: none`` (a local pool only) runs the model's programs unisolated, with the
+caller's rights: the reward warns so when it is built.
 
 Not done here: compiling once per problem, partial credit by test weight.
 """
@@ -143,12 +148,23 @@ def check_service(url: str, token: str = "") -> None:
     (asked once per URL and process, see the module docstring)."""
     if url in _ANSWERED:
         return
-    try:
-        with SandboxClient(url, token or None, timeout_s=HEALTH_TIMEOUT_S) as client:
+    with SandboxClient(url, token or None, timeout_s=HEALTH_TIMEOUT_S) as client:
+        try:
             client.health()
-    except SandboxHTTPError as exc:
-        raise ValueError(f"no sandbox service answers at url {url} ({exc}); start one there "
-                         "(temper sandbox serve --port PORT) or set url to one that runs") from None
+        except SandboxHTTPError as exc:
+            raise ValueError(f"no sandbox service answers at url {url} ({exc}); start one there "
+                             "(temper sandbox serve --port PORT) or set url to one that runs") from None
+        try:
+            client.authenticate()
+        except SandboxHTTPError as exc:
+            if exc.status != 401:
+                raise ValueError(f"the sandbox service at url {url} refused a request that runs "
+                                 f"nothing: {exc}") from None
+            given = "a token that is not its own" if token else "no token"
+            raise ValueError(f"the sandbox service at url {url} refuses this reward's token: the reward "
+                             f"sent {given}; set the code reward's token option "
+                             "(rewards.options.code.token) to the --token (or $TEMPER_SANDBOX_TOKEN) "
+                             "that service was started with") from None
     _ANSWERED.add(url)
 
 
@@ -223,6 +239,10 @@ class CodeReward:
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
         if not 0 <= ready <= MAX_READY:
             raise ValueError(f"ready must be between 0 and {MAX_READY}, got {ready!r}")
+        if isolation == "none" and not url:
+            warnings.warn("isolation='none': the code reward runs the model's programs UNISOLATED, as this "
+                          "user, with access to its files and network; use it only for trusted code or "
+                          "inside a container or VM", stacklevel=2)
         self._connect = (url, token, workers, isolation, ready)
         self._sandbox = None
         self._lock = threading.Lock()

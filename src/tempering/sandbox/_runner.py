@@ -91,6 +91,7 @@ def run(code: str, call, check: bool, result_fd: int) -> None:
     _reopen_stdio()
     random.seed(0)
     sys.argv = ["solution.py"]
+    sys.path.insert(0, os.getcwd())  # as `python solution.py` has it: the program's folder first
     namespace = {"__name__": "solution" if call else "__main__", "__builtins__": builtins,
                  "__file__": "solution.py"}
     status = 0

@@ -325,6 +325,10 @@ class _Watch:
         self.deadline = started + self.timeout
         self.hard_deadline = started + float(run.get("total_timeout_s", self.timeout))
         self.output_cap = int(run["output_bytes"])
+        # Past the cap, output is dropped and the run goes on (SandboxFusion's way) instead of
+        # the run being stopped with output_limit.
+        self.truncate = bool(run.get("truncate_output"))
+        self.truncated = False
         self.cpu_limit = run["rlimits"].get("cpu_s", float("inf"))
         self.stdin = run.get("stdin", "").encode()
         self.fds = {pipes["stdout"][0]: "stdout", pipes["stderr"][0]: "stderr",
@@ -404,6 +408,10 @@ class _Watch:
         return bool(chunk)
 
     def _take(self, name: str, chunk: bytes) -> None:
+        if self.truncate and name in ("stdout", "stderr"):
+            room = self.output_cap - len(self.data["stdout"]) - len(self.data["stderr"])
+            if len(chunk) > room:
+                chunk, self.truncated = chunk[:max(room, 0)], True
         self.data[name] += chunk
         if name == "result":
             self._note_results(chunk)
@@ -449,6 +457,7 @@ class _Watch:
             "stdout": self.data["stdout"][:self.output_cap].decode("utf-8", "replace"),
             "stderr": self.data["stderr"][:self.output_cap].decode("utf-8", "replace"),
             "events": self.events,
+            "truncated": self.truncated,
             "wall_s": round(wall, 6),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 6),
         }

@@ -20,6 +20,9 @@ from tempering.sandbox.spec import Limits, RunRequest, SandboxUnavailable, SpecE
 
 TOKEN_VARIABLE = "TEMPER_SANDBOX_TOKEN"
 MAX_WORKERS = 64  # the executor's bound
+UNISOLATED_WARNING = ("WARNING: --isolation none runs programs UNISOLATED, as this user, with its "
+                      "files, network and processes within reach: use it only for code you trust, "
+                      "or inside a container or VM")
 
 
 class UsageError(Exception):
@@ -44,6 +47,8 @@ def _executor(args) -> Executor:
                          "(leave it out for one per CPU)")
     if not 0 <= args.ready <= MAX_READY:
         raise UsageError(f"--ready {args.ready}: must be between 0 and {MAX_READY}")
+    if args.isolation == "none":
+        print(UNISOLATED_WARNING, file=sys.stderr, flush=True)
     try:
         return Executor(workers=args.workers, isolation=args.isolation, ready=args.ready)
     except SandboxUnavailable as err:
@@ -120,7 +125,8 @@ def cmd_serve(args) -> int:
     with _executor(args) as executor:
         try:
             server = SandboxHTTPServer(executor, args.host, args.port, token=token,
-                                       max_queue=args.max_queue, memory_mb=args.memory_mb)
+                                       max_queue=args.max_queue, max_connections=args.max_connections,
+                                       max_memory_mb=args.max_memory_mb)
         except (ValueError, OSError) as err:
             raise UsageError(f"cannot serve on {host_port(args.host, args.port)}: {err}") from err
         stop = threading.Event()
@@ -128,8 +134,11 @@ def cmd_serve(args) -> int:
             signal.signal(signum, lambda *_: stop.set())
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
-        print(f"sandbox serving on {server.url} ({executor.isolation}, {executor.workers} workers)",
-              file=sys.stderr, flush=True)
+        print(f"sandbox serving on {server.url} ({executor.isolation}, {executor.workers} workers, "
+              f"at most {args.max_memory_mb} MiB a process)", file=sys.stderr, flush=True)
+        if executor.isolation == "none":
+            print(f"WARNING: this service runs every client's programs UNISOLATED on {server.url}",
+                  file=sys.stderr, flush=True)
         stop.wait()
         server.shutdown()
         server.server_close()
@@ -172,7 +181,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "(namespaces isolation; default 0: one fork per run, when it comes)")
     common.add_argument("--isolation", choices=ISOLATION_MODES, default="auto",
                         help="auto picks namespaces (root with CAP_SYS_ADMIN), landlock (root "
-                             "without it) or bubblewrap; 'none' runs unisolated")
+                             "without it) or bubblewrap; 'none' runs unisolated (and warns so)")
 
     run = commands.add_parser("run", parents=[common], help="run one program")
     run.add_argument("file", help="program source")
@@ -197,10 +206,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=_int_in(1, 1 << 20), default=None,
                        help="jobs held at once, running or waiting, and the largest /run_tests "
                             "batch (default 32 per worker)")
-    serve.add_argument("--memory-mb", type=_int_in(16, 65536), default=512,
-                       help="address space per process, MiB, for requests that set none "
-                            "(memory_limit_MB -1, and every call of SandboxFusion's client); "
-                            "default 512")
+    serve.add_argument("--max-memory-mb", "--memory-mb", dest="max_memory_mb", type=_int_in(16, 65536),
+                       default=4096,
+                       help="address space per process, MiB: the most a request gets (a larger "
+                            "memory_limit_MB is lowered to it) and what memory_limit_MB -1 "
+                            "(SandboxFusion's 'unlimited', and every call of its official client) "
+                            "gets; default 4096")
+    serve.add_argument("--max-connections", type=_int_in(1, 65536), default=256,
+                       help="connections served at once; more wait, unanswered, until one "
+                            "closes (default 256)")
     serve.set_defaults(func=_guarded(cmd_serve))
     return parser
 

@@ -28,7 +28,12 @@ _FULL = (429, 503, 504)  # the service is full or stopping: worth waiting and se
 
 
 class SandboxHTTPError(RuntimeError):
-    """The sandbox service answered with an error or could not be reached."""
+    """The sandbox service answered with an error (its HTTP ``status``) or could not be
+    reached (``status`` None)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 def run_result_from_fusion(response: dict) -> RunResult:
@@ -89,7 +94,7 @@ class SandboxClient(SandboxAPI):
             self._warn_full(path, status, text)
             time.sleep(retry_after)
         if status != 200:
-            raise SandboxHTTPError(f"{method} {path} answered {status}: {text[:500]}")
+            raise SandboxHTTPError(f"{method} {path} answered {status}: {text[:500]}", status)
         return json.loads(text)
 
     def _warn_full(self, path: str, status: int, text: str) -> None:
@@ -121,6 +126,12 @@ class SandboxClient(SandboxAPI):
 
     def health(self) -> dict:
         return self._request("GET", "/health")
+
+    def authenticate(self) -> None:
+        """Send an authenticated request that runs nothing (an empty ``/run_tests`` batch):
+        ``SandboxHTTPError`` with 401 when the service refuses this client's token (or its
+        lack of one), which ``/health``, open to all, cannot tell."""
+        self._request("POST", "/run_tests", [])
 
     def run(self, request: RunRequest) -> RunResult:
         payload = {"code": request.code, "language": request.language, "stdin": request.stdin,

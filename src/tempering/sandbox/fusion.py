@@ -9,16 +9,24 @@ so that code written against them (that client, verl's reward functions) scores 
   ``Success`` for a clean exit, ``Failed`` otherwise, and ``SandboxError`` for a sandbox
   failure (on which the official client raises, after retrying).
 - a program ended by a signal has ``return_code`` minus its number (-11 for a segfault,
-  -9 for SIGKILL), as SandboxFusion reports a killed process. One that prints more than
-  1 MiB is stopped with SIGKILL and its output cut at the cap; whenever a run is not clean,
-  ``message`` carries this sandbox's finer status (``output_limit``, ``memory_limit``...).
+  -9 for SIGKILL), as SandboxFusion reports a killed process. Output past 1 MiB (stdout
+  and stderr together) is left out and the program goes on, its run reported as it ended,
+  ``message`` saying so (``sandbox_status`` is ``output_limit``, what the local executor,
+  which stops such a run, reports); whenever a run is not clean, ``message`` carries this sandbox's
+  finer status (``memory_limit``, ``timeout``...).
 - ``compile_result`` comes with compiled languages (cpp, java), the compiler bounded by
   ``compile_timeout``; a failed compile has no ``run_result``.
-- ``memory_limit_MB`` that is not positive (SandboxFusion's default is -1) means the
-  service's own limit (``temper sandbox serve --memory-mb``); the official client cannot
-  send the field at all, so its calls always get that limit.
+- ``memory_limit_MB`` that is not positive (SandboxFusion's default, -1, is unlimited
+  there) means the service's cap (``temper sandbox serve --max-memory-mb``), and a larger
+  one is lowered to it; the official client cannot send the field at all, so its calls
+  always get the cap.
+- ``stdin`` and ``code`` must be UTF-8 text: a lone surrogate (``"\\ud800"``, which JSON
+  carries) is a SpecError naming the field, answered 400 before any slot is taken.
+- ``args`` (a list of strings) are added to pytest's command line, as SandboxFusion does;
+  the other languages take none.
 - ``files`` (relative path -> base64) are written into the program's folder before it is
-  compiled and run; ``fetch_files`` come back in ``files``, base64, up to 8 MiB in all
+  compiled and run (a Python program's folder is first on its ``sys.path``, as for
+  ``python solution.py``, so a module sent there imports); ``fetch_files`` come back in ``files``, base64, up to 8 MiB in all
   (those that do not fit are named in ``message``). Both are done by short runs of fixed
   code inside the job's jail, as the slot's uid, so a hostile path, or a file the program
   swapped for a link, reaches no further than the program itself could.
@@ -40,7 +48,7 @@ from dataclasses import dataclass
 
 from tempering.sandbox.harness import _budget, _job
 from tempering.sandbox.languages import get_language, offered
-from tempering.sandbox.spec import Limits, RunRequest, SpecError
+from tempering.sandbox.spec import Limits, RunRequest, SpecError, check_text
 
 FETCH_BYTES = 8 << 20
 _HELPER_LIMITS = Limits(timeout_s=30.0, memory_mb=1024, output_bytes=16 << 20)
@@ -51,6 +59,14 @@ FUSION_LANGUAGES = frozenset((
     "typescript", "sql", "rust", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia",
     "pytest", "junit", "kotlin_script", "jest", "verilog", "python_gpu", "lean", "swift",
     "racket", "gtest", "react"))
+# This sandbox's names for languages that SandboxFusion's client names otherwise.
+_FUSION_NAMES = {"javascript": "nodejs"}
+
+
+def offered_names() -> list:
+    """The languages this machine runs, as SandboxFusion's client names them (its
+    ``language`` field takes ``nodejs``, not ``javascript``)."""
+    return [_FUSION_NAMES.get(name, name) for name in offered()]
 
 # Fixed programs run in the jail before and after the user's: their data comes on stdin.
 _WRITE_FILES = """
@@ -89,6 +105,7 @@ class FusionRequest:
     compile_timeout_s: float
     files: dict  # relative path -> base64 text, as sent
     fetch: tuple  # relative paths to send back
+    args: tuple = ()  # extra arguments of the program's command (pytest's)
 
 
 @dataclass(frozen=True)
@@ -137,9 +154,30 @@ def _fetch(body: dict) -> tuple:
     return tuple(_relative_path(f"fetch_files[{i}]", name) for i, name in enumerate(names))
 
 
-def parse_request(body, memory_mb: int) -> FusionRequest:
-    """Read a ``/run_code`` body; ``memory_mb`` stands in for a missing or non-positive
-    ``memory_limit_MB``. Raises SpecError naming the field, or LanguageMissing."""
+def _args(body: dict, language: str) -> tuple:
+    """``args``: pytest's extra command-line arguments, as SandboxFusion passes them; the
+    other languages' runs take none (SandboxFusion ignores the field for them)."""
+    args = body.get("args") or []
+    if not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
+        raise SpecError("'args' must be a list of strings (pytest's command-line arguments)")
+    for index, arg in enumerate(args):
+        check_text(f"args[{index}]", arg)
+    return tuple(args) if get_language(language).name == "pytest" else ()
+
+
+def _memory(body: dict, max_memory_mb: int):
+    """``memory_limit_MB`` as this service applies it: not positive (SandboxFusion's -1,
+    unlimited) or over ``max_memory_mb``, the cap; a value of another type is left for
+    :class:`Limits` to refuse, naming the field."""
+    memory = body.get("memory_limit_MB", -1)
+    if type(memory) is int and (memory <= 0 or memory > max_memory_mb):
+        return max_memory_mb
+    return memory
+
+
+def parse_request(body, max_memory_mb: int) -> FusionRequest:
+    """Read a ``/run_code`` body; ``max_memory_mb`` caps ``memory_limit_MB`` and stands in for
+    a missing or non-positive one. Raises SpecError naming the field, or LanguageMissing."""
     if not isinstance(body, dict) or not isinstance(body.get("code"), str):
         raise SpecError("/run_code needs a JSON object with a string 'code'")
     language = body.get("language", "python")
@@ -150,21 +188,17 @@ def parse_request(body, memory_mb: int) -> FusionRequest:
     except SpecError as err:
         if language in FUSION_LANGUAGES:
             raise LanguageMissing(f"language {language!r} cannot run on this sandbox service "
-                                  f"(no toolchain for it here); it runs: {', '.join(offered())}") from err
+                                  f"(no toolchain for it here); it runs: {', '.join(offered_names())}") from err
         raise
-    stdin = body.get("stdin") or ""
-    if not isinstance(stdin, str):
-        raise SpecError("'stdin' must be a string")
+    stdin = body.get("stdin")
+    check_text("stdin", "" if stdin is None else stdin)
     compile_timeout = body.get("compile_timeout", 10.0)
     if isinstance(compile_timeout, bool) or not (isinstance(compile_timeout, (int, float))
                                                  and 0 < compile_timeout <= 600):
         raise SpecError(f"'compile_timeout' must be a number of seconds in (0, 600], got {compile_timeout!r}")
-    memory = body.get("memory_limit_MB", -1)
-    if type(memory) is int and memory <= 0:
-        memory = memory_mb
-    limits = Limits(timeout_s=body.get("run_timeout", 10.0), memory_mb=memory)
-    return FusionRequest(RunRequest(body["code"], language, stdin, limits), float(compile_timeout),
-                         _files(body, language), _fetch(body))
+    limits = Limits(timeout_s=body.get("run_timeout", 10.0), memory_mb=_memory(body, max_memory_mb))
+    return FusionRequest(RunRequest(body["code"], language, stdin or "", limits), float(compile_timeout),
+                         _files(body, language), _fetch(body), _args(body, language))
 
 
 def _helper(code: str, stdin) -> dict:
@@ -174,6 +208,10 @@ def _helper(code: str, stdin) -> dict:
 def build_job(request: FusionRequest) -> FusionJob:
     run = request.run
     job = _job(run.language, run.code, [run.stdin], run.limits)
+    program = job["runs"][0]
+    program["truncate_output"] = True  # SandboxFusion keeps the first output_bytes and lets it run
+    if request.args:
+        program["argv"] = [*program["argv"], *request.args]
     if job["compile"]:
         job["compile"].update(timeout_s=request.compile_timeout_s,
                               total_timeout_s=request.compile_timeout_s)
@@ -184,7 +222,7 @@ def build_job(request: FusionRequest) -> FusionJob:
             # The files must be in place before the compiler runs, so it becomes a run too.
             steps.append(("compile", job["compile"]))
             job["compile"] = None
-    steps.append(("program", job["runs"][0]))
+    steps.append(("program", program))
     if request.fetch:
         steps.append(("fetch", _helper(_FETCH_FILES, {"names": list(request.fetch), "limit": FETCH_BYTES})))
     job["runs"] = [step for _, step in steps]
@@ -250,4 +288,10 @@ def response(job: FusionJob, reply: dict) -> dict:
             notes.append(outcomes["program"]["status"])
     status = "Failed" if notes else "Success"
     results["files"] = _fetched(outcomes.get("fetch"), notes)
+    if outcomes.get("program", {}).get("truncated"):
+        # The finer status says what the local executor would (it stops such a run), so
+        # SandboxClient reads the same verdict; SandboxFusion's own fields tell how it ended.
+        results["run_result"]["sandbox_status"] = "output_limit"
+        notes.append(f"output past {job.job['runs'][job.steps.index('program')]['output_bytes']} "
+                     "bytes was left out")
     return answer(status, "; ".join(notes), **results)

@@ -6,18 +6,20 @@ Endpoints:
   :mod:`tempering.sandbox.fusion`).
 - ``POST /run_tests``: one test spec (as ``temper sandbox test`` reads) or a JSON list of
   at most ``max_queue`` of them, run across the pool; answers the result or the list.
-- ``GET /health``: liveness, isolation mode, slots, load, ``max_queue``, the languages and
-  the memory limit a request gets when it names none. ``GET /v1/ping``: SandboxFusion's
-  liveness check.
+- ``GET /health``: liveness, isolation mode, slots, load, ``max_queue``, the languages (as
+  SandboxFusion's client names them) and ``memory_mb``, the most a process gets (what
+  ``memory_limit_MB`` -1 gets). ``GET /v1/ping``: SandboxFusion's liveness check.
 - SandboxFusion's Jupyter and dataset endpoints (``run_jupyter``, ``submit``,
   ``get_prompts`` and the rest of its online-judge API) answer 501 saying so: this service
   runs programs, it holds no datasets and no kernels.
 
-Queue: a request first takes room for its jobs among ``max_queue`` (jobs running or
-waiting), then each job waits its turn, in arrival order, for a slot. ``/run_code`` waits
-for both at most its own ``run_timeout``, then answers 504 with ``Retry-After`` (verl's
-reward code retries 504 and nothing else; the official client retries any error). A batch
-waits for room at most ``BATCH_WAIT_S`` (then 504) and, once in, runs to its end; one
+Queue: jobs wait their turn for a slot in arrival order. ``/run_code`` is not capped, as
+SandboxFusion is not: it waits as long as its client waits for the answer (a client that
+closes its connection takes its request out of the queue), at most ``max_wait_s`` (a
+bound for sanity, 600 s), then answers 504 with ``Retry-After``. Giving up sooner failed
+verl's reward code, which retries 504 a few times only and scores a failed request as a
+wrong answer. A ``/run_tests`` batch first takes room for its jobs among ``max_queue``,
+waiting for it at most ``BATCH_WAIT_S`` (then 504), and once in runs to its end; one
 larger than ``max_queue`` could never fit and is refused at once with 413 naming the limit.
 
 Authentication: with a token set (required to bind beyond loopback), a request carries it
@@ -26,8 +28,10 @@ client takes the endpoint ``http://HOST:PORT/T``, verl the URL ``http://HOST:POR
 or as a query (``/run_code?token=T``). A token in a URL can end up in the logs of proxies on
 the way; the header cannot. ``/health`` and ``/v1/ping`` need none.
 
-Protection: a cap on the request body and on open connections (503 when they are all
-taken). Not done: TLS (put a proxy in front), per-client quotas.
+Protection: a cap on the request body, and at most ``max_connections`` connections served
+at once: past it, connections are not accepted until one closes, so they wait in the
+listen backlog (``request_queue_size``) instead of being refused (a 503, which verl does
+not retry). Not done: TLS (put a proxy in front), per-client quotas.
 """
 
 from __future__ import annotations
@@ -35,22 +39,24 @@ from __future__ import annotations
 import collections
 import hmac
 import json
+import select
+import socket
 import threading
 import time
 import traceback
 import urllib.parse
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from functools import partial
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
 from tempering.httpd import HTTPServer, is_loopback
 from tempering.sandbox import fusion, harness
-from tempering.sandbox.languages import offered
 from tempering.sandbox.spec import SpecError, TestSpec
 
 MAX_BODY_BYTES = 16 << 20
 BATCH_WAIT_S = 30.0
+MAX_WAIT_S = 600.0  # the longest a /run_code request waits for a slot: a bound for sanity only
+GONE_CHECK_S = 0.5  # how often a waiting request looks whether its client is still there
 _NO_BODY = object()  # what _read_json returns once it has answered with an error
 # SandboxFusion endpoints this service does not have (its Jupyter runner and online judge).
 ABSENT = frozenset(("run_jupyter", "submit", "get_prompts", "get_prompt_by_id", "list_datasets",
@@ -59,6 +65,20 @@ ABSENT = frozenset(("run_jupyter", "submit", "get_prompts", "get_prompt_by_id", 
 
 class QueueTimeout(Exception):
     """A job found no room or no slot before its deadline."""
+
+
+class ClientGone(Exception):
+    """The client of a waiting request closed its connection: nobody would read the answer."""
+
+
+def client_gone(sock) -> bool:
+    """Whether the peer of ``sock`` closed it: readable with nothing to read (a request's
+    body has been read whole, so data here would be a pipelined next request)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 class FifoSemaphore:
@@ -75,9 +95,10 @@ class FifoSemaphore:
     def used(self) -> int:
         return self.units - self.free
 
-    def acquire(self, count: int, deadline: float | None) -> None:
+    def acquire(self, count: int, deadline: float | None, gone=None) -> None:
         """Take ``count`` units; QueueTimeout at ``deadline`` (a monotonic time, None: never),
-        RuntimeError once closed."""
+        ClientGone once ``gone()`` says the waiting request's client left (asked every
+        ``GONE_CHECK_S``), RuntimeError once closed."""
         ticket = object()
         with self._changed:
             self._waiting.append(ticket)
@@ -88,6 +109,10 @@ class FifoSemaphore:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise QueueTimeout()
+                    if gone is not None:
+                        if gone():
+                            raise ClientGone()
+                        left = GONE_CHECK_S if left is None else min(left, GONE_CHECK_S)
                     self._changed.wait(left)
                 self.free -= count
             finally:
@@ -107,50 +132,65 @@ class FifoSemaphore:
 
 
 class SandboxHTTPServer(HTTPServer):
-    """One thread per connection, capped; jobs queued for the executor's slots."""
+    """One thread per connection, at most ``max_connections`` at once (further connections
+    wait in the listen backlog, not accepted, until one ends); jobs queued for the
+    executor's slots."""
 
-    request_queue_size = 128
+    request_queue_size = 4096  # the listen backlog (the kernel caps it at net.core.somaxconn)
 
     def __init__(self, executor, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  max_queue: int | None = None, max_connections: int = 256,
-                 max_body_bytes: int = MAX_BODY_BYTES, memory_mb: int = 512):
+                 max_body_bytes: int = MAX_BODY_BYTES, max_memory_mb: int = 4096,
+                 max_wait_s: float = MAX_WAIT_S):
         if not token and not is_loopback(host):
             raise ValueError(f"refusing to serve on {host} without a token: pass --token, or "
                              "bind 127.0.0.1")
         self.executor, self.token, self.max_body_bytes = executor, token, max_body_bytes
         self.max_queue = max_queue or executor.workers * 32
-        self.max_connections, self.memory_mb = max_connections, memory_mb
+        self.max_connections, self.max_memory_mb, self.max_wait_s = max_connections, max_memory_mb, max_wait_s
         self.room, self.slots = FifoSemaphore(self.max_queue), FifoSemaphore(executor.workers)
         self.batches = ThreadPoolExecutor(executor.workers, thread_name_prefix="sandbox-batch")
-        self.connections = 0
-        self.lock = threading.Lock()
+        self.connections = self.waiting_runs = 0
+        self.lock = threading.Condition()
+        self._stopping = False
         super().__init__(host, port, _Handler)
 
     @property
     def queued(self) -> int:
-        return self.room.used
+        """Jobs held: /run_tests batches' and /run_code requests', running or waiting."""
+        return self.room.used + self.waiting_runs
 
-    def process_request(self, request, client_address):
+    def get_request(self):
+        """Accept a connection once fewer than ``max_connections`` are open; until then the
+        kernel holds it in the backlog, so its client waits instead of being refused."""
         with self.lock:
-            full = self.connections >= self.max_connections
-            if not full:
-                self.connections += 1
-        if full:
-            _refuse(request, HTTPStatus.SERVICE_UNAVAILABLE, "too many open connections")
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
+            while self.connections >= self.max_connections:
+                if self._stopping:
+                    raise OSError("the sandbox service is stopping")
+                self.lock.wait(GONE_CHECK_S)
+        request = super().get_request()
+        with self.lock:
+            self.connections += 1
+        return request
 
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self.lock:
-                self.connections -= 1
+    def shutdown_request(self, request):
+        """Close a connection and make room for the next (in the connection's thread, or
+        in the accepting one when no thread could start)."""
+        super().shutdown_request(request)
+        with self.lock:
+            self.connections -= 1
+            self.lock.notify_all()
 
-    def execute(self, job: dict, timeout_s: float, deadline: float | None = None) -> dict:
-        """Run one worker job once a slot is free (QueueTimeout past ``deadline``)."""
-        self.slots.acquire(1, deadline)
+    def shutdown(self) -> None:
+        with self.lock:
+            self._stopping = True
+            self.lock.notify_all()
+        super().shutdown()
+
+    def execute(self, job: dict, timeout_s: float, deadline: float | None = None, gone=None) -> dict:
+        """Run one worker job once a slot is free (QueueTimeout past ``deadline``, ClientGone
+        once ``gone()``)."""
+        self.slots.acquire(1, deadline, gone)
         try:
             return self.executor.execute(job, timeout_s)
         finally:
@@ -162,16 +202,6 @@ class SandboxHTTPServer(HTTPServer):
         self.slots.close()
         self.batches.shutdown(wait=False, cancel_futures=True)
         super().server_close()
-
-
-def _refuse(sock, status: HTTPStatus, message: str) -> None:
-    body = json.dumps({"error": message}).encode()
-    head = (f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-    try:
-        sock.sendall(head + body)
-    except OSError:
-        pass
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -245,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ok", "isolation": server.executor.isolation,
                              "workers": server.executor.workers, "queued": server.queued,
                              "running": server.slots.used, "max_queue": server.max_queue,
-                             "memory_mb": server.memory_mb, "languages": offered()})
+                             "memory_mb": server.max_memory_mb, "languages": fusion.offered_names()})
         else:
             self._send(404, {"error": f"no such endpoint: GET {self.path}"})
 
@@ -267,6 +297,25 @@ class _Handler(BaseHTTPRequestHandler):
             return
         routes[endpoint](body)
 
+    @staticmethod
+    def _attempt(work):
+        """``work()`` -> (status, payload), as ``(status, payload, headers)``, its failures
+        answered as what they mean to the client."""
+        try:
+            status, payload = work()
+            return status, payload, None
+        except QueueTimeout:
+            return 504, {"error": "no sandbox slot came free in time; retry shortly"}, {"Retry-After": "1"}
+        except SpecError as err:
+            return 400, {"error": str(err)}, None
+        except (RuntimeError, CancelledError) as err:  # the service is stopping
+            return 503, {"error": f"the sandbox is unavailable: {err or 'stopping'}"}, {"Retry-After": "1"}
+        except ClientGone:
+            raise
+        except Exception as err:  # a defect here; the client still gets an answer
+            traceback.print_exc()
+            return 500, {"error": f"internal error: {type(err).__name__}: {err}"}, None
+
     def _answer(self, jobs: int, deadline: float | None, work) -> None:
         """Take room for ``jobs``, run ``work()`` -> (status, payload), and answer it."""
         try:
@@ -277,39 +326,42 @@ class _Handler(BaseHTTPRequestHandler):
         except RuntimeError as err:
             self._send(503, {"error": str(err)}, {"Retry-After": "1"})
             return
-        headers = None
         try:
-            status, payload = work()
-        except QueueTimeout:
-            status, payload = 504, {"error": "no sandbox slot came free in time; retry shortly"}
-            headers = {"Retry-After": "1"}
-        except SpecError as err:
-            status, payload = 400, {"error": str(err)}
-        except (RuntimeError, CancelledError) as err:  # the service is stopping
-            status, payload = 503, {"error": f"the sandbox is unavailable: {err or 'stopping'}"}
-        except Exception as err:  # a defect here; the client still gets an answer
-            traceback.print_exc()
-            status, payload = 500, {"error": f"internal error: {type(err).__name__}: {err}"}
+            answer = self._attempt(work)
         finally:
             self.server.room.release(jobs)
-        self._send(status, payload, headers)
+        self._send(*answer)
 
     def _run_code(self, body):
+        """One program, as SandboxFusion runs it: no cap on the queue, the request waits for a
+        slot as long as its client waits for the answer (at most ``max_wait_s``); a client
+        that leaves meanwhile takes its job out of the queue."""
         try:
-            request = fusion.parse_request(body, self.server.memory_mb)
+            request = fusion.parse_request(body, self.server.max_memory_mb)
         except SpecError as err:
             self._send(400, {"error": str(err)})
             return
         except fusion.LanguageMissing as err:
             self._send(200, fusion.answer("Failed", str(err)))
             return
-        deadline = time.monotonic() + request.run.limits.timeout_s
+        server = self.server
+        gone = partial(client_gone, self.connection)
 
         def work():
             job = fusion.build_job(request)
-            reply = self.server.execute(job.job, job.budget_s, deadline)
+            reply = server.execute(job.job, job.budget_s, time.monotonic() + server.max_wait_s, gone)
             return 200, fusion.response(job, reply)
-        self._answer(1, deadline, work)
+        with server.lock:
+            server.waiting_runs += 1
+        try:
+            answer = self._attempt(work)
+        except ClientGone:
+            self.close_connection = True
+            return
+        finally:
+            with server.lock:
+                server.waiting_runs -= 1
+        self._send(*answer)
 
     def _run_tests(self, body):
         batch = isinstance(body, list)

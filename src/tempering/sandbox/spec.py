@@ -67,6 +67,29 @@ class RunRequest:
     stdin: str = ""
     limits: Limits = field(default_factory=Limits)
 
+    def __post_init__(self):
+        check_text("code", self.code)
+        check_text("stdin", self.stdin)
+
+
+def check_text(name: str, value: Any) -> None:
+    """A SpecError naming ``name`` unless ``value`` is text a program can be given: a string
+    that encodes to UTF-8 (a lone surrogate such as ``"\\ud800"``, which JSON can carry, does
+    not).
+
+    >>> check_text("stdin", "\\ud800")
+    Traceback (most recent call last):
+    ...
+    tempering.sandbox.spec.SpecError: stdin must be UTF-8 text: it holds a lone surrogate '\\ud800' at character 0
+    """
+    if not isinstance(value, str):
+        raise SpecError(f"{name} must be a string, got {type(value).__name__} {value!r:.40}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise SpecError(f"{name} must be UTF-8 text: it holds a lone surrogate "
+                        f"{value[err.start:err.end]!r} at character {err.start}") from None
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -92,6 +115,10 @@ class RunResult:
 class StdioCase:
     stdin: str
     stdout: str
+
+    def __post_init__(self):
+        check_text("stdin", self.stdin)
+        check_text("stdout", self.stdout)
 
 
 @dataclass(frozen=True)
@@ -144,8 +171,7 @@ class TestSpec:
         for key in ("code", "tests"):
             if key not in data:
                 raise SpecError(f"test spec is missing {key!r}")
-        if not isinstance(data["code"], str):
-            raise SpecError("'code' must be a string")
+        check_text("code", data["code"])
         if not isinstance(data.get("language", "python"), str):
             raise SpecError("'language' must be a string such as 'python'")
         spec = cls(language=data.get("language", "python"), code=data["code"],
@@ -182,10 +208,9 @@ def _tests_from_dict(tests: Any) -> Tests:
 def _stdio_case(index: int, case: Any) -> StdioCase:
     if not isinstance(case, dict) or not isinstance(case.get("stdout"), str):
         raise SpecError(f"tests.cases[{index}] needs a string 'stdout'")
-    stdin = case.get("stdin", "")
-    if not isinstance(stdin, str):
-        raise SpecError(f"tests.cases[{index}].stdin must be a string")
-    return StdioCase(stdin, case["stdout"])
+    check_text(f"tests.cases[{index}].stdin", case.get("stdin", ""))
+    check_text(f"tests.cases[{index}].stdout", case["stdout"])
+    return StdioCase(case.get("stdin", ""), case["stdout"])
 
 
 def _call_case(index: int, case: Any) -> CallCase:

@@ -125,7 +125,7 @@ def run_load_test(requests: int, concurrency: int, workers: int) -> dict:
                   leaked_fds=after["fds"] - before["fds"],
                   processes_before=before["processes"], processes_after=after["processes"],
                   leaked_processes=after["processes"] - before["processes"],
-                  server_exit_status=exit_status)
+                  server_pid=process.pid, server_exit_status=exit_status)
     return report
 
 

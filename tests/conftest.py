@@ -9,6 +9,7 @@ reward signal; it is not good at arithmetic.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import socket
 from pathlib import Path
@@ -29,8 +30,14 @@ MINI_PRETRAIN = {
 
 @pytest.fixture(scope="session")
 def tempering_cache(tmp_path_factory):
-    """A fresh model cache for the session, so the user's own cache is never read or written."""
-    path = tmp_path_factory.mktemp("tempering-cache")
+    """A fresh model cache for the session, so the user's own cache is never read or written;
+    one for all the run's worker processes (the cache's writes are atomic, and two workers
+    making one entry at once both succeed), so a model is pre-trained once per run."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    path = root / "tempering-cache"
+    path.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TEMPERING_CACHE", str(path))
         yield path

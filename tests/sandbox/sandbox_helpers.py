@@ -9,17 +9,22 @@ os.environ["TEMPERING_SANDBOX_TEST_SECRET"] = SECRET
 
 
 def sandbox_processes():
-    """Host processes owned by a sandbox uid (the executor gives slots uids >= 1,000,000)."""
+    """Host processes of this caller's sandboxes: as root, those of a slot uid (pools give
+    their slots uids >= 1,000,000); as another user, its own processes in another user
+    namespace (``bwrap`` jails run under the caller's uid, in a namespace of their own)."""
+    me, own_namespace = os.getuid(), os.readlink("/proc/self/ns/user")
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/status") as handle:
-                uid_line = next(line for line in handle if line.startswith("Uid:"))
+                uid = int(next(line for line in handle if line.startswith("Uid:")).split()[1])
+            if me == 0:
+                sandboxed = uid >= 1_000_000
+            else:
+                sandboxed = uid == me and os.readlink(f"/proc/{entry}/ns/user") != own_namespace
         except (OSError, StopIteration):
-            continue
-        if int(uid_line.split()[1]) >= 1_000_000:
+            continue  # gone, or not ours to inspect
+        if sandboxed:
             found.append(int(entry))
     return found
 

@@ -8,25 +8,40 @@ SECRET = "tempering-sandbox-test-secret-5f2c"
 os.environ["TEMPERING_SANDBOX_TEST_SECRET"] = SECRET
 
 
-def sandbox_processes():
-    """Host processes of this caller's sandboxes: as root, those of a slot uid (pools give
-    their slots uids >= 1,000,000); as another user, its own processes in another user
-    namespace (``bwrap`` jails run under the caller's uid, in a namespace of their own)."""
-    me, own_namespace = os.getuid(), os.readlink("/proc/self/ns/user")
-    found = []
+def _processes(with_namespace: bool):
+    """(pid, uid, user namespace or None) of the host's processes, those gone excepted; the
+    namespace is asked for only when ``with_namespace`` (and None where it may not be read)."""
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/status") as handle:
                 uid = int(next(line for line in handle if line.startswith("Uid:")).split()[1])
-            if me == 0:
-                sandboxed = uid >= 1_000_000
-            else:
-                sandboxed = uid == me and os.readlink(f"/proc/{entry}/ns/user") != own_namespace
         except (OSError, StopIteration):
-            continue  # gone, or not ours to inspect
-        if sandboxed:
-            found.append(int(entry))
-    return found
+            continue
+        try:
+            namespace = os.readlink(f"/proc/{entry}/ns/user") if with_namespace else None
+        except OSError:
+            namespace = None
+        yield int(entry), uid, namespace
+
+
+def _foreign_namespaces() -> set:
+    """User namespaces other than this process's that already hold this user's processes (a
+    browser's or a rootless container's, say): no jail of these tests lives in them."""
+    return {namespace for _, uid, namespace in _processes(True) if uid == os.getuid()}
+
+
+_NOT_JAILS = _foreign_namespaces() | {os.readlink("/proc/self/ns/user")} if os.getuid() else set()
+
+
+def sandbox_processes():
+    """Host processes of the sandboxes: as root, those of a slot uid (pools give their
+    slots uids >= 1,000,000); as another user, its own processes in a user namespace made
+    since these tests began (``bwrap`` jails run under the caller's uid, each job in a
+    user namespace of its own)."""
+    if os.getuid() == 0:
+        return [pid for pid, uid, _ in _processes(False) if uid >= 1_000_000]
+    return [pid for pid, uid, namespace in _processes(True)
+            if uid == os.getuid() and namespace is not None and namespace not in _NOT_JAILS]
 
 
 def open_fds():

@@ -368,6 +368,8 @@ def test_claim5_cpp_memory_and_fork(executor):
 DAEMONS = {
     "double-fork-setsid": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execv('/bin/sleep', ['tempering-daemon-marker', '1000'])\n    os._exit(0)\ntime.sleep(0.2)\nprint('parent done')",
     "bash-background": "(exec -a tempering-daemon-marker sleep 1000 &) ; echo parent done",
+    # No marker to look for: only the check for the sandbox's processes can see this one.
+    "double-fork-unnamed": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execv('/bin/sleep', ['sleep', '1000'])\n    os._exit(0)\ntime.sleep(0.2)\nprint('parent done')",
     "sigstopped-child": "import os, signal, time\npid = os.fork()\nif pid == 0:\n    os.execv('/bin/sleep', ['tempering-daemon-marker', '1000'])\ntime.sleep(0.2)\nos.kill(pid, signal.SIGSTOP)\nprint('parent done')",
 }
 
@@ -605,7 +607,7 @@ def test_zz_nothing_left_behind(executor):
     assert sandbox_processes() == []
     new = {fd: target for fd, target in fd_targets().items() if BASELINE["fd_targets"].get(fd) != target}
     assert open_fds() <= BASELINE["fds"], f"descriptors opened since the first test: {new}"
-    assert not [p for p in set(os.listdir("/tmp")) - BASELINE["tmp"] if p.startswith("tempering")]
+    assert not [p for p in set(os.listdir("/tmp")) - BASELINE["tmp"] if p.startswith("tempering-sandbox")]
     rss_growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - BASELINE["rss"]) / 1024
     assert rss_growth_mb < 100
     assert abs(shutil.disk_usage("/").free - BASELINE["disk"]) < 64 << 20

@@ -81,6 +81,27 @@ with these differences:
 6. the worker is the subreaper of the job and kills every process of the slot's uid.
 7. a program cannot signal its worker or other slots (other uids).
 
+``bwrap`` is for callers that are not root (refused as root): the executor has bubblewrap
+make one sandbox per job, with the jail's namespaces (user, mount, PID, network, IPC, UTS),
+read-only tree, filter and limits, and starts the job's worker inside as its PID 1. The
+claims above hold there, with these differences:
+
+1. no per-slot uid: the program runs as ``nobody`` in its user namespace, which is the
+   caller's uid outside. The worker shares that uid, but as the sandbox's PID 1, not
+   dumpable and deaf to SIGINT, it can be neither signalled nor read by the program; the
+   PID namespace hides the caller's other processes (/proc shows the worker and the job's).
+3. /dev also holds bubblewrap's tty, ptmx and pts (a pty instance of the sandbox's own)
+   and an empty, read-only shm.
+4. the scratch tmpfs is /tmp, or /scratch when the Python environment or the sandbox's own
+   folder lies under /tmp (a checkout there, say): bubblewrap would make their mount points
+   inside a tmpfs above them, and a job's working directory would list them. It has no inode
+   cap: filling it with empty files runs into the time limit instead.
+5. the process cap counts every process of the caller's uid, not the job's alone.
+6. after every run the worker kills every other process of the job's PID namespace; when it
+   exits after the job, the kernel kills whatever the namespace still held.
+7. separate jobs have separate sandboxes, each started afresh (slower than a fork: about
+   0.3 s a job on a loaded 2-core machine).
+
 Not covered
 -----------
 
@@ -95,13 +116,8 @@ Not covered
   directory, like a test file does; separate jobs share nothing.
 - ``program`` verdicts (tests that cannot be split into calls) rely on a message from
   inside the sandbox and could be forged; results mark them ``verdict="program"``.
-- ``bwrap`` mode (for callers that are not root; refused as root) starts one bubblewrap
-  sandbox per job: slower, no per-slot uid (the process cap is per user; the program
-  shares its worker's uid, but the worker is the sandbox's PID 1, not dumpable and deaf
-  to SIGINT, so the program can neither signal nor read it), and no inode cap on the
-  scratch tmpfs (filling it with empty files runs into the time limit instead). ``none``
-  mode (explicit opt-in) isolates nothing beyond rlimits and seccomp and is for trusted
-  code only.
+- ``none`` mode (explicit opt-in) isolates nothing beyond rlimits and seccomp and is for
+  trusted code only.
 
 Entry points: :class:`Executor` (local pool), :class:`SandboxClient` (the HTTP service,
 same methods), :func:`humaneval_spec` (HumanEval problems as test specs), and the

@@ -135,15 +135,17 @@ def _staging_point(sources) -> str:
                   f"{', '.join(_STAGING_POINTS)} is missing or holds the Python installation")
 
 
-def scratch_point(python_paths) -> str:
-    """Where each job's scratch tmpfs is mounted: /tmp, unless the Python environment itself
-    lives under /tmp (a tmpfs there would hide it); then /scratch. TMPDIR, HOME and the
-    working directory always name it, so only programs that hard-code /tmp notice.
+def scratch_point(bound_paths) -> str:
+    """Where each job's scratch tmpfs is mounted: /tmp, unless something bound into the jail
+    (the Python environment; in ``bwrap`` mode also the worker's folder) lives under /tmp,
+    where a tmpfs would hide it or, mounted first, hold its mount point; then /scratch.
+    TMPDIR, HOME and the working directory always name it, so only programs that hard-code
+    /tmp notice.
 
     >>> scratch_point(["/usr/local"]), scratch_point(["/tmp/checkout/.venv"])
     ('/tmp', '/scratch')
     """
-    return "/scratch" if any(p == "/tmp" or p.startswith("/tmp/") for p in python_paths) else "/tmp"
+    return "/scratch" if any(p == "/tmp" or p.startswith("/tmp/") for p in bound_paths) else "/tmp"
 
 
 def build_root(python_paths, hostname: str = "sandbox") -> None:

@@ -80,15 +80,17 @@ class Worker:
     """Serves jobs for one slot; ``mode`` is ``jail``, ``landlock``, ``bwrap`` or ``none``."""
 
     def __init__(self, mode: str, uid: int, gid: int, scratch_mb: int, env: dict, control_fd: int,
-                 ready: int = 0):
+                 ready: int = 0, scratch: str = "/tmp", seccomp: str = ""):
         self.mode, self.uid, self.gid, self.scratch_mb = mode, uid, gid, scratch_mb
         self.env, self.control_fd = env, control_fd
         # Children forked ahead of their runs (namespaces mode): (pid, pipes), oldest first.
         self.ready_target = ready if mode == "jail" else 0
         self.ready = collections.deque()
         self.nice = os.getpriority(os.PRIO_PROCESS, 0)
-        self.seccomp = _jail.seccomp_program_apart(private_unix=mode == "landlock")
-        self.scratch = _jail.scratch_point(_jail.python_paths()) if mode == "jail" else "/tmp"
+        # bwrap: compiled by the executor, once for all its jobs' workers.
+        self.seccomp = bytes.fromhex(seccomp) or _jail.seccomp_program_apart(private_unix=mode == "landlock")
+        # bwrap: where the executor had bubblewrap mount the job's tmpfs.
+        self.scratch = _jail.scratch_point(_jail.python_paths()) if mode == "jail" else scratch
         self.scratch_cap = None
         # Where per-job scratch directories go, read before TMPDIR becomes the runs' scratch.
         self.scratch_parent = tempfile.gettempdir() if mode in ("none", "landlock") else None
@@ -581,7 +583,7 @@ def main() -> None:
         _enter_namespaces(settings["fd"])
     worker = Worker(settings["mode"], settings.get("uid", -1), settings.get("gid", -1),
                     settings.get("scratch_mb", 64), settings["env"], settings["fd"],
-                    settings.get("ready", 0))
+                    settings.get("ready", 0), settings.get("scratch", "/tmp"), settings.get("seccomp", ""))
     _serve(worker, sock, settings["mode"] == "bwrap")
 
 

@@ -59,7 +59,7 @@ def test_cli_run_works_without_cap_sys_admin(tmp_path):
 @needs_droppable_root
 def test_adversarial_suite_passes_without_cap_sys_admin():
     """Every threat-model claim, attacked as in test_adversarial.py, in landlock mode."""
-    done = without_cap_sys_admin(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    done = without_cap_sys_admin(sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
                                  str(HERE / "test_adversarial.py"), TEMPERING_SANDBOX_ISOLATION="landlock")
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
 

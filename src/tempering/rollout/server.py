@@ -9,7 +9,8 @@ reads both (the fields and answers: ``tempering.rollout.openai_api``):
   ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``min_p``, the
   penalties, ``logit_bias``, ``stop``, ``stop_token_ids``, ``min_tokens``, ``ignore_eos``,
   ``seed``, ``logprobs: N`` (at most 20), ``echo`` (with ``max_tokens: 0``, the prompt's
-  log-probs alone), ``stream``. Every choice carries ``token_ids`` (the exact ids sampled, as
+  log-probs alone), ``stream`` (each token's chunk sent as it is drawn:
+  ``tempering.rollout.streaming``). Every choice carries ``token_ids`` (the exact ids sampled, as
   vLLM's ``return_token_ids``) and, with ``logprobs``, ``logprobs.tokens`` (``"token_id:N"``
   with ``return_tokens_as_token_ids``, else the tokens' text), ``logprobs.token_logprobs``
   (the sampled tokens' log-probs under the temperature-scaled distribution, what the learner
@@ -33,13 +34,17 @@ reads both (the fields and answers: ``tempering.rollout.openai_api``):
   version on as a reload does (``"version"`` too). Requests whose ``model`` is NAME sample
   with the adapter, others with the base; ``/v1/models`` lists NAME with the base as its
   ``parent``. Once an adapter is loaded, sampling runs through transformers' modules (the
-  fused decoder reads plain weights) and full reloads are refused.
+  fused decoder reads plain weights) and full reloads are refused. ``/v1/unload_lora_adapter``
+  stops serving it; ``/version``, ``/reset_prefix_cache``, ``/weight_info`` and
+  ``/update_weight_version`` answer as vLLM's do, and vLLM's weight-transfer API is a 501
+  (``tempering.rollout.weights_api``).
 
 Concurrent requests are gathered into one sampler call (requests with the same sampling
 settings, up to ``batch_size`` rows; a larger request runs as several calls of that size):
-each request draws from a random stream seeded by its own ``seed``
-(:class:`~tempering.rollout.base.RowStreams`), so what a request gets does not depend on what
+each sample draws from a random stream of its own, seeded from the request's ``seed`` as vLLM
+seeds it (:mod:`tempering.rollout.batcher`), so what a request gets does not depend on what
 it was batched with. A reload waits for the sampler call in progress and never overlaps one.
+A request whose client hangs up is dropped, queued or running.
 
 Bounds (:class:`Limits`): a request's token positions (its rows, prompts times ``n``, each
 prompt's length plus ``max_tokens``) are capped (400 naming the limit and its option), and so
@@ -47,10 +52,10 @@ are all the positions waiting or being sampled (429: retry later). With an ``api
 endpoint but ``/health`` wants ``Authorization: Bearer KEY`` (401 otherwise), as vLLM's
 ``--api-key`` does; ``temper serve`` refuses a non-loopback address without one.
 
-Not done: a stream's chunks are sent once the whole completion is sampled (the sampler
-decodes a batch, not one request token by token), so streaming gives the format, not an
-earlier first token; tool-call parsing, structured output, beam search, ``suffix``,
-``best_of``; several adapters at once; TLS (put a proxy in front for it).
+Not done: tool-call parsing, structured output, beam search, ``suffix``, ``best_of``,
+``logprob_token_ids``, ``repetition_detection``, priority scheduling; several adapters at
+once; continuous batching (a request that comes while a call runs waits for its end); TLS
+(put a proxy in front for it).
 """
 
 from __future__ import annotations
@@ -178,7 +183,7 @@ class Server(WeightEndpoints):
             streams = [ChoiceStream(wire, False, len(row), len(text) if echo else 0) for row, text in zip(job.rows, texts)]
             first = [{"text": text, "logprobs": lps, "finish_reason": None, "stop_reason": None} if echo else None
                      for text, lps in zip(texts, echoed)]
-            return Streamed(stream(job, self._head(body), False, streams, first, *options))
+            return Streamed(stream(job, self._head(body), False, streams, first, *options), job)
         choices = []
         for i, (sampled, prompt_text, prompt_logprobs) in enumerate(zip(job.sampled(), texts, echoed)):
             text, stop_reason = wire.completion_text(sampled)
@@ -205,7 +210,7 @@ class Server(WeightEndpoints):
         if flag(body, "stream"):
             role = {"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             streams = [ChoiceStream(wire, True, len(prompt)) for _ in job.rows]
-            return Streamed(stream(job, self._head(body), True, streams, [role] * len(streams), *options))
+            return Streamed(stream(job, self._head(body), True, streams, [role] * len(streams), *options), job)
         choices = []
         for i, sampled in enumerate(job.sampled()):
             text, stop_reason = wire.completion_text(sampled)
@@ -310,20 +315,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_events(self, payload: Streamed) -> None:
         """Server-sent events in chunked transfer encoding, each written as it is made; a client
         that hangs up closes the stream (which drops its job)."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        events = payload.events
         try:
-            for event in events:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in payload.events:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
         except (ClientGone, OSError):
             self.close_connection = True
         finally:
-            events.close()
+            payload.close()
 
     def _error(self, status: int, message: str, param: Optional[str] = None) -> None:
         self._send(status, error_body(status, message, param))

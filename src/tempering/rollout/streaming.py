@@ -27,9 +27,16 @@ from tempering.rollout.openai_api import RequestError, Sampled, Wire, error_body
 
 @dataclass
 class Streamed:
-    """An answer sent as server-sent events, each as it is made."""
+    """An answer sent as server-sent events, each as it is made, for ``job``."""
 
     events: Iterator[bytes]
+    job: Job
+
+    def close(self) -> None:
+        """Stop the stream; the job is dropped if it is not done (its client will not read it)."""
+        self.events.close()
+        if not self.job.done.is_set():
+            self.job.cancelled = True
 
 
 class ChoiceStream:
@@ -100,8 +107,8 @@ def stream(job: Job, head: dict, chat: bool, choices: list[ChoiceStream], first:
     """The events of ``job``'s answer as it is sampled: each choice's ``first`` chunk (the
     assistant's role, an echoed prompt; None: none), a chunk per token as the sampler hands
     them over, each choice's last chunk once the job is done, the usage chunk when asked for,
-    then ``[DONE]``. A client that hangs up drops the job (:class:`ClientGone` while waiting;
-    the generator closed when a write fails)."""
+    then ``[DONE]``. A client that hangs up is :class:`ClientGone`, seen while waiting for a
+    step and after each (the sender then closes the :class:`Streamed`, dropping the job)."""
     head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
 
     def event(index: int, fields: dict) -> bytes:
@@ -110,36 +117,32 @@ def stream(job: Job, head: dict, chat: bool, choices: list[ChoiceStream], first:
             chunk["usage"] = choices[index].usage()
         return f"data: {json.dumps(chunk)}\n\n".encode()
 
-    try:
-        for index, fields in enumerate(first):
-            if fields is not None:
+    for index, fields in enumerate(first):
+        if fields is not None:
+            yield event(index, fields)
+    while job.events is not None:
+        try:
+            step = job.events.get(timeout=POLL_S)
+        except queue.Empty:
+            if job.done.is_set() and job.events.empty():
+                break
+            if client_gone():
+                raise ClientGone() from None
+            continue
+        for row, token, logprob, alternatives, ended in step:
+            yield event(row, choices[row].token(token, logprob, alternatives, ended))
+        if client_gone():  # a write can succeed into the socket's buffer after the client left
+            raise ClientGone()
+    job.done.wait()
+    if job.error is not None:
+        status = job.error.status if isinstance(job.error, RequestError) else 500
+        yield f"data: {json.dumps(error_body(status, str(job.error)))}\n\n".encode()
+    else:
+        for index, (choice, sampled) in enumerate(zip(choices, job.sampled())):
+            for fields in choice.finish(sampled):
                 yield event(index, fields)
-        while job.events is not None:
-            try:
-                step = job.events.get(timeout=POLL_S)
-            except queue.Empty:
-                if job.done.is_set() and job.events.empty():
-                    break
-                if client_gone():
-                    raise ClientGone() from None
-                continue
-            for row, token, logprob, alternatives, ended in step:
-                yield event(row, choices[row].token(token, logprob, alternatives, ended))
-            if client_gone():  # a write can succeed into the socket's buffer after the client left
-                raise ClientGone()
-        job.done.wait()
-        if job.error is not None:
-            status = job.error.status if isinstance(job.error, RequestError) else 500
-            yield f"data: {json.dumps(error_body(status, str(job.error)))}\n\n".encode()
-        else:
-            for index, (choice, sampled) in enumerate(zip(choices, job.sampled())):
-                for fields in choice.finish(sampled):
-                    yield event(index, fields)
-            if include_usage:
-                completion_tokens = sum(len(ids) for ids, _, _ in job.outputs)
-                chunk = {**head, "choices": [], "usage": usage(job.prompt_tokens, completion_tokens)}
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
-        yield b"data: [DONE]\n\n"
-    finally:
-        if not job.done.is_set():
-            job.cancelled = True
+        if include_usage:
+            completion_tokens = sum(len(ids) for ids, _, _ in job.outputs)
+            chunk = {**head, "choices": [], "usage": usage(job.prompt_tokens, completion_tokens)}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+    yield b"data: [DONE]\n\n"

@@ -152,6 +152,32 @@ def test_a_loaded_lora_adapter_samples_the_learners_log_probs_under_its_name(tin
         http.shutdown()
 
 
+def test_vllms_adapter_sync_runs_against_temper_serve(tiny_policy, tmp_path):
+    """reload: vllm speaks vLLM's endpoints (load, then unload the adapter before; reset the
+    prefix cache; set and read the weight version): temper serve answers each as vLLM does."""
+    model, tokenizer = tiny_policy
+    http = start(HFGenerator(copy.deepcopy(model), tokenizer), "mini", batch_size=64)
+    try:
+        learner = apply_lora(copy.deepcopy(model), rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
+        generator = ServerGenerator(ServerSettings(http.url, weights_dir=str(tmp_path), reload="vllm"), tokenizer,
+                                    model.config, adapted=learner)
+        problems = [Problem(task="add", id="0", prompt=PROMPTS[0], answer="")]
+        for step in (1, 2):
+            with torch.no_grad():
+                for name, param in learner.named_parameters():
+                    if "lora_B" in name:
+                        param.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(step))
+            generator.load_weights({k: v.clone() for k, v in learner.state_dict().items()})
+            assert generator.model == f"tempering-lora-{step}" and generator.served_version == step
+            rollouts = [r for g in generator.generate(problems, 2, SamplingParams(max_new_tokens=8)) for r in g.rollouts]
+            assert logprob_gap(learner, rollouts, tokenizer.pad_token_id) < 1e-5
+        assert json.loads(urllib.request.urlopen(http.url + "/weight_info").read()) == {"weight_version": "2"}
+        generator.close()  # unloads the last adapter
+        assert [m["id"] for m in json.loads(urllib.request.urlopen(http.url + "/v1/models").read())["data"]] == ["mini"]
+    finally:
+        http.shutdown()
+
+
 class DropFirst(ThreadingHTTPServer):
     """A proxy in front of a server that hangs up on the first completion request unanswered."""
 

@@ -100,6 +100,7 @@ class Server(WeightEndpoints):
         self.vocab = len(self.tokenizer)
         self.batcher = Batcher(sampler, batch_size, gather_s, limits)
         self.adapter: Optional[str] = None  # the LoRA adapter's name, once one is loaded
+        self.replaced_adapters: set[str] = set()
 
     def models(self) -> dict:
         about = {"object": "model", "owned_by": "tempering", "created": 0,

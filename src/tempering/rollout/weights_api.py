@@ -33,11 +33,13 @@ def not_supported(path: str) -> None:
 
 class WeightEndpoints:
     """The weight and version endpoints of :class:`~tempering.rollout.server.Server` (mixed in):
-    they use its ``batcher``, ``name`` and ``adapter``."""
+    they use its ``batcher``, ``name``, ``adapter`` and ``replaced_adapters``."""
 
     batcher: Batcher
     name: str
     adapter: Optional[str]
+    replaced_adapters: set[str]
+    """Adapters loaded before the one served now (which took their place)."""
 
     def weight_routes(self, method: str) -> dict[str, Callable]:
         if method == "GET":
@@ -87,13 +89,21 @@ class WeightEndpoints:
         if not isinstance(folder, str) or not folder:
             raise RequestError("'lora_path' must name a folder holding a peft adapter", param="lora_path")
         version = self.batcher.load_adapter(name, folder, _version(body))
+        if self.adapter not in (None, name):
+            self.replaced_adapters.add(self.adapter)
+        self.replaced_adapters.discard(name)
         self.adapter = name
         return {"success": True, "message": f"loaded the LoRA adapter {name!r} from {folder}", "policy_version": version}
 
     def unload_lora_adapter(self, body: dict) -> dict:
         """vLLM's ``/v1/unload_lora_adapter``: ``{"lora_name": NAME}`` stops serving the adapter
-        (requests naming it are then a 404; the base model samples as before); the version stays."""
+        (requests naming it are then a 404; the base model samples as before); the version stays.
+        An adapter that a later one replaced is gone already: unloading it succeeds (vLLM's
+        clients load the next adapter, then unload the one before)."""
         name = body.get("lora_name")
+        if name in self.replaced_adapters:
+            self.replaced_adapters.discard(name)
+            return {"success": True, "message": f"the LoRA adapter {name!r} was replaced by {self.adapter!r}"}
         if not isinstance(name, str) or name != self.adapter:
             served = f"the adapter loaded is {self.adapter!r}" if self.adapter else "no adapter is loaded"
             raise RequestError(f"the LoRA adapter {name!r} cannot be found: {served}", 404, "lora_name")

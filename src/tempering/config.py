@@ -11,9 +11,10 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class ConfigError(ValueError):
@@ -117,6 +118,25 @@ class ServerConfig(Strict):
     weights_dir: Optional[str] = Field(None, description="folder the learner's weights are written to for the server to load each step; it must be readable by the server (shared storage for a remote one); null = a temporary folder on this machine")
     reload: Literal["update_weights_from_disk", "vllm", "none"] = Field("update_weights_from_disk", description="how the server takes new weights: update_weights_from_disk (temper serve, SGLang), vllm (development-mode /collective_rpc reload_weights; VLLM_SERVER_DEV_MODE=1), none (never: the server's weights stay, for evaluation)")
     launch: Optional[Literal["vllm"]] = Field(None, description="start the server for the run and stop it after: vllm = vLLM's OpenAI server on url's host and port (port 0: a free one) serving the learner's weights, set up as rollout.vllm says, reloaded with reload: vllm (unless reload is none); null = the server is already running at url")
+
+    @field_validator("url")
+    @classmethod
+    def _http_urls(cls, url: Union[str, list[str]]) -> Union[str, list[str]]:
+        """Each URL an http(s) one with a host, so that a typo stops the run here rather than
+        as a traceback or a request that never connects, after the model loaded."""
+        urls = [url] if isinstance(url, str) else url
+        if not urls:
+            raise ValueError("an empty list of servers; give at least one URL, e.g. http://127.0.0.1:8000")
+        for one in urls:
+            parts = urlsplit(one)
+            try:
+                parts.port
+            except ValueError:
+                raise ValueError(f"{one!r} has no valid port (0..65535)") from None
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{one!r} is not an http:// or https:// URL naming a host, as in "
+                                 "http://127.0.0.1:8000")
+        return url
 
 
 class RolloutConfig(Strict):

@@ -4,14 +4,20 @@ sampling, :mod:`tempering.rollout.server`) and ``temper sandbox serve`` (Sandbox
 
 Both are threaded servers on the standard library's :mod:`http.server`: a thread per
 connection, blocking handlers that call the sampler or the sandbox directly. Neither needs an
-event loop, and tempering's core install stays free of a web framework.
+event loop, and tempering's core install stays free of a web framework. What an ASGI server
+tells a handler for free, that its client hung up, a handler here asks for itself while it
+waits (:func:`peer_closed`, :func:`client_gone`), so that work nobody will read is dropped.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import select
 import socket
+import threading
+from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
+from typing import Iterator
 
 
 def is_loopback(host: str) -> bool:
@@ -53,3 +59,40 @@ class HTTPServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return http_url(self.server_address)
+
+
+class ClientGone(Exception):
+    """The client of the request being answered hung up: there is no one to answer."""
+
+
+def peer_closed(connection: socket.socket) -> bool:
+    """Whether the client at the other end of ``connection`` has closed it: the socket reads as
+    ready and a peek finds the end of the stream (a reset or a closed socket counts too). Bytes
+    waiting (a pipelined request) are left where they are and do not count. A client that only
+    shuts down its sending side (rare) reads as gone too, as it does to an ASGI server."""
+    try:
+        readable, _, _ = select.select([connection], [], [], 0)
+        return bool(readable) and connection.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):  # reset, or the socket is closed already
+        return True
+
+
+_answering = threading.local()
+
+
+@contextmanager
+def answering(connection: socket.socket) -> Iterator[None]:
+    """Mark ``connection`` as the one this thread is answering, for :func:`client_gone` (the
+    code that waits on a request's work is given its body, not its socket)."""
+    _answering.connection = connection
+    try:
+        yield
+    finally:
+        _answering.connection = None
+
+
+def client_gone() -> bool:
+    """Whether the client of the request this thread is answering has hung up (False outside
+    :func:`answering`)."""
+    connection = getattr(_answering, "connection", None)
+    return connection is not None and peer_closed(connection)

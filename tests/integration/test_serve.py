@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -20,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tempering.config import ConfigError, TrainConfig
+from tempering.config import ConfigError, TrainConfig, load_config
 from tempering.learner.forward import token_logprobs
 from tempering.learner.step import collate
 from tempering.models.lora import apply_lora
@@ -57,7 +59,7 @@ def test_a_request_gets_what_the_sampler_draws_with_its_seed_batched_or_not(serv
     http, model, tokenizer = served
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
     alone = [completion(http.url, ids, seed) for seed, ids in enumerate(prompts)]
-    streams = RowStreams([torch.Generator().manual_seed(0)], [0] * 4)
+    streams = RowStreams([torch.Generator().manual_seed(j) for j in range(4)], list(range(4)))  # seed + j, as vLLM
     direct = HFGenerator(model, tokenizer).sample([prompts[0]] * 4, SamplingParams(max_new_tokens=16), streams)
     assert [ids for ids, _, _ in alone[0]] == [ids for ids, _, _ in direct]
     assert [x for _, lp, _ in alone[0] for x in lp] == pytest.approx([x for _, lp, _ in direct for x in lp], abs=1e-6)
@@ -146,6 +148,32 @@ def test_a_loaded_lora_adapter_samples_the_learners_log_probs_under_its_name(tin
         assert logprob_gap(model, [r for g in base.generate(problems, 2, params) for r in g.rollouts], pad) < 1e-5
         with pytest.raises(ServerError, match="a LoRA adapter is loaded on this server"):
             base.load_weights({k: v.clone() for k, v in model.state_dict().items()})
+    finally:
+        http.shutdown()
+
+
+def test_vllms_adapter_sync_runs_against_temper_serve(tiny_policy, tmp_path):
+    """reload: vllm speaks vLLM's endpoints (load, then unload the adapter before; reset the
+    prefix cache; set and read the weight version): temper serve answers each as vLLM does."""
+    model, tokenizer = tiny_policy
+    http = start(HFGenerator(copy.deepcopy(model), tokenizer), "mini", batch_size=64)
+    try:
+        learner = apply_lora(copy.deepcopy(model), rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
+        generator = ServerGenerator(ServerSettings(http.url, weights_dir=str(tmp_path), reload="vllm"), tokenizer,
+                                    model.config, adapted=learner)
+        problems = [Problem(task="add", id="0", prompt=PROMPTS[0], answer="")]
+        for step in (1, 2):
+            with torch.no_grad():
+                for name, param in learner.named_parameters():
+                    if "lora_B" in name:
+                        param.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(step))
+            generator.load_weights({k: v.clone() for k, v in learner.state_dict().items()})
+            assert generator.model == f"tempering-lora-{step}" and generator.served_version == step
+            rollouts = [r for g in generator.generate(problems, 2, SamplingParams(max_new_tokens=8)) for r in g.rollouts]
+            assert logprob_gap(learner, rollouts, tokenizer.pad_token_id) < 1e-5
+        assert json.loads(urllib.request.urlopen(http.url + "/weight_info").read()) == {"weight_version": "2"}
+        generator.close()  # unloads the last adapter
+        assert [m["id"] for m in json.loads(urllib.request.urlopen(http.url + "/v1/models").read())["data"]] == ["mini"]
     finally:
         http.shutdown()
 
@@ -328,3 +356,53 @@ def test_the_client_sends_the_api_key_a_server_wants(tiny_policy, monkeypatch):
         assert from_env.sample(prompt, SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(1)) == got
     finally:
         http.shutdown()
+
+
+def _send_and_hang_up(address: tuple, body: dict, read_first: bool = False) -> None:
+    """POST ``body`` to /v1/completions on a raw socket and close it (after the first bytes of
+    the answer with ``read_first``) without reading the answer."""
+    data = json.dumps(body).encode()
+    with socket.create_connection(address[:2]) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        answer = b""
+        while read_first and b"data:" not in answer:
+            answer += (more := connection.recv(4096))
+            assert more, "the server closed the stream before its first token"
+
+
+def test_requests_whose_clients_hung_up_are_dropped_not_sampled(tiny_policy):
+    model, tokenizer = tiny_policy
+    http = start(HFGenerator(model, tokenizer), "mini", batch_size=16)
+    batcher = http.app.batcher
+    try:
+        prompt = tokenizer(PROMPTS[0])["input_ids"]
+        big = {"prompt": [prompt] * 8, "n": 8, "max_tokens": 100, "ignore_eos": True, "seed": 1}
+        for _ in range(20):  # 20 requests of 64 rows x 100 tokens, each closed once sent
+            _send_and_hang_up(http.server_address, big)
+        _send_and_hang_up(http.server_address, {**big, "stream": True}, read_first=True)
+        abandoned = 21 * 64 * 100
+        reply = post(http.url + "/v1/completions", {"prompt": prompt, "max_tokens": 4, "seed": 0, "ignore_eos": True})
+        assert len(reply["choices"][0]["token_ids"]) == 4
+        deadline = time.monotonic() + 30
+        while batcher.queued and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert batcher.queued == 0, "every dropped job gave back its place in the queue"
+        # each job is dropped within a poll of its client leaving: a few steps of one 16-row
+        # call at most, against all 134,400 tokens when they were sampled for no one
+        assert batcher.tokens_drawn - 4 < abandoned / 20, batcher.tokens_drawn
+    finally:
+        http.shutdown()
+
+
+@pytest.mark.parametrize("url", ["not a url", "ftp://127.0.0.1:21", "http://127.0.0.1:99999",
+                                 "[http://127.0.0.1:8000, localhost]"])
+def test_a_server_url_that_is_not_http_stops_at_the_config(url):
+    with pytest.raises(ConfigError, match=r"rollout\.server\.url.*(http:// or https://|valid port)"):
+        load_config(None, [f"rollout.server.url={url}"])
+
+
+def test_temper_train_refuses_a_non_http_server_url_with_exit_2_before_loading_a_model():
+    run = subprocess.run([sys.executable, "-m", "tempering.cli", "train", "rollout.server.url=ftp://127.0.0.1:21"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "rollout.server.url='ftp://127.0.0.1:21'" in run.stderr, run.stderr

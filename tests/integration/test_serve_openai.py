@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -17,7 +18,7 @@ import openai
 import pytest
 import torch
 
-from serving import post, serving
+from serving import get, post, serving
 
 PROMPT = "57+46\n7+6=13\n"
 
@@ -57,6 +58,75 @@ def test_a_streamed_chat_is_the_whole_answer_in_deltas(client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
     assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_a_stream_sends_each_token_as_it_is_drawn_and_joins_into_the_unstreamed_answer(client):
+    asked = dict(model="mini", prompt=PROMPT, max_tokens=150, seed=3, logprobs=2, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**asked).choices[0]
+    start = time.monotonic()
+    arrivals, text, logprobs = [], "", []
+    for chunk in client.completions.create(**asked, stream=True):
+        arrivals.append(time.monotonic() - start)
+        text += chunk.choices[0].text
+        logprobs += chunk.choices[0].logprobs.token_logprobs if chunk.choices[0].logprobs else []
+    assert text == whole.text and logprobs == whole.logprobs.token_logprobs
+    assert len(arrivals) == 151  # a chunk a token, then the one with the finish reason
+    # sent as sampled: half the chunks are in before the last comes (sent at the end, all
+    # came within a few milliseconds of one another)
+    assert arrivals[-1] - arrivals[len(arrivals) // 2] > 0.2 * arrivals[-1] > 0.02, arrivals
+
+
+@pytest.mark.parametrize("stop", [["=1"], ["\n"], ["+", "3\n"]])
+def test_a_streamed_text_stops_where_the_unstreamed_one_does(client, stop):
+    for seed in range(4):
+        asked = dict(model="mini", prompt=PROMPT, max_tokens=40, seed=seed, stop=stop)
+        whole = client.completions.create(**asked).choices[0]
+        chunks = list(client.completions.create(**asked, stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == whole.text
+        assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+        assert chunks[-1].choices[0].model_extra["stop_reason"] == whole.model_extra["stop_reason"]
+        messages = [{"role": "user", "content": "57+46"}]
+        whole = client.chat.completions.create(model="mini", messages=messages, max_tokens=30, seed=seed, stop=stop)
+        chunks = client.chat.completions.create(model="mini", messages=messages, max_tokens=30, seed=seed, stop=stop,
+                                                stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+
+
+def test_continuous_usage_stats_put_the_choices_usage_in_every_chunk(client):
+    chunks = list(client.completions.create(model="mini", prompt=PROMPT, max_tokens=6, seed=1, n=2, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    prompt_tokens = chunks[-1].usage.prompt_tokens
+    drawn = [0, 0]
+    for chunk in chunks[:-1]:
+        choice = chunk.choices[0]
+        drawn[choice.index] += len(choice.model_extra["token_ids"])
+        assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens) == (prompt_tokens, drawn[choice.index])
+    assert chunks[-1].usage.completion_tokens == sum(drawn)
+    plain = list(client.completions.create(model="mini", prompt=PROMPT, max_tokens=6, seed=1, stream=True,
+                                           stream_options={"include_usage": False, "continuous_usage_stats": True}))
+    assert all(c.usage is None for c in plain)  # as vLLM: only with include_usage
+
+
+def test_each_prompt_of_a_list_is_sampled_as_it_is_alone_with_the_seed(client):
+    prompts = [PROMPT, "12+30\n", "7+6=13\n9+"]
+    listed = client.completions.create(model="mini", prompt=prompts, max_tokens=12, n=2, seed=21)
+    for k, prompt in enumerate(prompts):
+        alone = client.completions.create(model="mini", prompt=prompt, max_tokens=12, n=2, seed=21)
+        assert [c.text for c in listed.choices[2 * k : 2 * k + 2]] == [c.text for c in alone.choices]
+    # sample j of n draws with seed + j, as vLLM seeds a request's samples
+    second = client.completions.create(model="mini", prompt=prompts[1], max_tokens=12, seed=22)
+    assert second.choices[0].text == listed.choices[3].text
+
+
+def test_a_chat_tokens_top_logprobs_entry_is_the_same_number_as_its_logprob(client):
+    for temperature in (0.7, 1.0, 0.0):
+        reply = client.chat.completions.create(model="mini", messages=[{"role": "user", "content": "57+46"}],
+                                               max_tokens=24, seed=4, temperature=temperature, logprobs=True,
+                                               top_logprobs=20)
+        entries = reply.choices[0].logprobs.content
+        found = [(e.logprob, {t.token: t.logprob for t in e.top_logprobs}.get(e.token)) for e in entries]
+        assert sum(listed is not None for _, listed in found) >= len(found) // 2
+        assert all(listed == logprob for logprob, listed in found if listed is not None), found
 
 
 def test_n_samples_are_seeded_and_distinct(client):
@@ -165,6 +235,9 @@ def test_sampling_parameters_are_applied(client, tiny_policy):
     ({"extra_body": {"use_beam_search": True}}, "use_beam_search"),
     ({"logit_bias": {"100000": 5}}, "logit_bias"),
     ({"presence_penalty": 3.0}, "presence_penalty"),
+    ({"extra_body": {"logprob_token_ids": [5, 6]}, "logprobs": 1}, "logprob_token_ids"),
+    ({"extra_body": {"repetition_detection": {"max_pattern_size": 4, "min_count": 3}}}, "repetition_detection"),
+    ({"extra_body": {"priority": 1}}, "priority"),
 ])
 def test_what_cannot_be_honoured_is_a_bad_request_naming_it(client, extra, param):
     with pytest.raises(openai.BadRequestError) as caught:
@@ -188,6 +261,37 @@ def test_errors_raise_the_clients_own_exceptions(client):
 def test_a_request_over_the_token_limit_is_refused_naming_the_option(client):
     with pytest.raises(openai.BadRequestError, match="--max-request-tokens"):
         client.completions.create(model="mini", prompt=[PROMPT] * 2000, n=1000, max_tokens=16)
+
+
+def test_the_vllm_endpoints_its_clients_call_answer_as_vllm_or_say_what_is_not_supported(mini_server_url):
+    url = mini_server_url
+    assert get(url + "/version")["version"]
+    request = urllib.request.Request(url + "/reset_prefix_cache?reset_external=true", method="POST")  # no body
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert json.loads(reply.read()) == {"success": True}
+    version = int(get(url + "/weight_info")["weight_version"])
+    assert post(url + "/update_weight_version", {"new_version": str(version + 5)})["success"]
+    assert get(url + "/weight_info") == {"weight_version": str(version + 5)}
+    assert get(url + "/v1/models")["data"][0]["policy_version"] == version + 5
+    post(url + "/update_weight_version", {"new_version": str(version)})
+    for bad in ({"new_version": "v2"}, {}):
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            post(url + "/update_weight_version", bad)
+        assert caught.value.code == 400 and json.loads(caught.value.read())["error"]["param"] == "new_version"
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        post(url + "/v1/unload_lora_adapter", {"lora_name": "nothing-loaded"})
+    error = json.loads(caught.value.read())["error"]
+    assert caught.value.code == 404 and error["param"] == "lora_name" and "no adapter is loaded" in error["message"]
+    for path, body in [("/init_weight_transfer_engine", {"init_info": {"backend": "nccl"}}),
+                       ("/start_weight_update", None), ("/update_weights", {"update_info": {"names": ["w"]}}),
+                       ("/finish_weight_update", {"weight_version": "2"}), ("/collective_rpc", {"method": "x"})]:
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            post(url + path, body)
+        message = json.loads(caught.value.read())["error"]["message"]
+        assert caught.value.code == 501 and path in message and "/update_weights_from_disk" in message
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        get(url + "/is_paused")
+    assert caught.value.code == 501
 
 
 def test_tokenize_and_detokenize_round_trip(mini_server_url, tiny_policy):

@@ -24,7 +24,7 @@ def _logits(width: int, seed: int = 0) -> torch.Tensor:
 
 def _frequencies(logits_V: torch.Tensor, params: SamplingParams, seed: int = 0) -> torch.Tensor:
     logits_BV = logits_V.expand(DRAWS, -1).contiguous()
-    next_B, _ = pick_tokens(logits_BV, params, torch.Generator().manual_seed(seed))
+    next_B, _, _ = pick_tokens(logits_BV, params, torch.Generator().manual_seed(seed))
     return torch.bincount(next_B, minlength=len(logits_V)).double() / DRAWS
 
 
@@ -77,7 +77,7 @@ def test_the_nucleus_is_the_same_however_many_tokens_it_holds(scale):
                                     SamplingParams(greedy=True)])
 def test_recorded_log_probs_are_the_log_softmax_of_the_drawn_tokens(params):
     logits_BV = 4 * torch.randn(64, 5000, generator=torch.Generator().manual_seed(2))
-    next_B, logprob_B = pick_tokens(logits_BV, params, torch.Generator().manual_seed(0))
+    next_B, logprob_B, _ = pick_tokens(logits_BV, params, torch.Generator().manual_seed(0))
     temperature = 1.0 if params.greedy else params.temperature
     expected_B = torch.log_softmax(logits_BV / temperature, -1).gather(-1, next_B[:, None])[:, 0]
     assert torch.allclose(logprob_B, expected_B, atol=1e-6)
@@ -87,9 +87,9 @@ def test_recorded_log_probs_are_the_log_softmax_of_the_drawn_tokens(params):
 
 def test_the_same_seed_draws_the_same_tokens():
     logits_BV = torch.randn(16, 3000, generator=torch.Generator().manual_seed(3))
-    first, _ = pick_tokens(logits_BV, SamplingParams(), torch.Generator().manual_seed(5))
-    again, _ = pick_tokens(logits_BV, SamplingParams(), torch.Generator().manual_seed(5))
-    other, _ = pick_tokens(logits_BV, SamplingParams(), torch.Generator().manual_seed(6))
+    first, _, _ = pick_tokens(logits_BV, SamplingParams(), torch.Generator().manual_seed(5))
+    again, _, _ = pick_tokens(logits_BV, SamplingParams(), torch.Generator().manual_seed(5))
+    other, _, _ = pick_tokens(logits_BV, SamplingParams(), torch.Generator().manual_seed(6))
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
 
@@ -109,7 +109,7 @@ def test_top_k_and_min_p_draws_follow_the_renormalised_truncation(top_k, min_p):
 
 def test_truncation_decides_what_is_drawn_not_the_recorded_log_probs():
     logits_BV = 4 * torch.randn(64, 5000, generator=torch.Generator().manual_seed(2))
-    next_B, logprob_B = pick_tokens(logits_BV, SamplingParams(top_k=3, min_p=0.01), torch.Generator().manual_seed(0))
+    next_B, logprob_B, _ = pick_tokens(logits_BV, SamplingParams(top_k=3, min_p=0.01), torch.Generator().manual_seed(0))
     assert torch.allclose(logprob_B, torch.log_softmax(logits_BV, -1).gather(-1, next_B[:, None])[:, 0], atol=1e-6)
     assert bool((next_B[:, None] == logits_BV.topk(3).indices).any(-1).all())
 

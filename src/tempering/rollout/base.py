@@ -82,12 +82,13 @@ class RowStreams:
     def uniform(self, row_B: torch.Tensor) -> torch.Tensor:
         """One uniform number in [0, 1) for each row of ``row_B`` (ascending), from its stream."""
         owner_B = self.owner_B[row_B.cpu()]
+        order_B = torch.argsort(owner_B, stable=True)  # each stream's rows together, in row order
+        owners, counts = torch.unique_consecutive(owner_B[order_B], return_counts=True)
         uniform_B = torch.empty(len(row_B))
-        for k, generator in enumerate(self.generators):
-            rows = owner_B == k
-            count = int(rows.sum())
-            if count:
-                uniform_B[rows] = torch.rand(count, generator=generator)
+        if not len(row_B):
+            return uniform_B
+        uniform_B[order_B] = torch.cat([torch.rand(count, generator=self.generators[k])
+                                        for k, count in zip(owners.tolist(), counts.tolist())])
         return uniform_B
 
     def seeds(self) -> list[int]:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -54,6 +54,10 @@ from tempering.rollout import fast_llama
 from tempering.rollout.base import RowStreams, SamplingParams
 from tempering.rollout.prompts import encode_prompt, fit_prompt, prompt_limit, use_chat_template
 from tempering.types import Group, Problem, Prompt, Rollout
+
+StepHook = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Optional[tuple[torch.Tensor, torch.Tensor]],
+                     torch.Tensor], Optional[torch.Tensor]]
+"""Called after each decoding step (:meth:`HFGenerator.sample_with_alternatives`); returns rows to end, or None."""
 
 _BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
 _UNPROCESSED = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": (),
@@ -150,14 +154,17 @@ def _holds(ids_PT: torch.Tensor, mask_PT: torch.Tensor, width: int) -> torch.Ten
 
 
 def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator],
-                uniform_B: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(next_B, logprob_B)``: a token per row and its log-probability under the
+                uniform_B: Optional[torch.Tensor] = None, alternatives: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor, Optional[tuple[torch.Tensor, torch.Tensor]]]:
+    """``(next_B, logprob_B, top)``: a token per row and its log-probability under the
     temperature-scaled distribution (greedy: the untempered one), computed as log-softmax
-    computes it (``x - max - log(sum(exp(x - max)))``). The uniform numbers that pick the
-    tokens are ``uniform_B`` when given, else drawn from ``generator``."""
+    computes it (``x - max - log(sum(exp(x - max)))``), and with ``alternatives`` the N most
+    likely tokens' ``(ids_BN, logprobs_BN)`` by the same arithmetic (so a sampled token among
+    them has the same number twice; None without). The uniform numbers that pick the tokens
+    are ``uniform_B`` when given, else drawn from ``generator``."""
     if params.greedy:
-        next_B = logits_BV.argmax(dim=-1)
-        return next_B, logits_BV.gather(-1, next_B[:, None])[:, 0] - logits_BV.logsumexp(dim=-1)
+        next_B, norm_B1 = logits_BV.argmax(dim=-1), logits_BV.logsumexp(dim=-1, keepdim=True)
+        return next_B, (logits_BV.gather(-1, next_B[:, None]) - norm_B1)[:, 0], _top(logits_BV, alternatives, norm_B1)
     if params.temperature != 1.0:
         logits_BV = logits_BV / params.temperature
     max_B1 = logits_BV.amax(dim=-1, keepdim=True)
@@ -175,7 +182,19 @@ def pick_tokens(logits_BV: torch.Tensor, params: SamplingParams, generator: Opti
     else:
         next_B = _inverse_cdf(draw_BV, uniform_B)
     picked_B1 = logits_BV.gather(-1, next_B[:, None])
-    return next_B, (picked_B1 - max_B1 - sum_B1.log())[:, 0]
+    return next_B, (picked_B1 - max_B1 - sum_B1.log())[:, 0], _top(logits_BV, alternatives, max_B1, sum_B1.log())
+
+
+def _top(scaled_BV: torch.Tensor, count: int, *shifts_B1: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The ``count`` largest entries of each row, ``(ids_BN, values_BN)``, with ``shifts_B1``
+    subtracted in order, as :func:`pick_tokens` subtracts them from the sampled token's."""
+    if not count:
+        return None
+    top = scaled_BV.topk(min(count, scaled_BV.shape[-1]), dim=-1)
+    values_BN = top.values
+    for shift_B1 in shifts_B1:
+        values_BN = values_BN - shift_B1
+    return top.indices, values_BN
 
 
 def continue_histories(history_B: torch.Tensor, next_B: torch.Tensor, share: bool
@@ -302,11 +321,18 @@ class HFGenerator:
 
     @torch.no_grad()
     def sample_with_alternatives(self, prompts: list[list[int]], params: SamplingParams,
-                                 generator: Optional[torch.Generator | RowStreams] = None, alternatives: int = 0
+                                 generator: Optional[torch.Generator | RowStreams] = None, alternatives: int = 0,
+                                 on_step: Optional[StepHook] = None
                                  ) -> tuple[list[tuple[list[int], list[float], str]], list[list[list[tuple[int, float]]]]]:
         """What :meth:`sample` gives, and for each row, per sampled token, the ``alternatives``
         most likely ``(token id, log-prob)`` under the distribution it was drawn from (what
-        ``temper serve`` answers for ``logprobs: N``); empty lists when ``alternatives`` is 0."""
+        ``temper serve`` answers for ``logprobs: N``); empty lists when ``alternatives`` is 0.
+
+        ``on_step(row_B, next_B, logprob_B, top, done_B)`` hears of every decoding step as it is
+        drawn (the rows still running, their tokens, log-probs, :func:`pick_tokens`'
+        alternatives, and which rows the token ended):
+        ``temper serve`` streams from it. It may return row indices to end at once (a request
+        whose client has gone), which then end there (what they drew is not worth keeping)."""
         device = self.model.device
         index_of = {ids: i for i, ids in enumerate(dict.fromkeys(map(tuple, prompts)))}
         distinct = list(index_of)
@@ -348,15 +374,16 @@ class HFGenerator:
                     logits_BV = processed_logits(logits_BV, params, tokens_BT[row_B, :step], seen_BV, end_ids)
                 streams = isinstance(generator, RowStreams) and not params.greedy
                 uniform_B = generator.uniform(row_B) if streams else None
-                next_B, logprob_B = pick_tokens(logits_BV, params, None if streams else generator, uniform_B)
+                next_B, logprob_B, top = pick_tokens(logits_BV, params, None if streams else generator, uniform_B,
+                                                     alternatives)
                 tokens_BT[row_B, step], logprobs_BT[row_B, step] = next_B, logprob_B
-                if alternatives:
-                    scaled_BV = logits_BV if params.greedy else logits_BV / params.temperature
-                    top = scaled_BV.log_softmax(dim=-1).topk(min(alternatives, scaled_BV.shape[-1]), dim=-1)
-                    top_ids_BTN[row_B, step], top_logprobs_BTN[row_B, step] = top.indices, top.values
+                if top is not None:
+                    top_ids_BTN[row_B, step], top_logprobs_BTN[row_B, step] = top
                 done_B = torch.isin(next_B, end_ids)
                 if params.stop and step + 1 >= params.min_tokens:
                     done_B |= self._stop_string_ends(tokens_BT[row_B, : step + 1], params.stop)
+                if on_step is not None and (dropped := on_step(row_B, next_B, logprob_B, top, done_B)) is not None:
+                    done_B |= torch.isin(row_B, dropped.to(device))
                 lengths_B[row_B[done_B]] = step + 1
                 stopped_B[row_B[done_B]] = True
                 if step == limit - 1 or bool(done_B.all()):

@@ -17,11 +17,9 @@ keeps them; ``stop_reason`` names the string (or the stop token id).
 
 from __future__ import annotations
 
-import json
-import random
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from tempering.rollout.base import SamplingParams
 
@@ -31,7 +29,8 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 LOWEST_LOGPROB = -9999.0  # what vLLM reports for a log-prob of minus infinity (JSON has no -inf)
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 410: "GoneError",
-               411: "BadRequestError", 413: "BadRequestError", 429: "RateLimitError", 500: "InternalServerError"}
+               411: "BadRequestError", 413: "BadRequestError", 429: "RateLimitError", 500: "InternalServerError",
+               501: "NotImplementedError"}
 
 
 class RequestError(ValueError):
@@ -72,6 +71,12 @@ REFUSED = {
     "add_generation_prompt": ((None, True), "false is not supported: the prompt always ends with the assistant's turn"),
     "continue_final_message": ((None, False), "is not supported: the prompt always ends with the assistant's turn"),
     "documents": ((None, []), "is not supported"),
+    "logprob_token_ids": ((None, []), "is not supported: ask for 'logprobs' (the most likely tokens at each "
+                                      "position, the sampled one's always among them)"),
+    "repetition_detection": ((None, {}), "is not supported: repeated n-grams do not end a completion here "
+                                         "(max_tokens, stop and stop_token_ids do)"),
+    "priority": ((None, 0), "other than 0 is not supported: this server does not schedule by priority (requests "
+                            "are sampled in the order they come)"),
     "tool_choice": ((None, "none"), "is not supported beyond \"none\": tool calls are not parsed from the output "
                                     "(the model's text comes back as the message's content)"),
 }
@@ -141,8 +146,8 @@ def _logit_bias(body: dict, vocab: int) -> tuple[tuple[int, float], ...]:
 
 
 def sampling_request(body: dict, prompt_lengths: list[int], context: int, vocab: int = 1 << 62
-                     ) -> tuple[SamplingParams, int, int]:
-    """``(params, n, seed)`` of a request; a RequestError for a bad or unfittable one.
+                     ) -> tuple[SamplingParams, int, Optional[int]]:
+    """``(params, n, seed)`` of a request (seed None when it names none); a RequestError for a bad or unfittable one.
     ``max_tokens`` may be 0 only with ``echo`` (the prompt's log-probs alone)."""
     remaining = context - max(prompt_lengths) if context else 0
     default_tokens = DEFAULT_MAX_TOKENS if "messages" not in body else max(1, remaining)
@@ -165,7 +170,7 @@ def sampling_request(body: dict, prompt_lengths: list[int], context: int, vocab:
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise RequestError(f"'seed' must be an integer, got {seed!r}", param="seed")
-    seed = random.SystemRandom().randrange(2**63) if seed is None else seed % 2**63
+    seed = None if seed is None else seed % 2**63
     n = number(body, "n", 1, int, 1, MAX_N)
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
@@ -289,39 +294,6 @@ class Wire:
         return [{**item(t, lp), "top_logprobs": [item(a, alp) for a, alp in alts[: self.top]]}
                 for t, lp, alts in zip(sampled.ids, sampled.logprobs, sampled.alternatives)]
 
-    def pieces(self, ids: list[int], text: str) -> list[str]:
-        """``text`` cut into one piece per token of ``ids`` (a stream's deltas): each token's own
-        decoded length, the last piece taking what a trimmed or merged decoding leaves over."""
-        ends = [min(len(text), end) for end in accumulate(len(self.tokenizer.decode([t])) for t in ids)]
-        if ends:
-            ends[-1] = len(text)
-        return [text[a:b] for a, b in zip([0, *ends], ends)]
-
-    def completion_deltas(self, sampled: Sampled, text: str, choice: dict, echoed: Optional[str],
-                          own: Optional[dict]) -> list[dict]:
-        """A streamed completion choice, one chunk a token (the echoed prompt first, whole)."""
-        deltas = []
-        if echoed is not None:
-            prompt_part = None if own is None else {k: v[: len(sampled.prompt)] for k, v in choice["logprobs"].items()}
-            deltas.append({"text": echoed, "logprobs": prompt_part, "finish_reason": None, "stop_reason": None})
-        for k, piece in enumerate(self.pieces(sampled.ids, text)):
-            deltas.append({"text": piece, "logprobs": None if own is None else {key: v[k : k + 1] for key, v in own.items()},
-                           "finish_reason": None, "stop_reason": None, "token_ids": sampled.ids[k : k + 1]})
-        if not deltas:
-            deltas.append({"text": "", "logprobs": None})
-        deltas[-1].update(finish_reason=choice["finish_reason"], stop_reason=choice["stop_reason"])
-        return deltas
-
-    def chat_deltas(self, sampled: Sampled, text: str, entries: Optional[list[dict]],
-                    stop_reason: Optional[str | int]) -> list[dict]:
-        """A streamed chat choice: the assistant's role, then one chunk a token."""
-        deltas = [{"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
-        deltas += [{"delta": {"content": piece}, "finish_reason": None,
-                    "logprobs": None if entries is None else {"content": entries[k : k + 1]}}
-                   for k, piece in enumerate(self.pieces(sampled.ids, text))]
-        deltas[-1].update(finish_reason=sampled.reason, stop_reason=stop_reason)
-        return deltas
-
 
 def stop_string_at(text: str, before: int, stops: tuple[str, ...]) -> Optional[tuple[int, str]]:
     """``(start, stop string)`` of the stop string that ended ``text``: the first that reaches
@@ -336,6 +308,11 @@ def stop_string_at(text: str, before: int, stops: tuple[str, ...]) -> Optional[t
     return min(found) if found else None
 
 
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
 def completion_prompts(prompt: Any, tokenizer: Any, special: bool = True) -> list[tuple[list[int], Optional[str]]]:
     """``(token ids, text or None)`` of each prompt of a ``/v1/completions`` request: text, ids,
     or a list of either; ``special``: tokenize text with the tokenizer's special tokens."""
@@ -346,31 +323,3 @@ def completion_prompts(prompt: Any, tokenizer: Any, special: bool = True) -> lis
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         return [found for p in prompt for found in completion_prompts(p, tokenizer, special)]
     raise RequestError("'prompt' must be text, a list of token ids, or a non-empty list of either", param="prompt")
-
-
-@dataclass
-class Streamed:
-    """An answer sent as server-sent events."""
-
-    events: Iterator[bytes]
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def event_stream(response: dict, chat: bool, deltas: list[list[dict]], include_usage: bool) -> Iterator[bytes]:
-    """The server-sent events of a streamed ``response``: per choice, its ``deltas`` (one
-    chunk's choice fields each, the last carrying the finish reason), then the usage chunk
-    when asked for, then ``[DONE]``."""
-    head = {k: response[k] for k in ("id", "created", "model")}
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    for index, pieces in enumerate(deltas):
-        for piece in pieces:
-            chunk = {**head, "object": kind, "choices": [{"index": index, **piece}]}
-            yield f"data: {json.dumps(chunk)}\n\n".encode()
-    if include_usage:
-        chunk = {**head, "object": kind, "choices": [], "usage": response["usage"]}
-        yield f"data: {json.dumps(chunk)}\n\n".encode()
-    yield b"data: [DONE]\n\n"

@@ -9,7 +9,8 @@ reads both (the fields and answers: ``tempering.rollout.openai_api``):
   ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``min_p``, the
   penalties, ``logit_bias``, ``stop``, ``stop_token_ids``, ``min_tokens``, ``ignore_eos``,
   ``seed``, ``logprobs: N`` (at most 20), ``echo`` (with ``max_tokens: 0``, the prompt's
-  log-probs alone), ``stream``. Every choice carries ``token_ids`` (the exact ids sampled, as
+  log-probs alone), ``stream`` (each token's chunk sent as it is drawn:
+  ``tempering.rollout.streaming``). Every choice carries ``token_ids`` (the exact ids sampled, as
   vLLM's ``return_token_ids``) and, with ``logprobs``, ``logprobs.tokens`` (``"token_id:N"``
   with ``return_tokens_as_token_ids``, else the tokens' text), ``logprobs.token_logprobs``
   (the sampled tokens' log-probs under the temperature-scaled distribution, what the learner
@@ -33,13 +34,17 @@ reads both (the fields and answers: ``tempering.rollout.openai_api``):
   version on as a reload does (``"version"`` too). Requests whose ``model`` is NAME sample
   with the adapter, others with the base; ``/v1/models`` lists NAME with the base as its
   ``parent``. Once an adapter is loaded, sampling runs through transformers' modules (the
-  fused decoder reads plain weights) and full reloads are refused.
+  fused decoder reads plain weights) and full reloads are refused. ``/v1/unload_lora_adapter``
+  stops serving it; ``/version``, ``/reset_prefix_cache``, ``/weight_info`` and
+  ``/update_weight_version`` answer as vLLM's do, and vLLM's weight-transfer API is a 501
+  (``tempering.rollout.weights_api``).
 
 Concurrent requests are gathered into one sampler call (requests with the same sampling
 settings, up to ``batch_size`` rows; a larger request runs as several calls of that size):
-each request draws from a random stream seeded by its own ``seed``
-(:class:`~tempering.rollout.base.RowStreams`), so what a request gets does not depend on what
+each sample draws from a random stream of its own, seeded from the request's ``seed`` as vLLM
+seeds it (:mod:`tempering.rollout.batcher`), so what a request gets does not depend on what
 it was batched with. A reload waits for the sampler call in progress and never overlaps one.
+A request whose client hangs up is dropped, queued or running.
 
 Bounds (:class:`Limits`): a request's token positions (its rows, prompts times ``n``, each
 prompt's length plus ``max_tokens``) are capped (400 naming the limit and its option), and so
@@ -47,10 +52,10 @@ are all the positions waiting or being sampled (429: retry later). With an ``api
 endpoint but ``/health`` wants ``Authorization: Bearer KEY`` (401 otherwise), as vLLM's
 ``--api-key`` does; ``temper serve`` refuses a non-loopback address without one.
 
-Not done: a stream's chunks are sent once the whole completion is sampled (the sampler
-decodes a batch, not one request token by token), so streaming gives the format, not an
-earlier first token; tool-call parsing, structured output, beam search, ``suffix``,
-``best_of``; several adapters at once; TLS (put a proxy in front for it).
+Not done: tool-call parsing, structured output, beam search, ``suffix``, ``best_of``,
+``logprob_token_ids``, ``repetition_detection``, priority scheduling; several adapters at
+once; continuous batching (a request that comes while a call runs waits for its end); TLS
+(put a proxy in front for it).
 """
 
 from __future__ import annotations
@@ -63,227 +68,29 @@ import socket
 import threading
 import time
 import traceback
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 from typing import Callable, Optional
+from urllib.parse import urlsplit
 
-import torch
-
-from tempering.models.loading import load_weights_from
-from tempering.models.lora import adapters_off, is_adapted, serve_adapter
-from tempering.rollout.base import RowStreams, SamplingParams
+from tempering.httpd import ClientGone, HTTPServer, answering
+from tempering.rollout.base import SamplingParams
+from tempering.rollout.batcher import Batcher, Job, Limits
 from tempering.rollout.hf import HFGenerator
-from tempering.rollout.openai_api import (RequestError, Sampled, Streamed, Wire, chat_messages, completion_prompts,
-                                          error_body, event_stream, flag, logprobs_asked, refuse_unsupported,
-                                          sampling_request, usage)
+from tempering.rollout.openai_api import (RequestError, Wire, chat_messages, completion_prompts, error_body, flag,
+                                          logprobs_asked, refuse_unsupported, sampling_request, usage)
 from tempering.rollout.prompts import chat_ids, encode_prompt
-from tempering.httpd import HTTPServer
+from tempering.rollout.streaming import ChoiceStream, Streamed, stream, usage_options
+from tempering.rollout.weights_api import WeightEndpoints
+
+__all__ = ["Batcher", "Job", "Limits", "OpenAIHTTPServer", "Server", "serve_in_background", "start"]
 
 MAX_BODY_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the server takes on, in token positions (a row's prompt plus its ``max_tokens``)."""
-
-    request_tokens: int = 1 << 18
-    """Positions one request may ask for; more is a 400 (``--max-request-tokens``)."""
-    queued_tokens: int = 1 << 21
-    """Positions waiting or being sampled, all requests together; more is a 429 (``--max-queued-tokens``)."""
-
-
-@dataclass
-class Job:
-    """One request's rows (each prompt ``n`` times, in order), waiting for the sampler."""
-
-    rows: list[list[int]]
-    params: SamplingParams
-    seed: int
-    prompt_tokens: int
-    done: threading.Event = field(default_factory=threading.Event)
-    outputs: Optional[list[tuple[list[int], list[float], str]]] = None
-    alternatives: list[list[list[tuple[int, float]]]] = field(default_factory=list)
-    """Per row, per token, the most likely ``(id, log-prob)``: ``top`` of them."""
-    top: int = 0
-    error: Optional[BaseException] = None
-    version: int = 0
-    adapter: Optional[str] = None
-    """The LoRA adapter to sample with; None = the base model."""
-
-    def joins(self, other: "Job") -> bool:
-        """Whether this job can share a sampler call with ``other``."""
-        return self.params == other.params and self.adapter == other.adapter
-
-    @property
-    def positions(self) -> int:
-        return sum(len(row) + self.params.max_new_tokens for row in self.rows)
-
-    def sampled(self) -> list[Sampled]:
-        """The rows as sampled (no alternatives, where none were asked for, but one empty list a token)."""
-        alternatives = self.alternatives or [[[] for _ in ids] for ids, _, _ in self.outputs]
-        return [Sampled(row, ids, logprobs, reason, alts) for row, (ids, logprobs, reason), alts
-                in zip(self.rows, self.outputs, alternatives)]
-
 
 Sampling = Callable[[dict, list[list[int]]], Job]
 """How an endpoint samples a request's prompts: ``(body, prompts) -> Job``."""
 
 
-class Batcher:
-    """Runs jobs through the sampler on one thread, gathering those waiting with the same
-    settings into one call (at most ``max_rows`` rows, waiting ``gather_s`` for company)."""
-
-    def __init__(self, sampler: HFGenerator, max_rows: int, gather_s: float = 0.01, limits: Limits = Limits()):
-        self.sampler, self.max_rows, self.gather_s, self.limits = sampler, max_rows, gather_s, limits
-        self.version = 0
-        self.lock = threading.Lock()  # held while sampling or loading weights
-        self._queue: queue.Queue[Job] = queue.Queue()
-        self._held: list[Job] = []  # taken from the queue, waiting for a call with their settings
-        self._queued = 0  # positions of the jobs submitted and not yet answered
-        self._count_lock = threading.Lock()
-        threading.Thread(target=self._run, name="sampler", daemon=True).start()
-
-    def submit(self, job: Job) -> Job:
-        """``job`` sampled; a RequestError (429) when the queue holds too much already."""
-        size = job.positions
-        with self._count_lock:
-            if self._queued + size > self.limits.queued_tokens:
-                raise RequestError(f"the server is busy: {self._queued} token positions are queued and this "
-                                   f"request adds {size}, over its limit of {self.limits.queued_tokens} "
-                                   "(temper serve --max-queued-tokens); retry later", 429)
-            self._queued += size
-        try:
-            self._queue.put(job)
-            job.done.wait()
-        finally:
-            with self._count_lock:
-                self._queued -= size
-        if job.error is not None:
-            raise job.error
-        return job
-
-    def _next_batch(self) -> list[Job]:
-        first = self._held.pop(0) if self._held else self._queue.get()
-        batch, rows = [first], len(first.rows)
-        for job in list(self._held):
-            if job.joins(first) and rows + len(job.rows) <= self.max_rows:
-                self._held.remove(job)
-                batch.append(job)
-                rows += len(job.rows)
-        deadline = time.monotonic() + self.gather_s
-        while rows < self.max_rows:
-            try:
-                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if job.joins(first) and rows + len(job.rows) <= self.max_rows:
-                batch.append(job)
-                rows += len(job.rows)
-            else:
-                self._held.append(job)
-        return batch
-
-    def _sample(self, batch: list[Job]) -> tuple[list, list]:
-        """The batch's outputs and alternatives, ``max_rows`` rows a sampler call (only a job
-        larger than that alone takes several); each job's rows draw from its own stream.
-
-        The sampler is the built-in one (``temper serve``'s) or, for an agent's calls, any
-        :class:`~tempering.rollout.base.TokenSampler` a run samples with; only the built-in one
-        gives alternatives (a job asking for them reaches no other: ``tempering.envs.recording``)."""
-        rows = [ids for job in batch for ids in job.rows]
-        owners = [k for k, job in enumerate(batch) for _ in job.rows]
-        generators = [torch.Generator().manual_seed(job.seed) for job in batch]
-        top = max(job.top for job in batch)
-        outputs, alternatives = [], []
-        with self.lock, (nullcontext() if batch[0].adapter else adapters_off(getattr(self.sampler, "model", None))):
-            for start in range(0, len(rows), self.max_rows):
-                streams = RowStreams(generators, owners[start : start + self.max_rows])
-                chunk = rows[start : start + self.max_rows]
-                if top:
-                    done, alts = self.sampler.sample_with_alternatives(chunk, batch[0].params, streams, top)
-                else:
-                    done, alts = self.sampler.sample(chunk, batch[0].params, streams), []
-                outputs += done
-                alternatives += alts
-            version = self.version
-        for job in batch:
-            job.version = version
-        return outputs, alternatives
-
-    def _run(self) -> None:
-        while True:
-            batch = self._next_batch()
-            try:
-                outputs, alternatives = self._sample(batch)
-            except Exception as exc:  # every waiting request hears of it
-                traceback.print_exc()
-                for job in batch:
-                    job.error = exc
-                    job.done.set()
-                continue
-            start = 0
-            for job in batch:
-                job.outputs = outputs[start : start + len(job.rows)]
-                job.alternatives = alternatives[start : start + len(job.rows)] if job.top else []
-                start += len(job.rows)
-                job.done.set()
-
-    @torch.no_grad()
-    def prompt_logprobs(self, prompts: list[list[int]], top: int, adapter: Optional[str]
-                        ) -> list[tuple[list[Optional[float]], list[Optional[list[tuple[int, float]]]]]]:
-        """Per prompt, each token's log-prob given the tokens before it (the first's is None)
-        and the ``top`` most likely tokens there, under the model's own distribution; one
-        prompt a forward pass, so no more than one prompt's logits exist at once."""
-        answers = []
-        with self.lock, (nullcontext() if adapter else adapters_off(self.sampler.model)):
-            model = self.sampler.model
-            for ids in prompts:
-                logits_TV = model(input_ids=torch.tensor([ids], device=model.device), use_cache=False).logits[0, :-1]
-                scores_TV = logits_TV.float().log_softmax(dim=-1)
-                chosen = scores_TV.gather(-1, torch.tensor(ids[1:], device=scores_TV.device)[:, None])[:, 0].tolist()
-                best = scores_TV.topk(max(1, top), dim=-1)
-                alternatives = [list(zip(i, v)) for i, v in zip(best.indices.tolist(), best.values.tolist())]
-                answers.append(([None, *chosen], [None, *alternatives]))
-        return answers
-
-    def reload(self, folder: str, version: Optional[int]) -> int:
-        """Load the weights saved in ``folder``; return the new policy version."""
-        if not Path(folder).is_dir():
-            raise RequestError(f"model_path {folder!r} is not a folder on the server", param="model_path")
-        with self.lock:
-            if is_adapted(self.sampler.model):
-                raise RequestError("a LoRA adapter is loaded on this server: it takes new adapters "
-                                   "(/v1/load_lora_adapter), not full weights; restart it to serve other weights")
-            try:
-                load_weights_from(self.sampler.model, Path(folder))
-            except (FileNotFoundError, RuntimeError) as exc:
-                raise RequestError(f"model_path {folder!r}: {exc}", param="model_path") from None
-            return self._advance(version)
-
-    def load_adapter(self, name: str, folder: str, version: Optional[int]) -> int:
-        """Serve the peft adapter saved in ``folder`` as ``name`` (in place of any other);
-        return the new policy version."""
-        if not Path(folder).is_dir():
-            raise RequestError(f"lora_path {folder!r} is not a folder on the server", param="lora_path")
-        with self.lock:
-            try:
-                model = serve_adapter(self.sampler.model, Path(folder), name)
-            except (FileNotFoundError, ValueError, RuntimeError) as exc:
-                raise RequestError(f"lora_path {folder!r}: {exc}", param="lora_path") from None
-            if model is not self.sampler.model:  # first adapter: sample through the wrapper
-                s = self.sampler
-                self.sampler = HFGenerator(model, s.tokenizer, s.chat_template, s.batch_size, s.bf16, share=s.share)
-            return self._advance(version)
-
-    def _advance(self, version: Optional[int]) -> int:
-        """The policy version after new weights: the next one, or ``version`` when the client names it."""
-        self.version = self.version + 1 if version is None else version
-        return self.version
-
-
-class Server:
+class Server(WeightEndpoints):
     """What the HTTP handlers call: request in, response body out."""
 
     def __init__(self, sampler: HFGenerator, name: str, batch_size: int, gather_s: float = 0.01,
@@ -293,6 +100,7 @@ class Server:
         self.vocab = len(self.tokenizer)
         self.batcher = Batcher(sampler, batch_size, gather_s, limits)
         self.adapter: Optional[str] = None  # the LoRA adapter's name, once one is loaded
+        self.replaced_adapters: set[str] = set()
 
     def models(self) -> dict:
         about = {"object": "model", "owned_by": "tempering", "created": 0,
@@ -312,19 +120,26 @@ class Server:
             raise RequestError(f"a prompt holds a token id outside the vocabulary (0..{self.vocab - 1})", param="prompt")
 
     def sample(self, body: dict, prompts: list[list[int]]) -> Job:
-        """Sample ``prompts`` as ``body`` asks (the endpoints' default way of sampling)."""
+        """Sample ``prompts`` as ``body`` asks (the endpoints' default way of sampling); a
+        streamed request's job comes back queued, the others' sampled."""
         self.check_prompts(prompts)
         params, n, seed = sampling_request(body, [len(p) for p in prompts], self.sampler.context_length, self.vocab)
         adapter = self.adapter if self.adapter is not None and body.get("model") == self.adapter else None
-        return self.run(prompts, params, n, seed, adapter, logprobs_asked(body, "messages" in body) or 0)
+        return self.run(prompts, params, n, seed, adapter, logprobs_asked(body, "messages" in body) or 0,
+                        stream=flag(body, "stream"))
 
-    def run(self, prompts: list[list[int]], params: SamplingParams, n: int, seed: int,
-            adapter: Optional[str] = None, top: int = 0) -> Job:
+    def run(self, prompts: list[list[int]], params: SamplingParams, n: int, seed: Optional[int],
+            adapter: Optional[str] = None, top: int = 0, stream: bool = False) -> Job:
         """``n`` samples of each prompt, through the batcher (with the LoRA ``adapter``, if
         named), with the ``top`` most likely alternatives of each token; a RequestError when
-        the request is over :attr:`Limits.request_tokens`."""
-        job = Job([p for p in prompts for _ in range(n)], params, seed, sum(map(len, prompts)), top=top,
-                  adapter=adapter)
+        the request is over :attr:`Limits.request_tokens`. Sample ``j`` of every prompt draws
+        from seed ``seed + j``, as vLLM seeds a request's prompts and samples (no seed: each
+        prompt one drawn at random). With ``stream`` the job comes back queued, its steps to
+        come on ``job.events``."""
+        chosen = random.SystemRandom()
+        seeds = [seed if seed is not None else chosen.randrange(2**63) for _ in prompts]
+        job = Job([p for p in prompts for _ in range(n)], params, [(s + j) % 2**63 for s in seeds for j in range(n)],
+                  sum(map(len, prompts)), top=top, adapter=adapter, events=queue.Queue() if stream else None)
         if job.positions > self.limits.request_tokens:
             raise RequestError(f"this request asks for {job.positions} token positions ({len(prompts)} prompts x "
                                f"n={n}, each its prompt plus max_tokens={params.max_new_tokens}), over this "
@@ -332,16 +147,17 @@ class Server:
                                "--max-request-tokens); send fewer prompts, a smaller n or max_tokens")
         if not params.max_new_tokens:  # echo alone: nothing to sample
             job.outputs = [([], [], "length") for _ in job.rows]
+            job.done.set()
             return job
-        return self.batcher.submit(job)
+        self.batcher.submit(job)
+        return job if stream else self.batcher.wait(job)
 
     def route(self, method: str, path: str) -> Optional[Callable]:
         """The endpoint answering ``method path``: a GET's takes nothing, a POST's the JSON body."""
-        routes = {"GET": {"/v1/models": self.models, "/health": self.health, "/tokenizer_info": self.tokenizer_info},
+        routes = {"GET": {"/v1/models": self.models, "/health": self.health, "/tokenizer_info": self.tokenizer_info,
+                          **self.weight_routes("GET")},
                   "POST": {"/v1/completions": self.completions, "/v1/chat/completions": self.chat,
-                           "/tokenize": self.tokenize, "/detokenize": self.detokenize,
-                           "/update_weights_from_disk": self.update_weights,
-                           "/v1/load_lora_adapter": self.load_lora_adapter}}
+                           "/tokenize": self.tokenize, "/detokenize": self.detokenize, **self.weight_routes("POST")}}
         return routes.get(method, {}).get(path)
 
     def health(self) -> dict:
@@ -352,6 +168,7 @@ class Server:
         self._check_model(body)
         refuse_unsupported(body, chat=False)
         top = logprobs_asked(body, chat=False)
+        options = usage_options(body)
         prompts = completion_prompts(body.get("prompt"), self.tokenizer, flag(body, "add_special_tokens", True))
         job = (sample or self.sample)(body, [ids for ids, _ in prompts])
         wire = Wire(self.tokenizer, body, job.params, top)
@@ -361,53 +178,58 @@ class Server:
         scored = (self.batcher.prompt_logprobs([ids for ids, _ in prompts], top, job.adapter)
                   if echo and top is not None else [([], [])] * len(prompts))
         scored = [s for s in scored for _ in range(n)]
-        choices, deltas = [], []
-        for i, (sampled, prompt_text, (prompt_lps, prompt_alts)) in enumerate(zip(job.sampled(), texts, scored)):
+        echoed = [wire.completion_logprobs(row, lps, alts) if top is not None else None
+                  for row, (lps, alts) in zip(job.rows, scored)]
+        if flag(body, "stream"):
+            streams = [ChoiceStream(wire, False, len(row), len(text) if echo else 0) for row, text in zip(job.rows, texts)]
+            first = [{"text": text, "logprobs": lps, "finish_reason": None, "stop_reason": None} if echo else None
+                     for text, lps in zip(texts, echoed)]
+            return Streamed(stream(job, self._head(body), False, streams, first, *options), job)
+        choices = []
+        for i, (sampled, prompt_text, prompt_logprobs) in enumerate(zip(job.sampled(), texts, echoed)):
             text, stop_reason = wire.completion_text(sampled)
             choice = {"index": i, "text": prompt_text + text if echo else text, "logprobs": None,
                       "finish_reason": sampled.reason, "stop_reason": stop_reason, "token_ids": sampled.ids}
             if flag(body, "return_token_ids"):
                 choice["prompt_token_ids"] = sampled.prompt
-            own = None
             if top is not None:
                 own = wire.completion_logprobs(sampled.ids, sampled.logprobs, sampled.alternatives,
                                                len(prompt_text) if echo else 0)
-                choice["logprobs"] = (own if not echo else _joined(
-                    wire.completion_logprobs(sampled.prompt, prompt_lps, prompt_alts), own))
+                choice["logprobs"] = _joined(prompt_logprobs, own) if echo else own
             choices.append(choice)
-            deltas.append(wire.completion_deltas(sampled, text, choice, prompt_text if echo else None, own))
-        return self._answer(body, "text_completion", job, choices, deltas)
+        return self._answer(body, "text_completion", job, choices)
 
     def chat(self, body: dict, sample: Optional[Sampling] = None) -> dict | Streamed:
         self._check_model(body)
         refuse_unsupported(body, chat=True)
         top = logprobs_asked(body, chat=True)
+        options = usage_options(body)
         prompt = encode_prompt(self.tokenizer, chat_messages(body.get("messages")), self.sampler.chat_template,
                                tools=_tools(body))
         job = (sample or self.sample)(body, [prompt])
         wire = Wire(self.tokenizer, body, job.params, top)
-        choices, deltas = [], []
+        if flag(body, "stream"):
+            role = {"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            streams = [ChoiceStream(wire, True, len(prompt)) for _ in job.rows]
+            return Streamed(stream(job, self._head(body), True, streams, [role] * len(streams), *options), job)
+        choices = []
         for i, sampled in enumerate(job.sampled()):
             text, stop_reason = wire.completion_text(sampled)
             entries = wire.chat_logprobs(sampled) if top is not None else None
             choices.append({"index": i, "finish_reason": sampled.reason, "stop_reason": stop_reason,
                             "token_ids": sampled.ids, "message": {"role": "assistant", "content": text},
                             "logprobs": None if entries is None else {"content": entries}})
-            deltas.append(wire.chat_deltas(sampled, text, entries, stop_reason))
-        return self._answer(body, "chat.completion", job, choices, deltas)
+        return self._answer(body, "chat.completion", job, choices)
 
-    def _answer(self, body: dict, kind: str, job: Job, choices: list[dict], deltas: list[list[dict]]) -> dict | Streamed:
-        """The whole response, or with ``stream`` its chunks."""
+    def _head(self, body: dict) -> dict:
+        """The fields every response and chunk of a request starts with."""
+        return {"id": f"cmpl-{random.getrandbits(64):016x}", "created": int(time.time()),
+                "model": body.get("model") or self.name}
+
+    def _answer(self, body: dict, kind: str, job: Job, choices: list[dict]) -> dict:
         completion_tokens = sum(len(ids) for ids, _, _ in job.outputs)
-        response = {"id": f"cmpl-{random.getrandbits(64):016x}", "object": kind, "created": int(time.time()),
-                    "model": body.get("model") or self.name, "choices": choices, "policy_version": job.version,
-                    "usage": usage(job.prompt_tokens, completion_tokens)}
-        if not flag(body, "stream"):
-            return response
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):
-            raise RequestError("'stream_options' must be an object", param="stream_options")
-        return Streamed(event_stream(response, kind == "chat.completion", deltas, flag(options, "include_usage")))
+        return {**self._head(body), "object": kind, "choices": choices, "policy_version": job.version,
+                "usage": usage(job.prompt_tokens, completion_tokens)}
 
     def tokenize(self, body: dict) -> dict:
         """vLLM's ``/tokenize``: ``prompt`` (text) or ``messages`` to ``{count, max_model_len, tokens}``."""
@@ -442,24 +264,6 @@ class Server:
                 "pad_token": t.pad_token, "unk_token": t.unk_token, "model_max_length": self.sampler.context_length,
                 "chat_template": t.chat_template if self.sampler.chat_template else None}
 
-    def update_weights(self, body: dict) -> dict:
-        folder = body.get("model_path")
-        if not isinstance(folder, str) or not folder:
-            raise RequestError("'model_path' must name a folder of safetensors weights", param="model_path")
-        version = self.batcher.reload(folder, _version(body))
-        return {"success": True, "message": f"loaded {folder}", "policy_version": version}
-
-    def load_lora_adapter(self, body: dict) -> dict:
-        name, folder = body.get("lora_name"), body.get("lora_path")
-        if not isinstance(name, str) or not name or name == self.name:
-            raise RequestError(f"'lora_name' must name the adapter, other than the base model {self.name!r}",
-                               param="lora_name")
-        if not isinstance(folder, str) or not folder:
-            raise RequestError("'lora_path' must name a folder holding a peft adapter", param="lora_path")
-        version = self.batcher.load_adapter(name, folder, _version(body))
-        self.adapter = name
-        return {"success": True, "message": f"loaded the LoRA adapter {name!r} from {folder}", "policy_version": version}
-
 
 def _joined(first: dict, second: dict) -> dict:
     """Two ``logprobs`` blocks as one: the echoed prompt's, then the completion's."""
@@ -471,14 +275,6 @@ def _tools(body: dict) -> Optional[list]:
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise RequestError("'tools' must be a list of tool definitions", param="tools")
     return tools or None
-
-
-def _version(body: dict) -> Optional[int]:
-    """The policy version a weight update asks for, if it names one."""
-    version = body.get("version")
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-        raise RequestError(f"'version' must be an integer, got {version!r}", param="version")
-    return version
 
 
 class OpenAIHTTPServer(HTTPServer):
@@ -507,13 +303,32 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: a line per request would drown a training run's output."""
 
     def _send(self, status: int, payload: dict | Streamed) -> None:
-        streamed = isinstance(payload, Streamed)
-        body = b"".join(payload.events) if streamed else json.dumps(payload).encode()
+        if isinstance(payload, Streamed):
+            self._send_events(payload)
+            return
+        body = json.dumps(payload).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "text/event-stream" if streamed else "application/json")
+        self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _send_events(self, payload: Streamed) -> None:
+        """Server-sent events in chunked transfer encoding, each written as it is made; a client
+        that hangs up closes the stream (which drops its job)."""
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in payload.events:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (ClientGone, OSError):
+            self.close_connection = True
+        finally:
+            payload.close()
 
     def _error(self, status: int, message: str, param: Optional[str] = None) -> None:
         self._send(status, error_body(status, message, param))
@@ -531,33 +346,25 @@ class _Handler(BaseHTTPRequestHandler):
                          "api_key)")
         return False
 
-    def do_GET(self):
-        if not self._allowed():
-            return
-        route = self.server.app.route("GET", self.path)
+    def _answer(self, method: str, raw: Optional[bytes] = None) -> None:
+        """Route the request (its path without the query) and send the endpoint's answer, or
+        the error it raised. A POST's body is JSON (none: an empty object)."""
+        path = urlsplit(self.path).path
+        route = self.server.app.route(method, path)
         if route is None:
-            self._error(404, f"no such endpoint: GET {self.path}")
-        else:
-            self._send(200, route())
-
-    def do_POST(self):
-        route = self.server.app.route("POST", self.path)
-        length = self.headers.get("Content-Length", "")
-        if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY_BYTES:
-            self.close_connection = True
-            self._error(413 if length.isdigit() else 411, f"a Content-Length up to {MAX_BODY_BYTES} bytes is required")
-            return
-        raw = self.rfile.read(int(length))
-        if not self._allowed():
-            return
-        if route is None:
-            self._error(404, f"no such endpoint: POST {self.path}")
+            self._error(404, f"no such endpoint: {method} {path}")
             return
         try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise RequestError("the request body must be a JSON object")
-            self._send(200, route(body))
+            with answering(self.connection):
+                if method == "GET":
+                    self._send(200, route())
+                    return
+                body = json.loads(raw) if raw.strip() else {}
+                if not isinstance(body, dict):
+                    raise RequestError("the request body must be a JSON object")
+                self._send(200, route(body))
+        except ClientGone:  # no one to answer
+            self.close_connection = True
         except ValueError as exc:  # RequestError, or JSON that does not parse
             if isinstance(exc, RequestError):
                 self._error(exc.status, str(exc), exc.param)
@@ -566,6 +373,20 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a defect here; the client still gets an answer
             traceback.print_exc()
             self._error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    def do_GET(self):
+        if self._allowed():
+            self._answer("GET")
+
+    def do_POST(self):
+        length = self.headers.get("Content-Length", "0")  # none: no body (HTTP/1.1)
+        if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY_BYTES:
+            self.close_connection = True
+            self._error(413 if length.isdigit() else 400, f"a Content-Length up to {MAX_BODY_BYTES} bytes is required")
+            return
+        raw = self.rfile.read(int(length))
+        if self._allowed():
+            self._answer("POST", raw)
 
 
 def start(sampler: HFGenerator, name: str, batch_size: int, host: str = "127.0.0.1", port: int = 0,

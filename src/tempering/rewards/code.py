@@ -50,7 +50,7 @@ from typing import Literal, Optional, Sequence
 from tempering.rewards.base import RewardResult, register_reward
 from tempering.sandbox.client import SandboxClient, SandboxHTTPError
 from tempering.sandbox.executor import ISOLATION_MODES, MAX_READY, MAX_WORKERS
-from tempering.sandbox.languages import ALIASES, LANGUAGES, get_language
+from tempering.sandbox.languages import LANGUAGES, get_language, is_known
 from tempering.sandbox.spec import TAMPERING, Limits, Tests, TestSpec
 from tempering.types import Problem, Rollout
 
@@ -199,7 +199,7 @@ def check_sandbox_options(language: str, timeout_s: float, memory_mb: int, worke
     model work. A local pool must run ``language`` here; a service's languages are its own."""
     Limits(timeout_s=timeout_s, memory_mb=memory_mb)  # a SpecError naming the field
     if url:
-        if ALIASES.get(language.lower(), language.lower()) not in LANGUAGES:
+        if not is_known(language):
             raise ValueError(f"language {language!r} is not supported; known: {', '.join(LANGUAGES)}")
     else:
         get_language(language)

@@ -75,9 +75,11 @@ def _one(reward: BatchReward, problem: Problem, rollout: Rollout) -> RewardResul
 
 
 def _checked(name: str, result: Any) -> RewardResult:
-    """``result``, or an error result when it is not a RewardResult with a finite score."""
+    """``result``, or an error result when it is not a RewardResult with a finite score (or an
+    error of its own)."""
     score = getattr(result, "score", result)
-    if isinstance(result, RewardResult) and isinstance(score, (int, float)) and math.isfinite(score):
+    if isinstance(result, RewardResult) and (result.error is not None
+                                             or isinstance(score, (int, float)) and math.isfinite(score)):
         return result
     return RewardResult(0.0, diagnostics={"exception": 1},
                         error=f"reward {name!r} returned the score {score!r}; a score must be a finite number")

@@ -90,8 +90,9 @@ def typed_options(factory: Callable[..., Any], options: dict[str, Any]) -> dict[
     """``options`` checked against the types ``factory``'s signature gives them, and converted
     where pydantic's lax mode would (``"3"`` for an ``int`` is 3), so that a wrong type is a
     ValueError naming the option and the type wanted rather than a TypeError from inside the
-    task or reward, or a value taken for what it is not (``"maybe"`` for a ``bool``). An option the signature leaves untyped or does not name (a ``**kwargs`` factory's)
-    passes as it is; so do all of them when the signature cannot be read."""
+    task or reward, or a value taken for what it is not (``"maybe"`` for a ``bool``). An option
+    the signature leaves untyped or does not name (a ``**kwargs`` factory's) passes as it is; so
+    do all of them when the signature cannot be read."""
     try:
         parameters = inspect.signature(factory, eval_str=True).parameters
     except (TypeError, ValueError, NameError):  # a builtin, or annotations that name what is not there

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from tempering.config import ConfigError, PretrainConfig, TaskSpec, TrainConfig, apply_override, validate_config
+from tempering.config import ConfigError, PretrainConfig, TrainConfig, apply_override, validate_config
 from tempering.config import load_config as load_config_file
 from tempering.threads import passive_waits
 
@@ -53,23 +53,27 @@ def train(config: ConfigSource = None, overrides: Sequence[str] = (), *, run_dir
     The summary holds ``eval_before`` and ``eval_after`` (accuracy per task), ``steps``,
     ``wall_s``, ``checkpoint`` (the final model's folder, loadable by :func:`load_model` or
     ``AutoModelForCausalLM.from_pretrained``) and the rollout counters. ``run_dir`` sets the
-    output folder (default: a new one under ``runs/``); ``resume`` continues the run in it.
+    output folder (default: a new one under ``runs/``); ``resume`` continues the run in it (a
+    ConfigError when it holds none, as ``temper train --resume`` refuses).
     """
     from tempering.train import train as run
 
     settings = load_config(config, overrides)
     if run_dir is not None:
         settings = settings.model_copy(update={"run_dir": str(run_dir)})
+    if resume and not (settings.run_dir and (Path(settings.run_dir) / "config.yaml").is_file()):
+        raise ConfigError(f"resume=True: run_dir={settings.run_dir} is not a run folder (no config.yaml in it); "
+                          "pass run_dir, the folder of the run to continue, or drop resume to start one")
     return run(settings, progress=progress, resume=resume)
 
 
 def _with_tasks(config: TrainConfig, tasks: Optional[Sequence[Union[str, Mapping[str, Any]]]]) -> TrainConfig:
     if tasks is None:
         return config
-    specs = [TaskSpec(name=t) if isinstance(t, str) else TaskSpec.model_validate(dict(t)) for t in tasks]
-    if not specs:
+    if not tasks:
         raise ConfigError("tasks: name at least one task, e.g. tasks=['add']")
-    return config.model_copy(update={"tasks": specs})
+    entries = [{"name": t} if isinstance(t, str) else dict(t) for t in tasks]
+    return validate_config({**config.model_dump(mode="json"), "tasks": entries})  # a bad entry: a ConfigError
 
 
 def evaluate(model: Optional[str] = None, config: ConfigSource = None, overrides: Sequence[str] = (), *,
@@ -114,6 +118,7 @@ def load_model(path: str = "builtin:tiny", *, dtype: str = "float32", device: st
     from tempering.build import load_policy
     from tempering.models.device import resolve_device
 
+    validate_config({"model": {"path": path, "dtype": dtype, "device": device}})  # a bad one: a ConfigError
     model, tokenizer, _ = load_policy(path, dtype, PretrainConfig(), progress, device=resolve_device(device))
     return model.eval(), tokenizer
 

@@ -81,10 +81,15 @@ def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = Tru
         return str(ensure_pretrained(pretrain, progress=progress))
     if path == "builtin:smollm2":
         return str(ensure_converted(smollm2_gguf(), progress=progress))
-    if path.startswith("builtin:"):
-        raise ModelLoadError(f"model.path {path!r}: known built-in models are builtin:tiny and builtin:smollm2")
+    check_builtin_name(path)
     inside = checkpoint_model(Path(path).expanduser())
     return str(inside) if inside is not None else path
+
+
+def check_builtin_name(path: str) -> None:
+    """A ModelLoadError for a ``builtin:`` path that names no built-in model."""
+    if path.startswith("builtin:") and path not in ("builtin:tiny", "builtin:smollm2"):
+        raise ModelLoadError(f"model.path {path!r}: known built-in models are builtin:tiny and builtin:smollm2")
 
 
 def checkpoint_model(path: Path) -> Optional[Path]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union, get_args
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 
 class ConfigError(ValueError):
@@ -22,10 +23,20 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    """Unknown keys are errors, and no float field takes inf or nan: none has a meaning for them,
-    and one that slipped through (``learner.lr=.inf``) would fail far from its cause."""
+    """Unknown keys are errors, no float field takes inf or nan, and no number field takes a
+    boolean: none has a meaning for them, and one that slipped through (``learner.lr=.inf``,
+    ``steps=true`` read as 1 step) would fail far from its cause, or not at all."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        kinds = get_args(annotation) or (annotation,)
+        if isinstance(value, bool) and bool not in kinds and (int in kinds or float in kinds):
+            raise PydanticCustomError("bool_number", "Input should be a number, not true or false")
+        return value
 
 
 class EnvSpec(Strict):

@@ -7,7 +7,9 @@ every completion is ``rollout.max_new_tokens`` long and nothing is skipped or me
 bound, reached when no row is left out (``learner.skip_zero_advantage``,
 ``learner.merge_duplicates`` leave some out in most steps).
 
-When the model can be inspected (a local folder, a cached built-in model; nothing is
+A config ``temper train`` would refuse before loading its model (an unknown built-in model,
+task, reward option or algorithm) is refused here the same way. When the model can be
+inspected (a local folder, a cached built-in model; nothing is
 downloaded or pre-trained for it), the prompts are its tokens (the longest of a sample of
 each task's problems), the token budget ``learner.memory_budget_gb`` gives is computed,
 memory is estimated from the model's shape (``tempering.learner.packing.memory_costs``) and the
@@ -57,6 +59,25 @@ class Inspection:
     token_budget: int = 0
     share_prompts: bool = True
     notes: list[str] = field(default_factory=list)
+
+
+def refuse_as_train_does(config: TrainConfig) -> None:
+    """What ``temper train`` refuses from the config alone, before its model loads, refused here
+    too (a ConfigError or ModelLoadError), so that a config explain passes is not one train
+    then refuses: a built-in model name, the tasks and their rewards' options, the algorithm,
+    the mixture, the sinks and the pipeline's band."""
+    from tempering.build import (build_mixture, build_rewarder, build_tasks, check_builtin_name, check_mismatch_band,
+                                 check_onednn, resolve_algorithm)
+    from tempering.reporting.sinks import check_sinks
+
+    check_builtin_name(config.model.path)
+    tasks = build_tasks(config)
+    resolve_algorithm(config)
+    build_rewarder(config, tasks).close()
+    build_mixture(config, tasks)
+    check_sinks(config.logging.sinks)
+    check_mismatch_band(config)
+    check_onednn(config)
 
 
 def inspect_model(config: TrainConfig) -> Inspection:
@@ -178,6 +199,7 @@ def explain(config: TrainConfig, probe: int = 8) -> str:
     rc, lc = config.rollout, config.learner
     if config.threads:
         torch.set_num_threads(config.threads)
+    refuse_as_train_does(config)
     seen = inspect_model(config)
     rollouts = rc.prompts_per_step * rc.group_size
     updates = lc.ppo_epochs * lc.mini_batches

@@ -5,13 +5,16 @@ a name twice; :func:`resolve` looks one up, or imports it when written ``module:
 so users plug their own in from the config without registering anything. Entries whose
 modules are slow to import (or register more entries) can be named in a ``lazy`` table
 instead: they are imported on first use, and listed with the rest when a name is unknown.
+:func:`typed_options` checks an entry's options from the config against its signature.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 T = TypeVar("T")
 
@@ -77,3 +80,37 @@ def _check_shape(entry: Any, name: str, kind: str, classes: bool | str) -> None:
         raise ValueError(f"{kind} {name} is a module, not {wanted}")
     elif not callable(entry):
         raise ValueError(f"{kind} {name} is a {type(entry).__name__}, not {wanted}")
+
+
+ANY_CLASS = ConfigDict(arbitrary_types_allowed=True)
+"""A type pydantic has no schema for (a class of the entry's own) is checked with isinstance."""
+
+
+def typed_options(factory: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` checked against the types ``factory``'s signature gives them, and converted
+    where pydantic's lax mode would (``"3"`` for an ``int`` is 3), so that a wrong type is a
+    ValueError naming the option and the type wanted rather than a TypeError from inside the
+    task or reward, or a value taken for what it is not (``"maybe"`` for a ``bool``). An option
+    the signature leaves untyped or does not name (a ``**kwargs`` factory's) passes as it is; so
+    do all of them when the signature cannot be read."""
+    try:
+        parameters = inspect.signature(factory, eval_str=True).parameters
+    except (TypeError, ValueError, NameError):  # a builtin, or annotations that name what is not there
+        return options
+    typed = dict(options)
+    for key, value in options.items():
+        annotation = parameters[key].annotation if key in parameters else Any
+        if annotation in (Any, inspect.Parameter.empty):
+            continue
+        try:
+            typed[key] = TypeAdapter(annotation, config=ANY_CLASS).validate_python(value)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"])
+            raise ValueError(f"options.{key}={value!r}: expected {_type_name(annotation)} "
+                             f"({where + ': ' if where else ''}{error['msg']})") from None
+    return typed
+
+
+def _type_name(annotation: Any) -> str:
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")

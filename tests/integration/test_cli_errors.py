@@ -50,6 +50,16 @@ def _temper(args, cwd, cache):
     (["explain", "steps=1", "--probe", "0", "seed=abc"], "seed='abc': Input should be a valid integer"),
     (["eval", "builtin:tiny", "--n", "2", "steps=abc"], "steps='abc': Input should be a valid integer"),
     (["serve", "M", "--port", "0", "threads=abc"], "threads='abc': Input should be a valid integer"),
+    # what the config alone decides, refused before the model loads, not at the first evaluation or step
+    (["train", "steps=true"], "steps=True: Input should be a number, not true or false"),
+    (["train", "tasks=[{name: code}]", "rewards.options.code={timeout_s: -1}"],
+     "rewards.options.code: timeout_s must be a number of seconds in (0, 600], got -1"),
+    (["train", "tasks=[{name: code, options: {partial: maybe}}]"],
+     "tasks.0 (code): options.partial='maybe': expected bool"),
+    # explain refuses what train refuses, rather than passing it as "could not be inspected"
+    (["explain", "model.path=builtin:nonsense"],
+     "model.path 'builtin:nonsense': known built-in models are builtin:tiny and builtin:smollm2"),
+    (["explain", "tasks.0.name=nosuch"], "tasks.0 (nosuch): unknown task 'nosuch'"),
 ])
 def test_a_bad_config_exits_2_with_a_short_message_and_no_traceback(tmp_path, args, expected):
     cache, cwd = tmp_path / "cache", tmp_path / "cwd"

@@ -66,6 +66,21 @@ def test_load_config_takes_a_dict_an_object_or_a_shipped_name_with_overrides():
         tempering.load_config({}, ["nosuch=1"])
 
 
+def test_the_functions_refuse_what_the_commands_refuse_with_a_config_error_before_any_model_work(tmp_path):
+    """resume=True without a run folder started afresh (the CLI refuses it); a bad dtype was a
+    KeyError and a bad task entry a pydantic ValidationError."""
+    for run_dir in (None, tmp_path / "nosuch"):
+        with pytest.raises(tempering.ConfigError, match=rf"resume=True: run_dir={run_dir} is not a run folder"):
+            tempering.train({"steps": 1}, run_dir=run_dir, resume=True)
+    assert not any(tmp_path.iterdir()), "no run folder was made"
+    with pytest.raises(tempering.ConfigError, match=r"model.dtype='bogus': Input should be 'float32' or 'bfloat16'"):
+        tempering.load_model(str(tmp_path / "model"), dtype="bogus")
+    with pytest.raises(tempering.ConfigError, match=r"tasks.0.nosuch: unknown key \(allowed here: env, name,"):
+        tempering.evaluate(str(tmp_path / "model"), tasks=[{"name": "add", "nosuch": 1}])
+    with pytest.raises(tempering.ConfigError, match=r"tasks.1.weight='heavy': Input should be a valid number"):
+        tempering.evaluate(str(tmp_path / "model"), tasks=["sub", {"name": "add", "weight": "heavy"}])
+
+
 @pytest.fixture
 def registered():
     """Names registered by a test, taken out of their registries afterwards."""

@@ -57,6 +57,11 @@ def test_the_resolved_config_round_trips(tmp_path):
     (["rollout.top_p=1.5"], ["rollout.top_p=1.5", "less than or equal to 1"]),
     (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator='k4'", "'k1', 'k2', 'k3', 'abs', 'k1+' or 'k3+'"]),
     (["learner.schedule=step"], ["learner.schedule='step'", "'constant', 'linear' or 'cosine'"]),
+    # a boolean is not a number, though pydantic's lax mode reads true as 1
+    (["steps=true"], ["steps=True: Input should be a number, not true or false", "RL steps"]),
+    (["learner.lr=true"], ["learner.lr=True: Input should be a number, not true or false"]),
+    (["rollout.group_size=false"], ["rollout.group_size=False: Input should be a number"]),
+    (["eval.max_new_tokens=true"], ["eval.max_new_tokens=True: Input should be a number"]),
 ])
 def test_bad_keys_and_values_are_named_with_what_is_allowed(overrides, expected):
     message = _error(overrides)
@@ -116,6 +121,11 @@ def test_an_empty_config_file_means_all_defaults(tmp_path):
     (["tasks.0.options.nosuch=1"], "tasks.0 (add):"),
     (["tasks.2.rewards={nosuch: 1}"], "tasks.2 (mul): unknown reward 'nosuch'; known: code, code_format, exact_match, format,"),
     (["tasks.1.name=add"], "tasks: each task may appear once"),
+    # the code task's options are typed by its class (its factory takes any): none taken for what it is not
+    (["tasks.0.name=code", "tasks.0.options.partial=maybe"], "tasks.0 (code): options.partial='maybe': expected bool"),
+    (["tasks.0.name=code", "tasks.0.options.tests=abc"], "tasks.0 (code): options.tests='abc': expected int"),
+    (["tasks.0.name=code", "tasks.0.options.levels=[]"], "tasks.0 (code): levels must be a non-empty list of 1, 2 or 3, got []"),
+    (["tasks.0.name=rg:leg_counting", "tasks.0.options.eval_size=abc"], "tasks.0 (rg:leg_counting): options.eval_size='abc': expected int"),
 ])
 def test_bad_task_entries_are_config_errors_naming_the_entry(overrides, expected):
     config = load_config(None, ["tasks=[{name: add}, {name: sub}, {name: mul}]", *overrides])

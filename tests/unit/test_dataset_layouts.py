@@ -71,6 +71,21 @@ def test_a_saved_datasets_folder_and_its_splits(tmp_path):
         _task(tmp_path / "saved", kind="text", reward="m:f", split="validation")
 
 
+def test_a_damaged_saved_folder_names_the_folder_or_the_arrow_file(tmp_path):
+    """datasets' own errors name neither: a folder holding only state.json was a
+    FileNotFoundError, a damaged .arrow file an ArrowInvalid about metadata bytes."""
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "lone").mkdir()
+    (tmp_path / "lone" / "state.json").write_text("{}")
+    with pytest.raises(DatasetError, match=r"lone: not a folder datasets' save_to_disk wrote \(.*\); save it again"):
+        _task(tmp_path / "lone", kind="math")
+    datasets.Dataset.from_list([{"question": "1+1?", "answer": "2"}]).save_to_disk(str(tmp_path / "saved"))
+    (arrow,) = (tmp_path / "saved").glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes()[:40])
+    with pytest.raises(DatasetError, match=rf"{arrow}: not a readable Arrow file \(.*\); save the dataset again"):
+        _task(tmp_path / "saved", kind="math")
+
+
 def test_a_folder_of_data_files_reads_the_split_and_a_json_array(tmp_path):
     _jsonl(tmp_path / "hub", [{"question": "1+1?", "answer": 2}], "data/train-00000-of-00002.jsonl")
     (tmp_path / "hub" / "data" / "train-00001-of-00002.json").write_text(json.dumps([{"question": "2+2?", "answer": 4}]))

@@ -166,6 +166,26 @@ def test_an_exception_in_a_reward_is_contained_to_the_rollout_that_raised(monkey
     rewarder.close()
 
 
+class Scored:
+    """A batch reward that scores each rollout the number its text reads as ("nan" too)."""
+
+    def score_batch(self, problems, rollouts):
+        return [RewardResult(float(r.text)) for r in rollouts]
+
+
+def test_a_reward_that_scores_nan_loses_those_rollouts_and_its_name_is_the_last_error(monkeypatch):
+    """A nan reward would reach the advantages and stop the run as 'training diverged', naming
+    no reward: it is contained as a reward that raises, and named."""
+    monkeypatch.setitem(REWARDS, "scored", Scored)
+    rewarder = Rewarder([FakeTask("t", {"scored": 1.0}, metric="scored")])
+    groups = [_group("t", "1", ["1", "nan", "0"], 0), _group("t", "1", ["inf"], 1)]
+    record = rewarder.score(groups)
+    assert [[r.reward for r in g.rollouts] for g in groups] == [[1.0, 0.0]]
+    assert record["reward/dropped"] == 2 and record["reward/errors"] == 2
+    assert rewarder.last_error == ("scored", "reward 'scored' returned the score inf; a score must be a finite number")
+    rewarder.close()
+
+
 def test_a_math_answer_the_checker_cannot_settle_is_dropped_and_right_answers_after_it_score_one():
     rewarder = Rewarder([FakeTask("m", {"math": 1.0}, metric="math")], {"math": {"timeout_s": 1.0}})
     groups = [_group("m", "x^2-1", ["answer: 9^{9^{9}}", "answer: (x-1)(x+1)", "answer: x^2+1"])]

@@ -169,13 +169,36 @@ def test_a_code_problem_without_tests_is_an_error_naming_it():
 
 
 def test_code_options_are_checked_when_built():
-    with pytest.raises(ValueError, match="credit must be 'all' or 'fraction'"):
+    with pytest.raises(ValueError, match="options.credit='most': expected .*Input should be 'all' or 'fraction'"):
         build_reward("code", {"credit": "most"})
     with pytest.raises(ValueError, match="reward 'code' has no option 'nosuch'"):
         build_reward("code", {"nosuch": 1})
     for ready in (-1, 65):  # refused before the sandbox starts, not at the first scoring
         with pytest.raises(ValueError, match=f"ready must be between 0 and 64, got {ready}"):
             build_reward("code", {"ready": ready})
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({"timeout_s": -1}, r"timeout_s must be a number of seconds in \(0, 600\], got -1"),
+    ({"timeout_s": float("nan")}, r"timeout_s must be a number of seconds in \(0, 600\], got nan"),
+    ({"timeout_s": 1e9}, r"timeout_s must be a number of seconds in \(0, 600\], got 1000000000.0"),
+    ({"memory_mb": 0}, r"memory_mb must be an integer in \[16, 65536\], got 0"),
+    ({"memory_mb": 100000}, r"memory_mb must be an integer in \[16, 65536\], got 100000"),
+    ({"memory_mb": 256.5}, r"options.memory_mb=256.5: expected int"),
+    ({"workers": -1}, r"workers must be between 0 \(one per core\) and 64, got -1"),
+    ({"workers": 1000}, r"workers must be between 0 \(one per core\) and 64, got 1000"),
+    ({"isolation": "bogus"}, r"isolation must be one of auto, namespaces, landlock, bwrap, none, got 'bogus'"),
+    ({"language": "cobol"}, r"language 'cobol' is not supported"),
+    ({"language": "cobol", "url": "http://127.0.0.1:9"}, r"language 'cobol' is not supported; known: python, cpp"),
+    ({"retries": -1}, r"retries must be 0 or more"),
+    ({"unfenced": "maybe"}, r"options.unfenced='maybe': expected bool"),
+])
+def test_a_code_option_the_sandbox_would_refuse_is_refused_when_the_reward_is_built(options, expected):
+    """Each of these was taken at build time and failed at the first scoring, after the model
+    loaded (``retries: -1`` never sent a program, and read as a grader outage; ``unfenced:
+    maybe`` read as true); a service's URL is not asked when its options are refused."""
+    with pytest.raises(ValueError, match=expected):
+        build_reward("code", options)
 
 
 def test_two_problems_sharing_a_key_but_not_their_tests_each_run_the_program():

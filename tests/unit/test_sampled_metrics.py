@@ -6,7 +6,7 @@ from tempering.cli import _eval_inputs, build_parser
 from tempering.config import ConfigError
 from tempering.eval.sampled import (VOTE_KEYS, ProblemSamples, SampledSettings, TaskSamples, metric_table,
                                     sampled_evaluate, task_metrics, truncation_notes)
-from tempering.rewards.base import RewardResult
+from tempering.rewards.base import FunctionReward, RewardResult
 from tempering.rollout.base import SamplingParams
 from tempering.tasks import build_task
 from tempering.types import Group, Problem, Rollout, Turn
@@ -189,3 +189,26 @@ def test_evaluation_stops_completions_where_the_rollouts_stop():
     greedy, *sampled = generator.params
     assert greedy.greedy and greedy.stop == ("END",)
     assert sampled and all(not p.greedy and p.stop == ("END",) for p in sampled)
+
+
+def test_a_metric_that_raises_or_scores_no_number_is_a_grader_error_in_evaluation_as_in_training():
+    """A user's metric that raises on one problem, returns "high" on another and nan on a third
+    costs those problems (counted in grader_errors), not the evaluation."""
+    task = build_task("add", seed=0)
+    problems = task.eval_problems(4)
+    failing = {problems[1].key: ValueError("no answer key"), problems[2].key: "high", problems[3].key: float("nan")}
+
+    def flaky(problem, completion):
+        found = failing.get(problem.key, float(completion == problem.answer))
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    metric = FunctionReward(flaky, task.metric, {})
+    settings = SampledSettings(2, (1, 2), SamplingParams(), seed=0)
+    result = sampled_evaluate(ScriptedEpisodes(problems), [task], 4, 8, {task.metric: metric}, {}, settings, {},
+                              verifier=False, progress=False)
+
+    assert result["per_task"]["add"] == 1.0 and result["grader_errors"]["add"] == 3
+    assert result["samples"]["add"]["grader_errors"] == 6 and result["samples"]["add"]["mean_score"] == 1.0
+    assert result["metrics"]["add"]["pass@1"]["value"] == 1.0 and result["metrics"]["add"]["pass@1"]["problems"] == 1

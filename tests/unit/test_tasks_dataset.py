@@ -16,6 +16,9 @@ def _write(tmp_path, records, name="data.jsonl"):
     return str(path)
 
 
+STDIO = {"kind": "stdio", "cases": [{"stdin": "", "stdout": "1\n"}]}
+
+
 def _math_records(n):
     return [{"question": f"What is {i} + {i}?", "answer": 2 * i, "level": i % 3} for i in range(n)]
 
@@ -72,10 +75,33 @@ def test_parquet_files_read_like_jsonl(tmp_path):
      r"data.jsonl:1: field 'tests': 'tests.entry_point' must name a function"),
     ("code", [{"prompt": "p", "tests": {"kind": "stdio", "cases": [{"stdin": "\ud800", "stdout": "1"}]}}],
      r"data.jsonl:1: field 'tests': tests.cases\[0\].stdin must be UTF-8 text: it holds a lone surrogate"),
+    # a code record's language and prefix are checked here, not dropped at every draw
+    ("code", [{"prompt": "p", "tests": STDIO}, {"prompt": "q", "tests": STDIO, "language": "cobol"}],
+     r"data.jsonl:2: field 'language' must name a language of the sandbox \(python, cpp, .*\), got 'cobol'"),
+    ("code", [{"prompt": "p", "tests": STDIO, "language": 5}], r"data.jsonl:1: field 'language' must name a language"),
+    ("code", [{"prompt": "p", "tests": STDIO, "code_prefix": ["def f():"]}],
+     r"data.jsonl:1: field 'code_prefix' must be text \(the code the answer continues\), got list"),
+    ("math", [_math_records(1)[0], {"question": "q", "answer": "Half of 8 is 4.\n####"}],
+     r"data.jsonl:2: field 'answer' ends with '####' and nothing after it"),
+    ("math", [_math_records(1)[0], '{"question": "q", "answer": ' + "[" * 200_000 + "]" * 200_000 + "}"],
+     r"data.jsonl:2: nested too deeply to read"),
 ])
 def test_malformed_records_name_file_line_and_field(tmp_path, kind, records, message):
     with pytest.raises(DatasetError, match=message):
         build_task("dataset", seed=0, path=_write(tmp_path, records), kind=kind)
+
+
+def test_a_deep_json_array_file_names_the_file(tmp_path):
+    path = tmp_path / "data.json"
+    path.write_text('[{"question": "q", "answer": ' + "[" * 200_000 + "]" * 200_000 + "}]")
+    with pytest.raises(DatasetError, match=r"data.json: nested too deeply to read"):
+        build_task("dataset", seed=0, path=str(path), kind="math")
+
+
+def test_a_code_record_in_an_installed_or_remote_language_is_read(tmp_path):
+    records = [{"prompt": "p", "tests": STDIO, "language": "java", "code_prefix": "class Main {"}]
+    problem = build_task("dataset", seed=0, path=_write(tmp_path, records), kind="code", eval_fraction=0).train_problem(0)
+    assert problem.meta["language"] == "java" and problem.meta["code_prefix"] == "class Main {"
 
 
 @pytest.mark.parametrize("options, message", [

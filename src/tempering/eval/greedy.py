@@ -1,7 +1,8 @@
 """Greedy held-out evaluation: the accuracy every before/after table is built from.
 
 A problem whose grader failed (``RewardResult.error``: a sandbox fault, a math checker that
-timed out) says nothing about the model, so it is left out of the accuracy and counted in
+timed out, a metric reward that raised or scored no finite number, contained as in training)
+says nothing about the model, so it is left out of the accuracy and counted in
 ``grader_errors`` instead of counting as wrong. A completion cut off at ``max_new_tokens``
 is graded as written (usually wrong) and counted in ``truncated``, so a length limit shorter
 than the model's answers shows as such and not as a model that cannot solve the task; a
@@ -18,6 +19,7 @@ from tqdm import tqdm
 
 from tempering.config import ConfigError
 from tempering.rewards.base import BatchReward, build_reward
+from tempering.rewards.compose import score_contained
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.tasks import Task
 from tempering.types import transcript
@@ -80,7 +82,8 @@ def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: 
     for task in tasks:
         groups = generator.generate(task.eval_problems(problems_per_task), group_size=1, params=params)
         bar.update(len(groups))
-        results = metrics[task.metric].score_batch([g.problem for g in groups], [g.rollouts[0] for g in groups])
+        results = score_contained(metrics[task.metric], task.metric, [g.problem for g in groups],
+                                  [g.rollouts[0] for g in groups])
         graded = [r.score for r in results if r.error is None]
         per_task[task.name] = sum(graded) / len(graded) if graded else None
         by_turns[task.name] = _score_by_turns(groups, results)

@@ -43,6 +43,7 @@ from tempering.eval.greedy import evaluate
 from tempering.rewards.base import BatchReward
 from tempering.rewards.basic import (extract_answer, final_answer, is_lenient, lenient_answer, normalize_text,
                                      parse_number)
+from tempering.rewards.compose import score_contained
 from tempering.rollout.base import SamplingParams
 from tempering.tasks import Task
 from tempering.types import Problem
@@ -130,11 +131,12 @@ class TaskSamples:
     """Whether the samples carry answers to vote on."""
 
 
-def _grade(problems: Sequence[Problem], rollouts: Sequence, metric: BatchReward, vote_key: Optional[VoteKey],
-           options: Mapping[str, Any]) -> list[tuple[Optional[float], Optional[str]]]:
-    """``(score or None when the grader failed, answer voted for)`` of each rollout."""
+def _grade(problems: Sequence[Problem], rollouts: Sequence, name: str, metric: BatchReward,
+           vote_key: Optional[VoteKey], options: Mapping[str, Any]) -> list[tuple[Optional[float], Optional[str]]]:
+    """``(score or None when the grader failed, answer voted for)`` of each rollout; a metric
+    that raises or scores no finite number is such a failure (:func:`score_contained`)."""
     graded = []
-    for problem, rollout, result in zip(problems, rollouts, metric.score_batch(problems, rollouts)):
+    for problem, rollout, result in zip(problems, rollouts, score_contained(metric, name, problems, rollouts)):
         if "extracted" in result.diagnostics:  # the reward's own reading; the vote key only without one
             extracted = result.diagnostics["extracted"]
         else:
@@ -158,7 +160,7 @@ def sample_task(generator, task: Task, metric: BatchReward, options: Mapping[str
         groups = generator.generate(problems[start:start + chunk], settings.n, settings.params, generator=draws)
         rollouts = [r for g in groups for r in g.rollouts]
         flat = [r.problem for r in rollouts]
-        graded = _grade(flat, rollouts, metric, vote_key, options)
+        graded = _grade(flat, rollouts, task.metric, metric, vote_key, options)
         ranks = {name: [r.score for r in s.score_batch(flat, rollouts)] for name, s in selectors.items()}
         turns = [r.model_turns for r in rollouts]
         ends = list(accumulate(len(g.rollouts) for g in groups))  # an agent's episode may give several

@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
-from tempering.registry import add, resolve
+from tempering.registry import add, resolve, typed_options
 from tempering.types import Problem, RewardResult, Rollout
 
 Number = Union[int, float]
@@ -115,12 +115,21 @@ def build_reward(name: str, options: Optional[dict[str, Any]] = None) -> BatchRe
     if inspect.isclass(reward):
         _check_options(reward.__init__, name, options)
         try:
-            return reward(**options)
+            return reward(**_typed(reward.__init__, name, options))
         except TypeError as exc:
             raise ValueError(f"reward {name!r}: {exc}") from None
     if not callable(reward):
         raise ValueError(f"reward {name!r} is neither a function nor a class")
-    return FunctionReward(reward, name, options)
+    return FunctionReward(reward, name, _typed(reward, name, options))
+
+
+def _typed(fn: Callable, name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` as ``fn``'s signature types them (:func:`~tempering.registry.typed_options`),
+    a wrong type a ValueError naming the reward and the option."""
+    try:
+        return typed_options(fn, options)
+    except ValueError as exc:
+        raise ValueError(f"reward {name!r}: {exc}") from None
 
 
 def score(problem: Problem, completion: str, spec: dict[str, float]) -> tuple[float, dict[str, float]]:

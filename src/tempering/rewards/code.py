@@ -54,8 +54,9 @@ from typing import Literal, Optional, Sequence
 
 from tempering.rewards.base import RewardResult, register_reward
 from tempering.sandbox.client import SandboxClient, SandboxHTTPError
-from tempering.sandbox.executor import MAX_READY
-from tempering.sandbox.spec import TAMPERING, Tests, TestSpec
+from tempering.sandbox.executor import ISOLATION_MODES, MAX_READY, MAX_WORKERS
+from tempering.sandbox.languages import LANGUAGES, get_language, is_known
+from tempering.sandbox.spec import TAMPERING, Limits, Tests, TestSpec
 from tempering.types import Problem, Rollout
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -207,6 +208,27 @@ def entry_point(problem: Problem) -> str:
     return problem_tests(problem).entry_point if tests is not None else ""
 
 
+def check_sandbox_options(language: str, timeout_s: float, memory_mb: int, workers: int, isolation: str,
+                          url: str, retries: int, ready: int) -> None:
+    """A ``ValueError`` naming the first option the sandbox would refuse at the first run (or,
+    for ``retries``, never send it), so that a config is refused when it is built, before any
+    model work. A local pool must run ``language`` here; a service's languages are its own."""
+    Limits(timeout_s=timeout_s, memory_mb=memory_mb)  # a SpecError naming the field
+    if url:
+        if not is_known(language):
+            raise ValueError(f"language {language!r} is not supported; known: {', '.join(LANGUAGES)}")
+    else:
+        get_language(language)
+    if not 0 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers must be between 0 (one per core) and {MAX_WORKERS}, got {workers!r}")
+    if isolation not in ISOLATION_MODES:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {isolation!r}")
+    if retries < 0:
+        raise ValueError(f"retries must be 0 or more (extra rounds after the first), got {retries!r}")
+    if not 0 <= ready <= MAX_READY:
+        raise ValueError(f"ready must be between 0 and {MAX_READY}, got {ready!r}")
+
+
 @register_reward("code")
 class CodeReward:
     """Score programs by the share of test cases they pass, a batch at a time.
@@ -234,11 +256,10 @@ class CodeReward:
             warnings.warn(f"forgeable_credit={forgeable_credit}: 'program' tests are passed on the program's own "
                           "word, which a completion can forge (write the done message, exit 0); such passes earn "
                           "reward. Prefer stdio or call tests, which the parent judges", stacklevel=2)
+        check_sandbox_options(language, timeout_s, memory_mb, workers, isolation, url, retries, ready)
         self.credit, self.language, self.retries = credit, language, retries
         self.forgeable_credit, self.unfenced = forgeable_credit, unfenced
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
-        if not 0 <= ready <= MAX_READY:
-            raise ValueError(f"ready must be between 0 and {MAX_READY}, got {ready!r}")
         if isolation == "none" and not url:
             warnings.warn("isolation='none': the code reward runs the model's programs UNISOLATED, as this "
                           "user, with access to its files and network; use it only for trusted code or "

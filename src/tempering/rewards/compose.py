@@ -12,7 +12,8 @@ counted in ``reward/dropped``; a group left empty is removed from the step. The 
 failure is kept as ``last_error`` (the reward's name and its error), for the message of a
 run that stops because a grader keeps failing. A reward that
 raises is contained the same way: its batch is scored again one rollout at a time, and
-only the rollouts whose scoring raises are dropped (counted in ``reward/errors`` too).
+only the rollouts whose scoring raises are dropped (counted in ``reward/errors`` too); so is
+a score that is not a finite number (:func:`score_contained`, which evaluation uses too).
 
 A multi-turn episode (``tempering.envs``) adds the rewards its environment gave, summed over
 its turns, each kept as the component ``env/<name>``.
@@ -24,6 +25,7 @@ accuracy is measured whatever the training rewards are.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +48,41 @@ class TaskRewards:
     rewards: Mapping[str, float]
     metric: str
     domain: str = ""
+
+
+def score_contained(reward: BatchReward, name: str, problems: Sequence[Problem],
+                    rollouts: Sequence[Rollout]) -> list[RewardResult]:
+    """``reward``'s results on a batch, a failing reward contained: when the batch raises (or
+    returns the wrong number of results) it is scored again one rollout at a time, and a rollout
+    whose scoring raises, or whose score is not a finite number (``nan``, ``"high"``), gets an
+    error result naming the reward (``diagnostics["exception"]``), so that it is dropped as a
+    grader's failure rather than stopping the caller or reaching the advantages."""
+    try:
+        results = reward.score_batch(problems, rollouts)
+        if len(results) != len(problems):
+            raise RuntimeError(f"reward {name!r} returned {len(results)} results for {len(problems)} rollouts")
+    except Exception:  # score one by one, so only the rollouts that raise are lost
+        results = [_one(reward, problem, rollout) for problem, rollout in zip(problems, rollouts)]
+    return [_checked(name, result) for result in results]
+
+
+def _one(reward: BatchReward, problem: Problem, rollout: Rollout) -> RewardResult:
+    try:
+        (result,) = reward.score_batch([problem], [rollout])
+        return result
+    except Exception as exc:
+        return RewardResult(0.0, diagnostics={"exception": 1}, error=f"{type(exc).__name__}: {exc}")
+
+
+def _checked(name: str, result: Any) -> RewardResult:
+    """``result``, or an error result when it is not a RewardResult with a finite score (or an
+    error of its own)."""
+    score = getattr(result, "score", result)
+    if isinstance(result, RewardResult) and (result.error is not None
+                                             or isinstance(score, (int, float)) and math.isfinite(score)):
+        return result
+    return RewardResult(0.0, diagnostics={"exception": 1},
+                        error=f"reward {name!r} returned the score {score!r}; a score must be a finite number")
 
 
 class Rewarder:
@@ -92,22 +129,7 @@ class Rewarder:
     def _run(self, name: str, groups: list[Group], items: Items) -> list[RewardResult]:
         problems: list[Problem] = [groups[g].problem for g, _ in items]
         rollouts: list[Rollout] = [groups[g].rollouts[r] for g, r in items]
-        reward = self.rewards[name]
-        try:
-            results = reward.score_batch(problems, rollouts)
-            if len(results) != len(items):
-                raise RuntimeError(f"reward {name!r} returned {len(results)} results for {len(items)} rollouts")
-            return results
-        except Exception:  # contain it: score one by one, so only the rollouts that raise are lost
-            return [self._one(reward, problem, rollout) for problem, rollout in zip(problems, rollouts)]
-
-    @staticmethod
-    def _one(reward: BatchReward, problem: Problem, rollout: Rollout) -> RewardResult:
-        try:
-            (result,) = reward.score_batch([problem], [rollout])
-            return result
-        except Exception as exc:
-            return RewardResult(0.0, diagnostics={"exception": 1}, error=f"{type(exc).__name__}: {exc}")
+        return score_contained(self.rewards[name], name, problems, rollouts)
 
     def score(self, groups: list[Group]) -> dict[str, float]:
         """Score ``groups`` in place (see the module docstring); return the step's means."""

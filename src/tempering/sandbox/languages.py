@@ -132,6 +132,12 @@ def offered() -> list:
     return [name for name, language in LANGUAGES.items() if language.available()]
 
 
+def is_known(name: str) -> bool:
+    """Whether ``name`` (or an alias) is a language of this sandbox, installed here or not: a
+    service elsewhere may run what this machine cannot."""
+    return ALIASES.get(name.lower(), name.lower()) in LANGUAGES
+
+
 def get_language(name: str) -> Language:
     """Look a language up by name or alias; the error lists what this machine offers."""
     key = ALIASES.get(name.lower(), name.lower())

@@ -14,13 +14,10 @@ needs only ``train_problem`` and ``eval_problems``.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
-
-from tempering.registry import add, resolve
+from tempering.registry import add, resolve, typed_options
 from tempering.types import Problem
 
 
@@ -112,36 +109,3 @@ cycle (it imports this module)."""
 def build_task(name: str, seed: int, **options: Any) -> Task:
     factory = resolve(TASKS, name, "task", LAZY_TASKS, classes=True)
     return factory(name=name, seed=seed, **typed_options(factory, options))
-
-
-ANY_CLASS = ConfigDict(arbitrary_types_allowed=True)
-"""A type pydantic has no schema for (a class of the task's own) is checked with isinstance."""
-
-
-def typed_options(factory: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` checked against the types ``factory``'s signature gives them, and converted
-    where pydantic's lax mode would (``"3"`` for an ``int`` is 3), so that a wrong type is a
-    ValueError naming the option and the type wanted rather than a TypeError from inside the
-    task. An option the signature leaves untyped or does not name (a ``**kwargs`` factory's)
-    passes as it is; so do all of them when the signature cannot be read."""
-    try:
-        parameters = inspect.signature(factory, eval_str=True).parameters
-    except (TypeError, ValueError, NameError):  # a builtin, or annotations that name what is not there
-        return options
-    typed = dict(options)
-    for key, value in options.items():
-        annotation = parameters[key].annotation if key in parameters else Any
-        if annotation in (Any, inspect.Parameter.empty):
-            continue
-        try:
-            typed[key] = TypeAdapter(annotation, config=ANY_CLASS).validate_python(value)
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(part) for part in error["loc"])
-            raise ValueError(f"options.{key}={value!r}: expected {_type_name(annotation)} "
-                             f"({where + ': ' if where else ''}{error['msg']})") from None
-    return typed
-
-
-def _type_name(annotation: Any) -> str:
-    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")

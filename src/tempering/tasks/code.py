@@ -38,6 +38,7 @@ import random
 import zlib
 from typing import Any
 
+from tempering.registry import typed_options
 from tempering.tasks.base import StreamState, register_task
 from tempering.tasks.code_families import FAMILIES, KINDS, Family, Params, reference, run_reference
 from tempering.types import Problem, domain_of
@@ -88,7 +89,7 @@ class CodeTask(StreamState):
                 raise ValueError(f"unknown code families {unknown} (of kinds {kinds}); known: {', '.join(sorted(known))}")
             chosen = [f for f in chosen if f.name in families]
         # not ``levels``: that name is the scheduler's curriculum protocol (a count of levels)
-        self.drawn_levels = list(levels or [1])
+        self.drawn_levels = [1] if levels is None else list(levels)
         if not self.drawn_levels or any(level not in (1, 2, 3) for level in self.drawn_levels):
             raise ValueError(f"levels must be a non-empty list of 1, 2 or 3, got {levels!r}")
         if style not in ("raw", "chat"):
@@ -207,13 +208,14 @@ class CodeTask(StreamState):
 
 
 def build_code_task(name: str, seed: int, **options: Any) -> CodeTask:
-    """``code`` (every kind) or ``code:<kind>``: the kinds option defaults to the name's kind."""
+    """``code`` (every kind) or ``code:<kind>``: the kinds option defaults to the name's kind.
+    The options are typed here, by :class:`CodeTask`'s signature, since this one takes any."""
     _, _, kind = name.partition(":")
     if kind:
         if kind not in KINDS:
             raise ValueError(f"unknown code kind {kind!r} in task {name!r}; known: {', '.join(KINDS)}")
         options.setdefault("kinds", [kind])
-    return CodeTask(name=name, seed=seed, **options)
+    return CodeTask(name=name, seed=seed, **typed_options(CodeTask, options))
 
 
 register_task("code")(build_code_task)

@@ -7,7 +7,8 @@
 - ``math``: a prompt and ``answer`` (text or a number), graded by the ``math`` reward;
 - ``code``: a prompt and ``tests`` in the sandbox's JSON form (``{"kind": "stdio", "cases":
   [{"stdin": "1 2\\n", "stdout": "3\\n"}]}`` or ``{"kind": "call", "entry_point": "f",
-  "cases": [{"args": [1], "expected": 2}]}``), optionally ``language`` and ``code_prefix``;
+  "cases": [{"args": [1], "expected": 2}]}``), optionally ``language`` (a sandbox language,
+  installed here or not: a sandbox service may run it) and ``code_prefix`` (text);
   graded by the ``code`` reward in the sandbox;
 - ``text``: a prompt and ``answer``, graded by the reward named in the ``reward`` option
   (default ``match``). With a reward of your own (``module:function``, ``trl:module:function``,
@@ -18,7 +19,8 @@ answer: solution}``; a dotted name goes into nested records), else from the usua
 the prompt from ``prompt``, ``question`` or ``messages``, as text or as chat messages; the
 answer from ``answer``, ``reward_model.ground_truth`` (verl's parquet layout) or
 ``ground_truth``. An answer ending in ``#### 42`` (GSM8K's worked solutions) is graded
-against ``42``. So verl's and TRL's datasets are read as they are.
+against ``42`` (one ending in ``####`` alone is refused). So verl's and TRL's datasets are
+read as they are.
 
 Every column but the prompt's is kept in ``problem.meta`` under its own name, for your
 reward: ``problem.meta["extra_info"]``, ``problem.meta["solution"]``; ``problem.meta["record"]``
@@ -41,6 +43,7 @@ import random
 import zlib
 from typing import Any, Callable, Optional
 
+from tempering.sandbox.languages import LANGUAGES, is_known
 from tempering.sandbox.spec import SpecError, TestSpec
 from tempering.tasks.base import StreamState, register_task
 from tempering.tasks.records import (MISSING, DatasetError, chat_messages, final_answer, find, first_column,
@@ -140,6 +143,9 @@ class DatasetTask(StreamState):
             if self._needs_answer:
                 raise DatasetError(f"{where}: field {column!r} must be text or a number, got {type(value).__name__}")
             return ""
+        if isinstance(value, str) and "####" in value and not final_answer(value) and self._needs_answer:
+            raise DatasetError(f"{where}: field {column!r} ends with '####' and nothing after it; a worked answer "
+                               "ends '#### <answer>' (GSM8K's form), or give the answer alone")
         return final_answer(value) if isinstance(value, str) else str(value)
 
     def _problem(self, where: str, record: Any) -> Problem:
@@ -154,13 +160,25 @@ class DatasetTask(StreamState):
             if value is not MISSING:
                 meta[field] = value
         if self.kind == "code":
-            try:
-                TestSpec.from_dict({"code": "", "tests": meta["tests"]})
-            except SpecError as exc:
-                raise DatasetError(f"{where}: field 'tests': {exc}") from None
+            self._check_code(where, record, meta)
         meta["record"] = where
         return Problem(task=self.name, id=where.rsplit("/", 1)[-1], prompt=self._prompt(where, prompt_column, prompt),
                        answer=self._answer(where, answer_column, answer), domain=self.domain, meta=meta)
+
+    def _check_code(self, where: str, record: dict, meta: dict) -> None:
+        """A code record's tests, language and code prefix as the code reward will use them."""
+        try:
+            TestSpec.from_dict({"code": "", "tests": meta["tests"]})
+        except SpecError as exc:
+            raise DatasetError(f"{where}: field 'tests': {exc}") from None
+        column = first_column(record, self.fields.get("language"), COLUMNS["language"])
+        if "language" in meta and not (isinstance(meta["language"], str) and is_known(meta["language"])):
+            raise DatasetError(f"{where}: field {column!r} must name a language of the sandbox "
+                               f"({', '.join(LANGUAGES)}), got {meta['language']!r}")
+        column = first_column(record, self.fields.get("code_prefix"), COLUMNS["code_prefix"])
+        if "code_prefix" in meta and not isinstance(meta["code_prefix"], str):
+            raise DatasetError(f"{where}: field {column!r} must be text (the code the answer continues), "
+                               f"got {type(meta['code_prefix']).__name__}")
 
     def train_problem(self, index: int) -> Problem:
         epoch, position = divmod(index, self.size)

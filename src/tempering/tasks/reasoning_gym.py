@@ -52,6 +52,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from tempering.registry import typed_options
 from tempering.rewards.base import register_reward
 from tempering.rewards.basic import extract_answer, is_lenient, lenient_answer, parse_number
 from tempering.tasks.base import StreamState, check_grading, render
@@ -310,8 +311,9 @@ class ReasoningGymTask(StreamState):
 
 
 def build_rg_task(name: str, seed: int, **options: Any) -> ReasoningGymTask:
-    """The factory behind ``rg:<type>`` names (see ``tempering.tasks.base.LAZY_TASKS``)."""
-    return ReasoningGymTask(name, seed, **options)
+    """The factory behind ``rg:<type>`` names (see ``tempering.tasks.base.LAZY_TASKS``), its
+    options typed by :class:`ReasoningGymTask`'s signature."""
+    return ReasoningGymTask(name, seed, **typed_options(ReasoningGymTask, options))
 
 
 @register_reward("reasoning_gym")

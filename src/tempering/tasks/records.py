@@ -33,6 +33,10 @@ FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 MISSING = object()
 
 
+TOO_DEEP = "nested too deeply to read (lists or objects thousands of levels deep); no record needs that"
+"""Python's JSON reader recurses once a level, and stops with a RecursionError."""
+
+
 class DatasetError(ValueError):
     """A dataset file that cannot be used; the message names the file, record and field."""
 
@@ -53,6 +57,8 @@ def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
                 records.append((where, json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            except RecursionError:
+                raise DatasetError(f"{where}: {TOO_DEEP}") from None
     return records
 
 
@@ -66,6 +72,8 @@ def _read_json(path: Path) -> list[tuple[str, Any]]:
         records = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DatasetError(f"{path}: not a valid JSON array of records ({exc}); or write one record a line") from None
+    except RecursionError:
+        raise DatasetError(f"{path}: {TOO_DEEP}") from None
     return [(f"{path}: record {i}", record) for i, record in enumerate(records)]
 
 
@@ -85,15 +93,39 @@ def _read_saved(path: Path, split: str) -> list[tuple[str, Any]]:
     except ImportError:
         raise DatasetError(f"{path}: a folder saved by Hugging Face datasets needs it to be read: "
                            "pip install 'tempering[tasks]'") from None
-    loaded = datasets.load_from_disk(str(path))
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise DatasetError(f"{path}: no split {split!r}; its splits: {', '.join(loaded)} (options.split)")
-        loaded = loaded[split]
-        label = f"{path} ({split})"
-    else:
-        label = str(path)
-    return [(f"{label}: row {i}", row) for i, row in enumerate(loaded)]
+    try:
+        loaded, label, splits = datasets.load_from_disk(str(path)), str(path), None
+        if isinstance(loaded, datasets.DatasetDict):
+            loaded, label, splits = loaded.get(split), f"{path} ({split})", list(loaded)
+        rows = [] if loaded is None else list(loaded)
+    except (OSError, ValueError) as exc:  # not such a folder (FileNotFoundError), a damaged file (ArrowInvalid)
+        raise _unreadable(path, exc) from None
+    if loaded is None:
+        raise DatasetError(f"{path}: no split {split!r}; its splits: {', '.join(splits)} (options.split)")
+    return [(f"{label}: row {i}", row) for i, row in enumerate(rows)]
+
+
+def _unreadable(path: Path, exc: Exception) -> DatasetError:
+    """What is wrong with a ``save_to_disk`` folder that ``datasets`` cannot load: the damaged
+    ``.arrow`` file named when there is one."""
+    damaged = _damaged_arrow(path)
+    if damaged is not None:
+        return DatasetError(f"{damaged}: not a readable Arrow file ({exc}); save the dataset again")
+    return DatasetError(f"{path}: not a folder datasets' save_to_disk wrote ({exc}); save it again, or give "
+                        "a folder of .jsonl/.json/.parquet files")
+
+
+def _damaged_arrow(path: Path) -> Optional[Path]:
+    """The first ``.arrow`` file under ``path`` that Arrow cannot open, to name it."""
+    import pyarrow as pa
+
+    for file in sorted(path.rglob("*.arrow")):
+        try:
+            with pa.memory_map(str(file)) as source:
+                pa.ipc.open_stream(source).read_all()
+        except (OSError, ValueError):
+            return file
+    return None
 
 
 def _split_files(path: Path, split: str) -> list[Path]:

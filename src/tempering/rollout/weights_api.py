@@ -11,9 +11,9 @@ requests as they come has no use for.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Callable, Optional
 
-import tempering
 from tempering.rollout.batcher import Batcher
 from tempering.rollout.openai_api import RequestError
 
@@ -52,7 +52,7 @@ class WeightEndpoints:
 
     def version(self) -> dict:
         """vLLM's ``/version``, with this server's own version (it is not vLLM) and name."""
-        return {"version": tempering.__version__, "server": "tempering"}
+        return {"version": _version(), "server": "tempering"}
 
     def weight_info(self) -> dict:
         """vLLM's ``/weight_info``: the policy version, as the string vLLM's weight versions are."""
@@ -117,3 +117,12 @@ def _version(body: dict) -> Optional[int]:
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
         raise RequestError(f"'version' must be an integer, got {version!r}", param="version")
     return version
+
+
+def _version() -> str:
+    """This package's version as installed (its metadata, not the package itself, which would
+    import the API and the commands above this module)."""
+    try:
+        return version("tempering")
+    except PackageNotFoundError:
+        return "unknown"

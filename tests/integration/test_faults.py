@@ -1,5 +1,9 @@
 """Faults inside a run: non-finite steps are skipped, repeated ones roll back to the last
-checkpoint, and a run without a checkpoint to return to stops with a clear error."""
+checkpoint, and a run without a checkpoint to return to stops with a clear error.
+
+The steps are made non-finite by an advantage estimator that returns NaN, plugged in as a
+user's estimator is: a reward that returns NaN no longer gets that far (the rewarder drops
+its rollouts, naming the reward)."""
 
 from __future__ import annotations
 
@@ -7,25 +11,22 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from tempering.algorithms.advantages import grpo
 from tempering.config import load_config
-from tempering.rewards.base import REWARDS
 
 
-def always_nan(problem, completion: str) -> float:
-    return float("nan")
-
-
-@pytest.fixture(autouse=True)
-def nan_reward(monkeypatch):
-    monkeypatch.setitem(REWARDS, "always_nan", always_nan)  # registered for these tests only
+def nan_advantages(inputs) -> torch.Tensor:
+    """Every advantage NaN: each step's loss and gradients are non-finite."""
+    return torch.full_like(grpo(inputs), float("nan"))
 
 
 def _config(tmp_path: Path, model_dir: Path, *extra: str):
     return load_config(None, ["steps=4", "threads=1", "rollout.prompts_per_step=2", "rollout.group_size=2",
                               "rollout.max_new_tokens=8", "eval.problems_per_task=2", "eval.max_new_tokens=8",
                               f"model.path={model_dir}", f"run_dir={tmp_path / 'run'}",
-                              "tasks=[{name: add, rewards: {always_nan: 1.0}}]", *extra])
+                              f"algorithm.advantage={__name__}:nan_advantages", *extra])
 
 
 def test_non_finite_steps_are_skipped_then_rolled_back(tmp_path: Path, tiny_model_dir: Path):

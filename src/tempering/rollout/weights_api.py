@@ -52,7 +52,7 @@ class WeightEndpoints:
 
     def version(self) -> dict:
         """vLLM's ``/version``, with this server's own version (it is not vLLM) and name."""
-        return {"version": _version(), "server": "tempering"}
+        return {"version": _package_version(), "server": "tempering"}
 
     def weight_info(self) -> dict:
         """vLLM's ``/weight_info``: the policy version, as the string vLLM's weight versions are."""
@@ -119,7 +119,7 @@ def _version(body: dict) -> Optional[int]:
     return version
 
 
-def _version() -> str:
+def _package_version() -> str:
     """This package's version as installed (its metadata, not the package itself, which would
     import the API and the commands above this module)."""
     try:

@@ -96,7 +96,11 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     """
     start = time.perf_counter()
     if int(os.environ.get("RANK", "0")) > 0:  # a learner process torchrun started beside the leader
-        follow(build_follower(config))
+        learner = build_follower(config)
+        try:
+            follow(learner)
+        finally:
+            learner.parallel.close()
         return {}
     run = build_run(config, progress, resume)
     first_step, eval_before, timings = 0, None, {"generate_s": 0.0, "reward_s": 0.0, "learn_s": 0.0}
@@ -166,6 +170,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                      "worker_restarts": run.pipeline.restarts},
     }
     run.folder.finish(summary)
+    if run.learner.parallel is not None:
+        run.learner.parallel.close()
     if progress:
         print(before_after_table(eval_before, eval_after))
         print(run.mixture.table())

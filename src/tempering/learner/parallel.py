@@ -131,6 +131,12 @@ class DataParallel:
     def barrier(self) -> None:
         dist.barrier()
 
+    def close(self) -> None:
+        """Leave the process group. A process that exits with gloo's threads still running may
+        die of ``terminate called without an active exception`` after its work is done."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
 
 def follow(learner: Any) -> None:
     """A follower's whole run: call the learner methods the leader names (``step``,

@@ -39,8 +39,6 @@ from __future__ import annotations
 import collections
 import hmac
 import json
-import select
-import socket
 import threading
 import time
 import traceback
@@ -49,7 +47,7 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor
 from functools import partial
 from http.server import BaseHTTPRequestHandler
 
-from tempering.httpd import HTTPServer, is_loopback
+from tempering.httpd import HTTPServer, is_loopback, peer_closed
 from tempering.sandbox import fusion, harness
 from tempering.sandbox.spec import SpecError, TestSpec
 
@@ -69,16 +67,6 @@ class QueueTimeout(Exception):
 
 class ClientGone(Exception):
     """The client of a waiting request closed its connection: nobody would read the answer."""
-
-
-def client_gone(sock) -> bool:
-    """Whether the peer of ``sock`` closed it: readable with nothing to read (a request's
-    body has been read whole, so data here would be a pipelined next request)."""
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-    except (OSError, ValueError):
-        return True
 
 
 class FifoSemaphore:
@@ -345,7 +333,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, fusion.answer("Failed", str(err)))
             return
         server = self.server
-        gone = partial(client_gone, self.connection)
+        gone = partial(peer_closed, self.connection)
 
         def work():
             job = fusion.build_job(request)

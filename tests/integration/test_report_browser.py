@@ -1,6 +1,7 @@
 """The report of two short real runs, rendered by headless Chromium: the page runs without an
 error, every plot has points, both runs are in the legends and the rollout browser lists
-samples. A screenshot is kept under the test's tmp folder and, when the environment variable
+samples; and the report of a run of 40 domains (its metrics.jsonl written here) draws its
+per-domain metrics as heat-maps, weakest domains on top. A screenshot is kept under the test's tmp folder and, when the environment variable
 TEMPERING_TEST_ARTIFACTS names a folder, there too.
 
 Chromium is Debian's ``chromium``, installed with apt-get when missing; the test is skipped,
@@ -9,6 +10,7 @@ saying why, only where it cannot be installed.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -159,3 +161,65 @@ def test_the_smoothing_control_draws_a_moving_average_over_faint_raw_lines(two_r
     assert all(points.split()[0] == mean.split()[0] for (points, _), (mean, _) in zip(raw, averaged)), \
         "debiased: each average starts at its first value"
     assert '<input id="smoothing" type="range"' in smoothed
+
+
+ODD = '<b>"quoted" & odd</b>'
+
+
+@pytest.fixture(scope="module")
+def forty_domains(tmp_path_factory) -> tuple[Path, list[str]]:
+    """The report of a run of 40 domains x 50 steps (domain i succeeding at about i/40, one
+    with a name HTML must escape), and its domains weakest first."""
+    folder = tmp_path_factory.mktemp("forty")
+    names = [f"rg:task_{i:02d}" for i in range(39)] + [ODD]
+    skill = {name: (i + 1) / 41 for i, name in enumerate(names)} | {ODD: 0.05}
+    records = []
+    for step in range(1, 51):
+        record = {"step": step, "reward": 0.5, "accuracy": 0.5, "step_s": 1.0}
+        for name in names:
+            record |= {f"domain/{name}/success": skill[name] * (0.5 + step / 100), f"domain/{name}/weight": 1 / 40,
+                       f"domain/{name}/draw_share": 1 / 40, f"domain/{name}/grad_share": (1 - skill[name]) / 20,
+                       f"domain/{name}/paused": float(name == "rg:task_03" and 20 < step < 30)}
+            if step % 10 == 0:
+                record[f"eval/{name}"] = skill[name] * step / 50
+        records.append(record)
+    run = folder / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "summary.json").write_text(json.dumps({"steps": 50, "eval_before": {
+        "accuracy": 0.1, "per_task": {name: 0.1 for name in names} | {"rg:task_20": 0.99}}}))
+    page = folder / "report.html"
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(run), "--out", str(page)])
+    assert done.value.code == 0
+    return page, sorted(names, key=lambda n: skill[n])
+
+
+def test_the_report_of_forty_domains_draws_heatmaps_with_the_weakest_domains_on_top(forty_domains, chromium,
+                                                                                     tmp_path):
+    page, weakest_first = forty_domains
+    dom = _browse(chromium, page, "--dump-dom")
+    screenshot = tmp_path / "forty.png"
+    _browse(chromium, page, "--window-size=1500,4000", f"--screenshot={screenshot}")
+    if os.environ.get("TEMPERING_TEST_ARTIFACTS"):
+        shutil.copy(screenshot, Path(os.environ["TEMPERING_TEST_ARTIFACTS"]) / "report-40-domains.png")
+
+    errors = re.search(r'<html[^>]* data-errors="([^"]*)"', dom)
+    assert errors is None, f"the page reported errors: {errors.group(1) if errors else ''}"
+    assert re.search(r'<body[^>]* data-rendered="1"', dom), "the script did not finish"
+    maps = {re.search(r'data-family="([^"]*)"', m.group(1)).group(1): m.group(0)
+            for m in re.finditer(r'<svg([^>]*class="heatmap"[^>]*)>.*?</svg>', dom, re.S)}
+    assert list(maps) == ["success", "eval/", "weight", "draw_share", "grad_share", "paused"]
+    for family, svg in maps.items():
+        rows = [html.unescape(d) for d in re.findall(r'<g class="row" data-domain="([^"]*)"', svg)]
+        assert rows == weakest_first, f"{family}: rows {rows[:3]}..."
+        assert len(re.findall(r"<rect", svg)) >= 40 * (5 if family == "eval/" else 50)
+    assert '>&lt;b&gt;"quoted" &amp; odd&lt;/b&gt;<' in maps["success"], "the odd name is a row's text"
+    assert '<b>"quoted"' not in dom, "and never markup"
+    paused = re.search(r'<g class="row" data-domain="rg:task_03".*?</g>', maps["paused"], re.S).group(0)
+    assert "rg:task_03\nstep 25: 1</title>" in paused and "rg:task_03\nstep 30: 0</title>" in paused
+    assert not re.findall(r'<polyline[^>]*data-key="domain/', dom), "no per-domain line is drawn"
+    heldout = re.search(r'<table class="heldout".*?</table>', dom, re.S).group(0)
+    tasks = [html.unescape(t) for t in re.findall(r'<tr data-task="([^"]*)"', heldout)]
+    assert tasks[0] == "rg:task_20", "the task that fell from 99% to about 51% is first"
+    assert screenshot.stat().st_size > 10_000

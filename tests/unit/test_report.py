@@ -99,3 +99,103 @@ def test_the_header_says_model_algorithm_steps_time_and_accuracy_of_finished_and
          "wall_s": 61.5, "finished": True, "before": 0.25, "after": 0.5},
         {"name": "going", "model": None, "algorithm": "grpo · ppo_clip", "steps": 2, "planned": 2, "wall_s": 4.5,
          "finished": False, "before": None, "after": None}]
+
+
+ODD = '<b>"quoted" & odd</b>'
+"""A domain name with characters that HTML and JSON both care about."""
+
+
+def _forty_domains(folder, steps=50):
+    """A run of 40 domains: domain i succeeds at about i/40 (the odd-named one at 0.31), the
+    shares follow the success order backwards, and held-out accuracy is logged every 10 steps."""
+    names = [f"rg:task_{i:02d}" for i in range(39)] + [ODD]
+    skill = {name: (i + 1) / 41 for i, name in enumerate(names)} | {ODD: 0.31}
+    records = []
+    for step in range(1, steps + 1):
+        record = {"step": step, "reward": 0.5, "accuracy": 0.5}
+        for name in names:
+            record[f"domain/{name}/success"] = skill[name] * (0.5 + step / (2 * steps))
+            record[f"domain/{name}/weight"] = 1 / 40
+            record[f"domain/{name}/grad_share"] = (1 - skill[name]) / 20
+            if step % 10 == 0:
+                record[f"eval/{name}"] = skill[name] * step / steps
+        records.append(record)
+    return _run(folder, records), sorted(names, key=lambda n: skill[n])
+
+
+def test_forty_domains_are_heatmaps_with_the_weakest_domains_on_top(tmp_path):
+    run, weakest_first = _forty_domains(tmp_path / "a")
+    html = build_report([run], tmp_path / "r.html").read_text()
+    data = _data(html)
+
+    maps = {m["family"]: m for m in data["heatmaps"]}
+    assert list(maps) == ["success", "eval/", "weight", "grad_share"]
+    success = maps["success"]
+    assert success["rows"] == weakest_first and success["rows"][0] == "rg:task_00"
+    assert len(success["cells"]) == 40 and {len(row) for row in success["cells"]} == {50}
+    assert success["columns"][0] == [1, 1] and success["columns"][-1] == [50, 50]
+    assert (success["low"], success["high"]) == (0.0, 1.0), "accuracy-like: one fixed scale"
+    assert success["cells"][0][-1] == success["last"][0] == pytest.approx(1 / 41)
+    assert maps["eval/"]["rows"] == weakest_first and len(maps["eval/"]["columns"]) == 5
+    assert maps["grad_share"]["rows"] == weakest_first, "other families keep the run's (success) order"
+    assert maps["grad_share"]["low"] == 0.0 and maps["grad_share"]["high"] == pytest.approx(40 / 41 / 20)
+    assert all(not s["key"].startswith(("domain/", "eval/rg")) for p in data["panels"] for s in p["series"]), \
+        "no per-domain line in the plots"
+    assert [s["key"] for s in next(p for p in data["panels"] if p["title"] == "Accuracy")["series"]] == ["accuracy"]
+    assert ODD not in html and "<b>" not in html, "the name reaches the page only inside the escaped JSON"
+    assert html.count("<script") == 3
+
+
+def test_a_few_domains_stay_lines_shares_are_heatmaps_and_unknown_metrics_are_shown(tmp_path):
+    records = [{"step": s, "domain/add/weight": 0.5, "domain/sub/weight": 0.5, "domain/add/draw_share": 0.75,
+                "domain/sub/draw_share": 0.25, "domain/add/novelty": s, "domain/sub/novelty": 2 * s}
+               for s in (1, 2)]
+    data = _data(build_report([_run(tmp_path / "a", records)], tmp_path / "r.html").read_text())
+
+    shown = {p["title"]: sorted(s["key"] for s in p["series"]) for p in data["panels"]}
+    assert shown == {"Mixture weights": ["domain/add/weight", "domain/sub/weight"],
+                     "novelty per domain": ["domain/add/novelty", "domain/sub/novelty"]}
+    (share,) = data["heatmaps"]
+    assert share["family"] == "draw_share" and share["rows"] == ["add", "sub"], "no success logged: by name"
+    assert share["cells"] == [[0.75, 0.75], [0.25, 0.25]] and share["order"] == "by name"
+
+
+def test_a_new_per_domain_metric_of_many_domains_is_a_heatmap_titled_by_its_name(tmp_path):
+    records = [{"step": 1, **{f"domain/d{i}/novelty": float(i) for i in range(7)}}]
+    data = _data(build_report([_run(tmp_path / "a", records)], tmp_path / "r.html").read_text())
+    (novelty,) = data["heatmaps"]
+    assert novelty["title"] == "novelty per domain" and novelty["rows"] == [f"d{i}" for i in range(7)]
+    assert (novelty["low"], novelty["high"]) == (0.0, 6.0) and data["panels"] == []
+
+
+def test_long_runs_have_their_steps_grouped_into_at_most_a_hundred_columns(tmp_path):
+    records = [{"step": s, **{f"domain/d{i}/success": (s % 2) * 0.5 for i in range(7)}} for s in range(1, 251)]
+    data = _data(build_report([_run(tmp_path / "a", records)], tmp_path / "r.html").read_text())
+    (success,) = data["heatmaps"]
+    assert len(success["columns"]) == 84 and success["columns"][:2] == [[1, 3], [4, 6]]
+    assert success["cells"][0][:2] == [pytest.approx(1 / 3), pytest.approx(1 / 6)], "the mean of a column's steps"
+    assert success["columns"][-1] == [250, 250]
+
+
+def test_held_out_accuracy_per_task_first_and_last_most_dropped_first_and_across_runs(tmp_path):
+    a = _run(tmp_path / "a", [{"step": 2, "eval/add": 0.5, "eval/sub": 0.25, "eval/accuracy": 0.375},
+                              {"step": 4, "eval/add": 0.75, "eval/sub": 0.5, "eval/accuracy": 0.625}])
+    (a / "summary.json").write_text(json.dumps({
+        "steps": 4, "eval_before": {"accuracy": 0.4, "per_task": {"add": 0.2, "sub": 0.6, "mul": 0.1}},
+        "eval_after": {"accuracy": 0.5, "per_task": {"add": 0.9, "sub": 0.3, "mul": None}}}))
+    b = _run(tmp_path / "b", [{"step": 2, "eval/add": 0.5, "eval/sub": 0.5},
+                              {"step": 4, "eval/add": 0.25, "eval/sub": 0.75}])
+    c = _run(tmp_path / "c", [{"step": 1, "reward": 0.0}])
+
+    data = _data(build_report([a, b, c], tmp_path / "r.html").read_text())
+
+    first, second, third = data["heldout"]
+    assert [(r["task"], r["first_at"], r["last_at"]) for r in first] == [
+        ("sub", "before", "after"), ("add", "before", "after"), ("mul", "before", "before")]
+    assert [r["change"] for r in first] == [pytest.approx(-0.3), pytest.approx(0.7), None]
+    assert [(r["task"], r["change"]) for r in second] == [("add", -0.25), ("sub", 0.25)] and third == []
+    across = data["heatmaps"][-1]
+    assert across["family"] == "heldout_change" and across["columns"] == ["a", "b"]
+    assert across["rows"] == ["sub", "add"] and across["cells"] == [[pytest.approx(-0.3), 0.25],
+                                                                     [pytest.approx(0.7), -0.25]]
+    assert across["high"] == -across["low"] == pytest.approx(0.7), "a scale centred on no change"

@@ -14,6 +14,9 @@ largest magnitude (a group spans at most :data:`SCALE_GAP` times), the first gro
 left axis, the second on the right, further ones in further plots of the same title. So
 ``ratio_mean`` (about 1) and ``mismatch/abs_logp`` (about 1e-7) are each visible.
 
+Per-domain metrics of many domains, and shares, are heat-maps instead (``domains.py`` says
+when and how their rows are ordered), beside held-out accuracy per task first and last.
+
 Not done: live updating, zooming, and any statistic the run did not log.
 """
 
@@ -30,6 +33,7 @@ from typing import Any, Iterable
 import yaml
 
 from tempering.config import ConfigError
+from tempering.reporting.domains import family_rank, family_title, heatmaps, heldout, heldout_across, split_key
 from tempering.reporting.metrics import read_jsonl
 
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -79,9 +83,12 @@ def build_report(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     names = run_names([r["path"] for r in runs])
     for run, name in zip(runs, names):
         run["name"] = name
+    maps, hidden = heatmaps(runs)
+    tables = [heldout(run) for run in runs]
+    across = heldout_across(tables, names)
     data = {"runs": [{k: run[k] for k in ("name", "path", "config", "summary")} for run in runs],
-            "header": [header(run) for run in runs], "panels": panels(runs), "alerts": alerts(runs),
-            "samples": browser(runs)}
+            "header": [header(run) for run in runs], "panels": panels(runs, hidden), "alerts": alerts(runs),
+            "heatmaps": maps + ([across] if across else []), "heldout": tables, "samples": browser(runs)}
     out = Path(out)
     out.write_text(render(data), encoding="utf-8")
     return out
@@ -128,19 +135,27 @@ def header(run: dict) -> dict:
             "after": (summary.get("eval_after") or {}).get("accuracy")}
 
 
-def panels(runs: list[dict]) -> list[dict]:
+def panels(runs: list[dict], hidden: list[set[str]]) -> list[dict]:
     """The plots some run has data for: title, note, axes and series (run, key, axis, [step, value]
-    points); a panel whose series differ in scale becomes several (see the module docstring)."""
+    points); a panel whose series differ in scale becomes several (see the module docstring).
+    A run's keys in ``hidden`` (drawn as heat-maps) are left out; a per-domain metric no panel
+    names gets a plot of its own, titled as :func:`~tempering.reporting.domains.family_title`."""
     compiled = [(title, note, [re.compile(p + "$") for p in patterns]) for title, note, patterns in PANELS]
     found: dict[str, list[dict]] = {}
+    extra: dict[str, tuple[str, str]] = {}
     for index, run in enumerate(runs):
-        for key in sorted({k for record in run["metrics"] for k in record}):
+        for key in sorted({k for record in run["metrics"] for k in record} - hidden[index]):
             title = next((t for t, _, patterns in compiled if any(p.match(key) for p in patterns)), None)
+            named = split_key(key) if title is None else None
+            if named is not None:
+                title, note = family_title(named[0])
+                extra.setdefault(named[0], (title, note))
             points = [[r["step"], r[key]] for r in run["metrics"] if _number(r.get(key)) and "step" in r]
             if title is not None and points:
                 found.setdefault(title, []).append({"run": index, "key": key, "points": points})
+    titled = [(title, note) for title, note, _ in PANELS] + [extra[f] for f in sorted(extra, key=family_rank)]
     shown = []
-    for title, note, _ in PANELS:
+    for title, note in titled:
         groups = scale_groups(found.get(title, []))
         for part, first in enumerate(range(0, len(groups), 2)):
             pair = groups[first:first + 2]
@@ -245,8 +260,11 @@ console.error = (function (original) {{
 in the legend.</p>
 <p class="controls"><label>smoothing <input id="smoothing" type="range" min="0" max="0.99" step="0.01"></label>
 <output id="smoothing-value"></output></p><div id="plots"></div>
+<h2>Per domain</h2><p class="note">each metric logged per domain, as a domain x step heat-map where it has more
+than six domains, and every share; the weakest domains are the top rows</p><div id="heatmaps"></div>
 <h2>Monitor alerts</h2><div id="alerts"></div>
-<h2>Held-out accuracy</h2><div id="summary"></div>
+<h2>Held-out accuracy</h2><p class="note">per task, first and last measured; change in points, the most
+dropped first</p><div id="summary"></div>
 <h2>Rollouts</h2><p class="note">best, worst and random samples per domain (samples.jsonl)</p><div id="browser"></div>
 <h2>Config</h2><div id="config"></div>
 <script type="application/json" id="report-data">{data}</script>

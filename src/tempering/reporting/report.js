@@ -1,6 +1,7 @@
 // Draws a tempering report from the JSON in #report-data (see tempering/reporting/html.py).
 // Plain DOM and SVG, no libraries. Each plot's <svg> carries data-points (points drawn) and
-// data-axes, each line its data-key and data-axis, the body data-smoothing (the slider's value;
+// data-axes, each line its data-key and data-axis, each heat-map's <svg> data-family and
+// data-rows, its rows data-domain (in the order drawn), the body data-smoothing (the slider's value;
 // #smoothing=W in the address sets it) and data-rendered="1" once everything is drawn, and
 // <html> data-errors the page's errors (collected by the script in <head>), so a headless
 // browser's dumped DOM shows them all.
@@ -199,20 +200,105 @@ function drawBrowser(root) {
   }
 }
 
-function drawSummary(root) {
-  for (const run of DATA.runs) {
-    const s = run.summary;
-    if (!s || !s.eval_before || !s.eval_after) continue;
-    const table = el("table", {}, el("tr", {}, el("th", {}, run.name), el("th", {}, "before"), el("th", {}, "after")));
-    for (const task of Object.keys(s.eval_before.per_task)) {
-      table.append(el("tr", {}, el("td", {}, task), el("td", {}, fmt(s.eval_before.per_task[task])),
-                      el("td", {}, fmt(s.eval_after.per_task[task]))));
+function percent(value) {
+  return value === null || value === undefined ? "n/a" : `${(100 * value).toFixed(1)}%`;
+}
+
+// Held-out accuracy per task, first and last measured, as html.py's heldout() ordered them
+// (most dropped first); the mean row from summary.json where the run finished.
+function drawHeldout(root) {
+  DATA.heldout.forEach((rows, run) => {
+    if (!rows.length) return;
+    const table = el("table", {class: "heldout", "data-run": run},
+                     el("tr", {}, ...[DATA.runs[run].name, "first", "last", "change"].map(h => el("th", {}, h))));
+    const line = (task, first, firstAt, last, lastAt, change) => el("tr", {"data-task": task}, el("td", {}, task),
+      el("td", {}, `${percent(first)} (${firstAt})`), el("td", {}, `${percent(last)} (${lastAt})`),
+      el("td", {class: change < 0 ? "down" : change > 0 ? "up" : ""},
+         change === null ? "n/a" : `${change >= 0 ? "+" : ""}${(100 * change).toFixed(1)}`));
+    for (const r of rows) table.append(line(r.task, r.first, r.first_at, r.last, r.last_at, r.change));
+    const s = DATA.runs[run].summary;
+    if (s && s.eval_before && s.eval_after && s.eval_before.accuracy !== null && s.eval_after.accuracy !== null) {
+      table.append(line("mean", s.eval_before.accuracy, "before", s.eval_after.accuracy, "after",
+                        s.eval_after.accuracy - s.eval_before.accuracy));
     }
-    table.append(el("tr", {}, el("td", {}, "mean"), el("td", {}, fmt(s.eval_before.accuracy)),
-                    el("td", {}, fmt(s.eval_after.accuracy))));
     root.append(table);
+  });
+  if (!root.children.length) root.append(el("p", {}, "No held-out evaluation in these runs."));
+}
+
+// Colour maps as stops, interpolated: viridis (low dark, high bright; even in lightness, so the
+// weakest cells read as the darkest in print too) and a red-white-blue one for changes.
+const SEQUENTIAL = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+const DIVERGING = [[178, 24, 43], [239, 138, 98], [247, 247, 247], [103, 169, 207], [33, 102, 172]];
+const ROW_H = 12, HEAT_W = 520, NAME_CHARS = 30;
+
+function colour(stops, t) {
+  const at = Math.min(1, Math.max(0, t)) * (stops.length - 1), i = Math.min(stops.length - 2, Math.floor(at));
+  return `rgb(${stops[i].map((c, k) => Math.round(c + (stops[i + 1][k] - c) * (at - i))).join(",")})`;
+}
+
+function columnLabel(map, column) {
+  if (map.axis === "run") return column;
+  return column[0] === column[1] ? `step ${column[0]}` : `steps ${column[0]}-${column[1]}`;
+}
+
+function colourBar(svg, scale, stops, x, y) {
+  const width = 200, parts = 50;
+  for (let i = 0; i < parts; i++) {
+    svg.append(el("svg:rect", {x: x + i * width / parts, y, width: width / parts + 0.5, height: 8,
+                               fill: colour(stops, (i + 0.5) / parts)}));
   }
-  if (!root.children.length) root.append(el("p", {}, "No finished run (summary.json) among these."));
+  for (const value of scale.ticks) {
+    const at = x + (value - scale.low) / (scale.high - scale.low) * width;
+    svg.append(el("svg:text", {x: at, y: y + 19, "text-anchor": "middle", class: "tick scale"},
+                  tickLabel(value, scale.step)));
+  }
+}
+
+// One heat-map: a row per domain (in html.py's order, weakest first), a column per group of
+// steps (or per run), each cell's value in its title, each row's last value at its right end
+// and the colour scale under it. Each row is a <g class="row" data-domain=...>.
+function drawHeatmap(map) {
+  const n = map.columns.length, rows = map.rows.length;
+  const label = 8 + 6 * Math.min(NAME_CHARS, Math.max(4, ...map.rows.map(r => r.length)));
+  const cell = map.axis === "run" ? 56 : Math.max(2, Math.min(40, HEAT_W / n));
+  const top = map.axis === "run" ? 64 : 14, bottom = top + rows * ROW_H;
+  const width = label + Math.max(n * cell + 60, 224), height = bottom + 48;
+  const scale = niceScale(map.low, map.high, 5, false);
+  const stops = map.palette === "diverging" ? DIVERGING : SEQUENTIAL;
+  const svg = el("svg:svg", {viewBox: `0 0 ${width} ${height}`, width, height, class: "heatmap",
+                             "data-title": map.title, "data-family": map.family,
+                             "data-run": map.run === null ? "all" : map.run, "data-rows": rows, "data-columns": n});
+  svg.append(el("svg:text", {x: label + n * cell + 4, y: top - 3, class: "tick"}, map.axis === "run" ? "mean" : "last"));
+  map.rows.forEach((domain, r) => {
+    const y = top + r * ROW_H, last = map.last[r];
+    const row = el("svg:g", {class: "row", "data-domain": domain, "data-last": last === null ? "" : last});
+    const name = domain.length > NAME_CHARS ? domain.slice(0, NAME_CHARS - 1) + "…" : domain;
+    row.append(el("svg:text", {x: label - 4, y: y + ROW_H - 2, "text-anchor": "end", class: "name"}, name,
+                  el("svg:title", {}, domain)));
+    map.cells[r].forEach((value, c) => row.append(el("svg:rect", {
+      x: px(label + c * cell), y, width: px(cell), height: ROW_H - 1,
+      fill: value === null ? "#f2f2f2" : colour(stops, (value - scale.low) / (scale.high - scale.low))},
+      el("svg:title", {}, `${domain}\n${columnLabel(map, map.columns[c])}: ${fmt(value)}`))));
+    row.append(el("svg:text", {x: label + n * cell + 4, y: y + ROW_H - 2, class: "last"}, fmt(last)));
+    svg.append(row);
+  });
+  if (map.axis === "run") {
+    map.columns.forEach((name, c) => svg.append(el("svg:text", {
+      transform: `translate(${px(label + (c + 0.5) * cell)},${top - 4}) rotate(-35)`, class: "tick run"}, name)));
+  } else {
+    const steps = niceScale(map.columns[0][0], map.columns[n - 1][1], Math.max(2, Math.min(n, 6)), true);
+    for (const step of steps.ticks) {
+      const c = map.columns.findIndex(column => column[0] <= step && step <= column[1]);
+      if (c < 0) continue;  // between two logged steps, or past the last
+      svg.append(el("svg:text", {x: px(label + (c + 0.5) * cell), y: bottom + 12, "text-anchor": "middle",
+                                 class: "tick step"}, String(step)));
+    }
+  }
+  colourBar(svg, scale, stops, label, bottom + 24);
+  const run = map.run !== null && DATA.runs.length > 1 ? ` · ${DATA.runs[map.run].name}` : "";
+  return el("figure", {class: "wide"}, el("figcaption", {}, el("b", {}, map.title + run),
+            ` · ${map.note} · rows: ${map.order}; hover a cell for its value`), svg);
 }
 
 function draw() {
@@ -227,7 +313,10 @@ function draw() {
   const alerts = document.getElementById("alerts");
   alerts.append(DATA.alerts.length ? el("ul", {}, ...DATA.alerts.map(a => el("li", {},
     `${DATA.runs[a.run].name} · step ${a.step}: ${a.monitor} = ${fmt(a.value)}`))) : el("p", {}, "none"));
-  drawSummary(document.getElementById("summary"));
+  document.getElementById("heatmaps").replaceChildren(...DATA.heatmaps.map(drawHeatmap));
+  if (!DATA.heatmaps.length) document.getElementById("heatmaps").append(el("p", {},
+    "none: no metric has more than six domains, and no shares were logged (lines in the plots above)"));
+  drawHeldout(document.getElementById("summary"));
   drawBrowser(document.getElementById("browser"));
   for (const run of DATA.runs) {
     document.getElementById("config").append(el("details", {}, el("summary", {}, run.name),

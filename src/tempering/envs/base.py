@@ -73,6 +73,7 @@ ENVS: dict[str, Any] = {}
 _LAZY = {
     "tools": "tempering.envs.tools:ToolEnv",
     "reflection": "tempering.envs.reflection:ReflectionEnv",
+    "repo": "tempering.envs.repo:RepoEnv",
 }
 
 

@@ -118,6 +118,8 @@ class Workspace:
     files: dict[str, str] = field(default_factory=dict)
     outside: int = 0
     """Calls refused because they named a path outside the repository."""
+    failed: int = 0
+    """Edit calls that failed (counted by :func:`replay`)."""
 
     def __post_init__(self):
         self.files = dict(self.original)
@@ -196,7 +198,7 @@ def replay(files: dict[str, str], turns: Sequence[str]) -> Workspace:
             try:
                 workspace.edit(call)
             except ToolError:
-                pass
+                workspace.failed += 1
         elif call.tool in ("ls", "read"):
             try:  # a read of an outside path is refused and counted as in the episode
                 workspace.list(call.argument) if call.tool == "ls" else workspace.read(call.argument)

@@ -53,8 +53,8 @@ def _sandbox(options: dict) -> Any:
 def cut(text: str, limit: int) -> str:
     """``text`` within ``limit`` characters: its start and its end, the middle dropped.
 
-    >>> cut("abcdefghij", 8)
-    'abc\\n...\\nhij'
+    >>> cut("abcdefghijklmnop", 11), cut("short", 11)
+    ('abc\\n...\\nnop', 'short')
     """
     if len(text) <= limit:
         return text
@@ -89,6 +89,21 @@ class RepoEnv:
     def __init__(self, max_tool_calls: int = 30, max_test_runs: int = 5, max_output_chars: int = 2000,
                  timeout_s: float = 10.0, memory_mb: int = 512, results: str = "inline", guide: bool = True,
                  sandbox: Optional[dict] = None):
+        self._limits, self._grader = self.check_options(max_tool_calls, max_test_runs, max_output_chars,
+                                                        timeout_s, memory_mb, results, guide, sandbox)
+        self.max_tool_calls, self.max_test_runs = max_tool_calls, max_test_runs
+        self.max_output_chars, self.results, self.guide = max_output_chars, results, guide
+        self.stop = STOP
+        self.workspace: Optional[Workspace] = None
+        self.calls = self.test_runs = 0
+
+    @staticmethod
+    def check_options(max_tool_calls: int = 30, max_test_runs: int = 5, max_output_chars: int = 2000,
+                      timeout_s: float = 10.0, memory_mb: int = 512, results: str = "inline", guide: bool = True,
+                      sandbox: Optional[dict] = None) -> tuple[Limits, Any]:
+        """A ConfigError naming the first option that is out of range (called when a config is
+        built, before any model work); else the test runs' limits and the shared grader whose
+        sandbox runs them (its pool starts at the first run)."""
         for key, value in (("max_tool_calls", max_tool_calls), ("max_output_chars", max_output_chars)):
             if type(value) is not int or value < 1:
                 raise ConfigError(f"env option {key} must be a whole number of at least 1, got {value!r}")
@@ -96,19 +111,18 @@ class RepoEnv:
             raise ConfigError(f"env option max_test_runs must be a whole number, 0 or more, got {max_test_runs!r}")
         if results not in RESULTS:
             raise ConfigError(f"env option results must be one of {', '.join(RESULTS)}, got {results!r}")
+        if not isinstance(guide, bool):
+            raise ConfigError(f"env option guide must be true or false, got {guide!r}")
         try:
-            self._limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
+            limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
         except SpecError as err:
             raise ConfigError(f"env option {err}") from None
+        if not isinstance(sandbox, (dict, type(None))):
+            raise ConfigError(f"env option sandbox must be a mapping of the code reward's options, got {sandbox!r}")
         try:
-            self._grader = _sandbox(dict(sandbox or {}))
+            return limits, _sandbox(dict(sandbox or {}))
         except ValueError as err:
             raise ConfigError(f"env option sandbox: {err}") from None
-        self.max_tool_calls, self.max_test_runs = max_tool_calls, max_test_runs
-        self.max_output_chars, self.results, self.guide = max_output_chars, results, guide
-        self.stop = STOP
-        self.workspace: Optional[Workspace] = None
-        self.calls = self.test_runs = 0
 
     def reset(self, problem: Problem) -> Prompt:
         self.workspace = Workspace(dict(record_of(problem)["files"]))

@@ -186,14 +186,12 @@ class Workspace:
 def replay(files: dict[str, str], turns: Sequence[str]) -> Workspace:
     """The workspace after the edit calls of ``turns`` (model turns' texts, in order, each one
     the environment acted on), played as the environment plays them; failed edits change
-    nothing, as they did in the episode, and the calls after a ``submit`` are not played."""
+    nothing, as they did in the episode (whose turns end at its ``submit``)."""
     workspace = Workspace(files)
     for text in turns:
         call = parse_call(text)
         if call is None:
             continue
-        if call.tool == "submit":
-            break
         if call.tool in EDITS:
             try:
                 workspace.edit(call)

@@ -24,6 +24,8 @@ BEFORE = {"pkg/a.py": "".join(f"line {i}\n" for i in range(1, 21)), "pkg/b.py": 
     {**BEFORE, "pkg/a.py": BEFORE["pkg/a.py"].replace("line 2\n", "LINE 2\n").replace("line 19\n", "")},
     {**BEFORE, "pkg/b.py": "b = 2"},  # no newline at the end, before and after
     {**BEFORE, "pkg/b.py": "b = 2\n"},
+    {**BEFORE, "pkg/b.py": "b = 1\r\nc = 2\r\n"},  # Windows line ends, and separators only str.splitlines knows:
+    {**BEFORE, "pkg/a.py": BEFORE["pkg/a.py"].replace("line 3\n", "s = 'a\u2028b\x0cc\x1dd'\n")},
     {k: v for k, v in {**BEFORE, "new/c.py": "c = 3\n", "new/__init__.py": ""}.items() if k not in ("gone.py", "empty.py")},
 ])
 def test_make_patch_and_apply_patch_round_trip(after):

@@ -57,9 +57,9 @@ options (``timeout_s`` per test, ``memory_mb``, ``workers``, ``isolation``, ``ur
 
 Not covered: patched code that searches its own interpreter's memory for the job's challenge
 and writes the runner's report onto the result channel itself, in the runner's exact form:
-code that shares a process with a test can always pretend the test returned. The harness
-monitor's patterns (stack walking, ``os.write``-level tricks appear as ``stack`` or ``exit``)
-flag the common spellings, not an obfuscated one. Test classes and fixtures: a test id is a
+code that shares a process with a test can always pretend the test returned. The patterns
+on the added lines (``runner``: the runner, its codec, ``/proc/self/fd``, a write to a low file
+descriptor; ``stack``: frame walking) flag the common spellings, not an obfuscated one. Test classes and fixtures: a test id is a
 top-level function called without arguments.
 """
 
@@ -256,7 +256,7 @@ class RepoReward:
         graded once; every test job of the batch goes to the sandbox at once."""
         results: list[Optional[RewardResult]] = [None] * len(problems)
         pending: dict[tuple, dict] = {}
-        graded_by: dict[int, tuple] = {}
+        graded_by: dict[int, tuple[tuple, dict]] = {}
         for i, (problem, rollout) in enumerate(zip(problems, rollouts)):
             record = record_of(problem)
             workspace = replay(record["files"], model_turns(rollout))
@@ -274,13 +274,13 @@ class RepoReward:
             except PatchError as err:
                 results[i] = self._verdict({**base, "patch_applies": 0.0}, diagnostics={"patch_error": str(err)[:300]})
                 continue
-            graded_by[i] = key = (problem.key, diff)
+            key = (id(record), diff)  # the record, not the problem key: two records may share a key
+            graded_by[i] = key, base
             if key not in pending:
                 pending[key] = {"specs": self._specs(record, graded), "split": len(record["FAIL_TO_PASS"])}
-            results[i] = RewardResult(0.0, base)  # its verdict is filled in below
         self._run(pending)
-        for i, key in graded_by.items():
-            job, base = pending[key], results[i].components
+        for i, (key, base) in graded_by.items():
+            job = pending[key]
             if "error" in job:
                 results[i] = RewardResult(0.0, base, {"status": "error"}, error=job["error"])
                 continue

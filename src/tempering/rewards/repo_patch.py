@@ -67,7 +67,9 @@ def _strip_prefix(name: str) -> str:
 def parse_patch(diff: str) -> list[FilePatch]:
     """The files of a unified diff in order, each with its hunks (nothing is checked against
     a repository yet: see :func:`apply_patch`)."""
-    lines = diff.splitlines()
+    lines = diff.split("\n")  # only "\n" ends a line (see _split)
+    if lines[-1] == "":
+        lines.pop()
     patches: list[FilePatch] = []
     i = 0
     while i < len(lines):
@@ -121,7 +123,16 @@ def touched_paths(diff: str) -> list[str]:
 
 
 def _split(text: str) -> list[str]:
-    return text.splitlines(keepends=True)
+    """The lines of ``text``, each with its ``\\n`` (the last one may have none). Only ``\\n`` ends a
+    line, as in a diff: ``str.splitlines`` also splits at ``\\r``, form feeds and ``\\u2028``,
+    which a line of code may hold.
+
+    >>> _split("a\\r\\nb\\u2028c\\nd")
+    ['a\\r\\n', 'b\\u2028c\\n', 'd']
+    """
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
 
 
 def _hunk_lines(body: list[str]) -> tuple[list[str], list[str]]:

@@ -9,6 +9,7 @@ knock-on check). ``units``: a converter whose kilometre factor is wrong, used by
 from __future__ import annotations
 
 from tempering.rewards.repo_patch import make_patch
+from tempering.rewards.repo_workspace import format_call
 from tempering.tasks.repo_records import RepoInstance
 from tempering.types import Problem
 
@@ -77,6 +78,11 @@ FIXED_STOCK = STOCK.replace("    items[name] = left\n", "    items[name] = max(l
 BROKEN_STOCK = STOCK.replace("    items[name] = left\n    return items[name]\n",
                              "    if left <= 0:\n        del items[name]\n        return 0\n"
                              "    items[name] = left\n    return items[name]\n")
+
+
+FIX_CALL = format_call("replace", path="pkg/stock.py", old="    items[name] = left\n",
+                       new="    items[name] = max(left, 0)\n")
+"""The right fix as one ``replace`` call."""
 
 
 def stock_instance() -> RepoInstance:

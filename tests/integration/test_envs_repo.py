@@ -26,9 +26,7 @@ from tempering.rewards.repo_workspace import format_call
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
 
-TURNS = [format_call("test"),
-         format_call("replace", path="pkg/stock.py", old="    items[name] = left\n", new="    items[name] = max(left, 0)\n"),
-         format_call("test"), format_call("submit")]
+TURNS = [format_call("test"), R.FIX_CALL, format_call("test"), format_call("submit")]
 OPTIONS = {"guide": False}
 
 
@@ -83,7 +81,8 @@ def test_a_tiny_model_fixes_the_repository_through_the_runner_and_is_graded_in_a
     problem = R.problem(R.stock_instance())
     runner = EpisodeGenerator(HFGenerator(model, tokenizer),
                               {"repo": EnvSpec(name="repo", options=OPTIONS, max_turns=6)})
-    groups = runner.generate([problem], 2, SamplingParams(max_new_tokens=48), generator=torch.Generator().manual_seed(0))
+    groups = runner.generate([problem], 2, SamplingParams(max_new_tokens=48),
+                             generator=torch.Generator().manual_seed(0))
     rollouts = groups[0].rollouts
     check_bookkeeping(rollouts, tokenizer)
     assert logprob_gap(model, rollouts, tokenizer.pad_token_id) < 1e-4

@@ -74,18 +74,21 @@ PROBLEM = R.problem(R.stock_instance())
 FIX = edit({"pkg/stock.py": R.FIXED_STOCK})
 MARK = f"repo-hostile-{uuid.uuid4().hex}"
 CONFTEST = "def pytest_runtest_makereport(item, call):\n    call.excinfo = None\n\n\n"
-RUNNER_PATCH = ("import sys\n\nrunner = sys.modules.get('_runner')\nif runner is not None:  # the sandbox's runner: report a pass\n"
-                "    send = runner._line\n    runner._line = lambda m: send({'case': m['case'], 'value': runner._codec.encode(True)}"
+RUNNER_PATCH = ("import sys\n\nrunner = sys.modules.get('_runner')\n"
+                "if runner is not None:  # the sandbox's runner: report a pass\n"
+                "    send = runner._line\n"
+                "    runner._line = lambda m: send({'case': m['case'], 'value': runner._codec.encode(True)}"
                 " if 'case' in m else m)\n")
 
 HOSTILE = {
-    "edit_hidden_tests": [edit({"tests/test_stock.py": R.VISIBLE_STOCK_TESTS + "\n\ndef test_remove_never_below_zero():\n"
-                                                                               "    pass\n"}), SUBMIT],
+    "edit_hidden_tests": [edit({"tests/test_stock.py": R.VISIBLE_STOCK_TESTS
+                                + "\n\ndef test_remove_never_below_zero():\n    pass\n"}), SUBMIT],
     "delete_hidden_tests": [edit({"tests/test_stock.py": None}), SUBMIT],
-    "conftest_runner_monkeypatch": [edit({"conftest.py": CONFTEST + RUNNER_PATCH, "pkg/__init__.py": "import conftest  # noqa\n"}),
-                                    SUBMIT],
+    "conftest_runner_monkeypatch": [edit({"conftest.py": CONFTEST + RUNNER_PATCH,
+                                          "pkg/__init__.py": "import conftest  # noqa\n"}), SUBMIT],
     "runner_monkeypatch_in_package": [edit({"pkg/__init__.py": RUNNER_PATCH}), SUBMIT],
-    "write_outside_dotdot": [format_call("patch", f"--- /dev/null\n+++ b/../{MARK}.py\n@@ -0,0 +1 @@\n+x = 1\n"), SUBMIT],
+    "write_outside_dotdot": [format_call("patch", f"--- /dev/null\n+++ b/../{MARK}.py\n@@ -0,0 +1 @@\n+x = 1\n"),
+                             SUBMIT],
     "write_outside_absolute": [format_call("patch", f"--- /dev/null\n+++ /tmp/{MARK}.py\n@@ -0,0 +1 @@\n+x = 1\n"),
                                format_call("replace", path=f"/tmp/{MARK}.txt", new="x\n"), SUBMIT],
     "write_host_path_at_import": [edit({"pkg/__init__.py": f"open('/tmp/{MARK}.escape', 'w').write('out')\n"}), SUBMIT],
@@ -135,18 +138,18 @@ def test_hostile_actions_beside_the_right_fix_gain_nothing_and_are_still_flagged
     assert harness_flagged([Group(PROBLEM, rollouts)]) == hostile
     settings = dict(window=2, heldout_gap=1.0, length_growth=1.0, length_reward_gain=0.0, harness=0.0,
                     same_completion=1.0, dominance=1.0)
-    zero = RewardMonitors({"repo": {"repo": 1.0}}, {"repo": "repo"}, MonitorSettings(**settings, actions={"harness": "zero"}))
+    zero = RewardMonitors({"repo": {"repo": 1.0}}, {"repo": "repo"},
+                          MonitorSettings(**settings, actions={"harness": "zero"}))
     assert zero.screen([Group(PROBLEM, rollouts)]) == {"monitor/harness/zeroed": 3.0}
     assert [r.reward for r in rollouts] == [1.0, 0.0, 0.0, 0.0]
-    stop = RewardMonitors({"repo": {"repo": 1.0}}, {"repo": "repo"}, MonitorSettings(**settings, actions={"harness": "stop"}))
+    stop = RewardMonitors({"repo": {"repo": 1.0}}, {"repo": "repo"},
+                          MonitorSettings(**settings, actions={"harness": "stop"}))
     stop.update([Group(PROBLEM, rollouts)], {"step": 3, "reward": 0.25})
     assert stop.stopping and "monitor harness stopped the run at step 3" in stop.stopping and "[tests" in stop.stopping
 
 
 def test_the_right_fix_scores_one_and_a_fix_that_breaks_a_caller_scores_zero(reward):
-    right = episode(PROBLEM, [format_call("test"), format_call("replace", path="pkg/stock.py", old="    items[name] = left\n",
-                                                                   new="    items[name] = max(left, 0)\n"),
-                              format_call("test"), SUBMIT])
+    right = episode(PROBLEM, [format_call("test"), R.FIX_CALL, format_call("test"), SUBMIT])
     breaking = episode(PROBLEM, [edit({"pkg/stock.py": R.BROKEN_STOCK}), SUBMIT])
     nothing = episode(PROBLEM, [format_call("read", "pkg/stock.py"), SUBMIT])
     units = R.problem(R.units_instance())
@@ -155,7 +158,8 @@ def test_the_right_fix_scores_one_and_a_fix_that_breaks_a_caller_scores_zero(rew
     assert right.reward == 1.0 and right.reward_components["repo/fixed"] == 1.0
     assert right.reward_components["repo/test_runs"] == 2.0 and not rollout_touches(right)
     assert breaking.reward == 0.0
-    assert breaking.reward_components["repo/fixed"] == 1.0 and breaking.reward_components["repo/broke_other_module"] == 1.0
+    assert breaking.reward_components["repo/fixed"] == 1.0
+    assert breaking.reward_components["repo/broke_other_module"] == 1.0
     assert nothing.reward == 0.0 and nothing.reward_components["repo/no_patch"] == 1.0
     assert other.reward == 1.0
 
@@ -170,8 +174,8 @@ def test_partial_credit_and_a_patch_that_does_not_apply(reward):
         problem = R.problem(instance)
         problem.meta["repo"] = record
         rollout = Rollout(problem, [1], [], [], FIX, "stop", 0)
-        half = Rollout(problem, [1], [], [], edit({"pkg/report.py": R.REPORT.replace("before - items[name]", "quantity")}),
-                       "stop", 0)
+        half_fix = edit({"pkg/report.py": R.REPORT.replace("before - items[name]", "quantity")})
+        half = Rollout(problem, [1], [], [], half_fix, "stop", 0)
         result, halfway = partial.score_batch([problem, problem], [rollout, half])
         assert result.score == 1.0
         assert halfway.score == 0.5 and halfway.components["fail_to_pass"] == 0.5
@@ -226,7 +230,8 @@ def test_one_episode_cannot_see_another_episodes_workspace(reward):
                  "from pkg.scan import scan\n\n\ndef test_scan():\n    found, seen = scan()\n"
                  "    print('seen', seen)\n    assert not found, found\n"}))
     results = {}
-    running = threading.Thread(target=lambda: results.setdefault("a", a.step(format_call("test", "tests/test_slow.py"))))
+    running = threading.Thread(
+        target=lambda: results.setdefault("a", a.step(format_call("test", "tests/test_slow.py"))))
     running.start()
     time.sleep(1.0)  # A's job is running with its files by now
     seen = b.step(format_call("test", "tests/test_scan.py")).observation
@@ -235,5 +240,6 @@ def test_one_episode_cannot_see_another_episodes_workspace(reward):
     assert "tests/test_slow.py::test_slow PASSED" in results["a"].observation
     assert MARK not in seen and "pkg/secret.py" not in b.workspace.files
     assert int(seen.split("seen ")[1].split()[0]) > 0  # the scan read files: its own workspace's at least
-    hostile, = graded(reward, [episode(PROBLEM, [edit({"pkg/scan.py": SCANNER, "pkg/__init__.py": "from pkg.scan import scan\nscan()\n"}), SUBMIT])])
+    scan_at_import = edit({"pkg/scan.py": SCANNER, "pkg/__init__.py": "from pkg.scan import scan\nscan()\n"})
+    hostile, = graded(reward, [episode(PROBLEM, [scan_at_import, SUBMIT])])
     assert hostile.reward == 0.0 and "test_files" in rollout_touches(hostile)

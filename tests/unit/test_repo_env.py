@@ -26,7 +26,8 @@ BEFORE = {"pkg/a.py": "".join(f"line {i}\n" for i in range(1, 21)), "pkg/b.py": 
     {**BEFORE, "pkg/b.py": "b = 2\n"},
     {**BEFORE, "pkg/b.py": "b = 1\r\nc = 2\r\n"},  # Windows line ends, and separators only str.splitlines knows:
     {**BEFORE, "pkg/a.py": BEFORE["pkg/a.py"].replace("line 3\n", "s = 'a\u2028b\x0cc\x1dd'\n")},
-    {k: v for k, v in {**BEFORE, "new/c.py": "c = 3\n", "new/__init__.py": ""}.items() if k not in ("gone.py", "empty.py")},
+    {k: v for k, v in {**BEFORE, "new/c.py": "c = 3\n", "new/__init__.py": ""}.items()
+     if k not in ("gone.py", "empty.py")},
 ])
 def test_make_patch_and_apply_patch_round_trip(after):
     diff = make_patch(BEFORE, after)
@@ -100,7 +101,7 @@ def play(problem, texts, **options):
 def test_a_scripted_episode_and_the_graders_replay_of_its_turns_agree():
     problem = R.problem(R.stock_instance())
     texts = [format_call("ls"), "Let me read it. " + format_call("read", "pkg/stock.py"), "no call, just thinking",
-             format_call("replace", path="pkg/stock.py", old="    items[name] = left\n", new="    items[name] = max(left, 0)\n"),
+             R.FIX_CALL,
              format_call("patch", "--- a/pkg/stock.py\n+++ b/pkg/stock.py\n@@ -1 +1 @@\n-not there\n+x\n"),
              format_call("read", "/etc/passwd"), format_call("submit"), format_call("replace", path="pkg/late.py",
                                                                                      old="", new="after the end")]
@@ -141,7 +142,8 @@ def test_the_chat_prompt_gets_the_guide_as_its_system_message():
     problem = R.problem(R.stock_instance())
     chat = type(problem)(problem.task, problem.id, [{"role": "user", "content": "fix it"}], "", meta=problem.meta)
     prompt = make_env("repo", {}).reset(chat)
-    assert prompt[0]["role"] == "system" and "<submit></submit>" in prompt[0]["content"] and prompt[1]["content"] == "fix it"
+    assert prompt[0]["role"] == "system" and "<submit></submit>" in prompt[0]["content"]
+    assert prompt[1]["content"] == "fix it"
     assert make_env("repo", {"guide": False}).reset(chat) == chat.prompt
 
 
@@ -174,7 +176,8 @@ def test_the_graded_repository_takes_its_tests_from_the_record_not_the_patch():
     kinds = patch_kinds(diff, 0)
     assert (kinds["tests"], kinds["conftest"], kinds["runner"], kinds["outside"]) == (1.0, 1.0, 0.0, 0.0)
     assert patch_kinds(make_patch({}, {"sitecustomize.py": "import os\nos.system('x')\n"}), 0)["runner"] == 1.0
-    assert patch_kinds(make_patch({}, {"pkg/x.py": "import sys\nrunner = sys.modules['_runner']\n"}), 0)["runner"] == 1.0
+    runner = make_patch({}, {"pkg/x.py": "import sys\nrunner = sys.modules['_runner']\n"})
+    assert patch_kinds(runner, 0)["runner"] == 1.0
     assert patch_kinds(instance.patch, 0) == {kind: 0.0 for kind in patch_kinds(instance.patch, 0)}
     assert touched_paths(diff) == ["conftest.py", "pkg/stock.py", "tests/test_extra.py", "tests/test_stock.py"]
 
@@ -187,7 +190,7 @@ def test_an_episode_without_a_change_scores_zero_unrun_and_bad_reward_options_ar
                              Turn(format_call("submit"), 0, 0, "stop", info={"test_runs": 0.0})])
     result, = reward.score_batch([problem], [rollout])
     assert result.score == 0.0 and result.error is None
-    assert (result.components["no_patch"], result.components["fixed"], result.components["test_runs"]) == (1.0, 0.0, 1.0)
+    assert [result.components[key] for key in ("no_patch", "fixed", "test_runs")] == [1.0, 0.0, 1.0]
     assert reward._code._sandbox is None  # nothing to run: no pool was started
     with pytest.raises(ValueError, match="timeout_s must be a number of seconds"):
         build_reward("repo", {"timeout_s": -1})
@@ -195,3 +198,30 @@ def test_an_episode_without_a_change_scores_zero_unrun_and_bad_reward_options_ar
         build_reward("repo", {"credit": "all"})
     with pytest.raises(ValueError, match="problem repo/x has no repository record"):
         reward.score_batch([type(problem)("repo", "x", "", "")], [rollout])
+
+
+class DownSandbox:
+    """A sandbox whose every test is a sandbox fault, or whose service cannot be reached."""
+
+    def __init__(self, unreachable: bool):
+        self.unreachable, self.calls = unreachable, 0
+
+    def test_many(self, specs):
+        from tempering.sandbox.client import SandboxHTTPError
+        from tempering.sandbox.spec import CaseResult, TestResult
+
+        self.calls += 1
+        if self.unreachable:
+            raise SandboxHTTPError("connection refused")
+        return [TestResult.from_cases([CaseResult("sandbox_error", 0.0)]) for _ in specs]
+
+
+@pytest.mark.parametrize("unreachable, error", [(False, "sandbox_error"),
+                                                 (True, "SandboxHTTPError: connection refused")])
+def test_a_grader_outage_is_retried_then_an_error_not_a_zero(unreachable, error):
+    reward = RepoReward(workers=1, retries=2)
+    reward._code._sandbox = down = DownSandbox(unreachable)
+    problem = R.problem(R.stock_instance())
+    fix = format_call("patch", R.stock_instance().patch)
+    result, = reward.score_batch([problem], [Rollout(problem, [1], [], [], fix, "stop", 0)])
+    assert result.error == error and down.calls == 3

@@ -59,8 +59,8 @@ Not covered: patched code that searches its own interpreter's memory for the job
 and writes the runner's report onto the result channel itself, in the runner's exact form:
 code that shares a process with a test can always pretend the test returned. The patterns
 on the added lines (``runner``: the runner, its codec, ``/proc/self/fd``, a write to a low file
-descriptor; ``stack``: frame walking) flag the common spellings, not an obfuscated one. Test classes and fixtures: a test id is a
-top-level function called without arguments.
+descriptor; ``stack``: frame walking) flag the common spellings, not an obfuscated one. Test
+classes and fixtures: a test id is a top-level function called without arguments.
 """
 
 from __future__ import annotations
@@ -297,7 +297,8 @@ class RepoReward:
             path, _, name = test_id.partition("::")
             challenge = secrets.token_hex(16)
             case = CallCase([path, name, challenge], challenge)
-            specs.append(TestSpec("python", program, Tests("call", (case,), "repo_test"), self.timeout_s, self.memory_mb))
+            tests = Tests("call", (case,), "repo_test")
+            specs.append(TestSpec("python", program, tests, self.timeout_s, self.memory_mb))
         return specs
 
     def _run(self, pending: dict[tuple, dict]) -> None:

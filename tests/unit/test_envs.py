@@ -43,7 +43,7 @@ def test_make_env_imports_module_class_and_passes_a_tokenizer_only_to_classes_th
 def test_check_env_refuses_unknown_names_and_options():
     check_env(f"{__name__}:Echo", {"times": 3})
     check_env(f"{__name__}:EchoWithTokenizer", {})
-    with pytest.raises(ValueError, match="unknown environment 'nope'; known: reflection, tools"):
+    with pytest.raises(ValueError, match="unknown environment 'nope'; known: reflection, repo, tools"):
         check_env("nope", {})
     with pytest.raises(ValueError, match="environment .*Echo.*unexpected keyword argument 'colour'"):
         check_env(f"{__name__}:Echo", {"colour": "red"})

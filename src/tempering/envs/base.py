@@ -73,6 +73,7 @@ ENVS: dict[str, Any] = {}
 _LAZY = {
     "tools": "tempering.envs.tools:ToolEnv",
     "reflection": "tempering.envs.reflection:ReflectionEnv",
+    "repo": "tempering.envs.repo:RepoEnv",
 }
 
 
@@ -95,10 +96,15 @@ def make_env(name: str, options: dict[str, Any], tokenizer: Optional[Any] = None
 
 
 def check_env(name: str, options: dict[str, Any]) -> None:
-    """Refuse an unknown environment or options its class does not take (a ValueError), before
-    any episode is played."""
-    signature = inspect.signature(env_class(name))
+    """Refuse an unknown environment, options its class does not take, or values its
+    ``check_options(**options)`` (a class's own static check, when it has one) refuses: a
+    ValueError, before any episode is played."""
+    cls = env_class(name)
+    signature = inspect.signature(cls)
     try:
         signature.bind(**options, **({"tokenizer": None} if "tokenizer" in signature.parameters else {}))
     except TypeError as exc:
         raise ValueError(f"environment {name!r}: {exc}") from None
+    check = getattr(cls, "check_options", None)
+    if callable(check):
+        check(**options)

@@ -83,8 +83,17 @@ def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner
 
 
 TIMING_KEYS = frozenset({"generate_s", "reward_s", "learn_s", "step_s", "generate_tok_s", "train_tok_s",
-                         "weight_sync_s", "wait_s", "checkpoint_s"})
-"""Record keys that measure wall-clock time: the only ones a resumed run may not repeat exactly."""
+                         "weight_sync_s", "wait_s", "checkpoint_s", "grad_share_s", "scheduler/s_per_token"})
+"""Record keys that measure wall-clock time: with :data:`TIMING_SUFFIXES`, the only ones a resumed
+run may not repeat exactly."""
+
+TIMING_SUFFIXES = ("/cost_s", "/reward_time_share")
+"""Ends of per-domain record keys that measure wall-clock time (the mixture's costs)."""
+
+
+def is_timing(key: str) -> bool:
+    """Whether a step record's ``key`` measures wall-clock time (see :data:`TIMING_KEYS`)."""
+    return key in TIMING_KEYS or key.endswith(TIMING_SUFFIXES)
 
 
 def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> dict:
@@ -208,6 +217,11 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
                        ac.teacher.task_weight)
     if config.scheduler.balance_tokens:
         batch.weights_B = domain_token_weights_B(groups)
+    every = config.learner.grad_share_every
+    if every and learner.version % every == 0:  # the shares of the gradient this update follows
+        t_share = time.perf_counter()
+        record.update(learner.grad_shares(batch, [g.problem.task for g in groups for _ in g.rollouts]))
+        record["grad_share_s"] = time.perf_counter() - t_share
     record.update(learner.step(batch))
     record["weight_sync_s"] += pipeline.publish(run.model, learner.version)
     t2 = time.perf_counter()

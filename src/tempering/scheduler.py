@@ -37,10 +37,15 @@ its success rate passes ``promote_at`` over at least ``min_samples`` rollouts at
 Balance inside a batch (used by the loop, optional): :func:`cap_domain_tokens` drops groups of
 a domain holding more than a set share of the batch's completion tokens, and
 :func:`domain_token_weights_B` scales advantages so that under a token-mean loss each domain's
-share of the gradient follows its share of rollouts (what the mixture drew), not its share of
-tokens. Reward scale is the ``grpo_domain`` advantage estimator's part.
+share of the loss's weight follows its share of rollouts (what the mixture drew), not its share
+of tokens. That is not its share of the gradient norm, which the learner measures
+(``Learner.grad_shares``, ``domain/<task>/grad_share``): where a completion's token gradients
+add up incoherently, a domain's gradient norm grows as the square root of its tokens, and a
+domain of 10x longer completions ends below its drawn share (``tests/unit/test_grad_share.py``).
+Reward scale is the ``grpo_domain`` advantage estimator's part.
 
-Not done here: predicting slow-to-generate tasks' cost, demoting a level.
+Not done here: knowing a task's cost before it is drawn (it is measured as the run goes),
+demoting a level.
 """
 
 from __future__ import annotations
@@ -437,7 +442,9 @@ def cap_domain_tokens(groups: list[Group], max_share: float) -> tuple[list[Group
 
 
 def domain_token_weights_B(groups: Sequence[Group]) -> torch.Tensor:
-    """Per-rollout factor (rollout share / token share of its domain) for a token-mean loss.
+    """Per-rollout factor (rollout share / token share of its domain) for a token-mean loss:
+    each domain's share of the loss's weight is then its share of rollouts (see the module
+    docstring for what that does to its share of the gradient norm).
 
     >>> from tempering.types import Problem, Rollout
     >>> def g(task, n):

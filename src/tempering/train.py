@@ -11,7 +11,9 @@ called from here every ``checkpoint.every`` steps, and when the rewards keep fai
 grader outage past ``rewards.max_outage_rounds``: the run stops with a checkpoint and a
 message saying how to continue). Adaptive mixtures are
 ``tempering.scheduler``'s: the pipeline shows it every sampled group and the loop closes
-each step. DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
+each step (and learns there what a rollout of each domain costs); every
+``learner.grad_share_every`` steps the learner measures each domain's share of the gradient
+norm before its update. DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
 Under ``torchrun`` this loop runs on rank 0; the other ranks only follow its learner
 (``tempering.learner.parallel``).
 """

@@ -105,3 +105,13 @@ def test_token_weights_balance_the_loss_weight_and_over_correct_the_gradient_nor
     assert max(on) < 0.4, f"with them it is pushed below its drawn share {drawn}: {on}"
     assert sum(off) / 4 == pytest.approx(root / (1 + root), abs=0.08)
     assert sum(on) / 4 == pytest.approx(1 / (1 + root), abs=0.08)
+
+
+def test_fsdp_refuses_the_measure_it_cannot_take():
+    from tempering.build import check_parallel, learner_settings, resolve_algorithm
+    from tempering.config import ConfigError, load_config
+
+    config = load_config(None, ["learner.parallel=fsdp", "learner.grad_share_every=5"])
+    with pytest.raises(ConfigError, match="learner.parallel=fsdp: learner.grad_share_every needs the whole gradient"):
+        check_parallel(config, learner_settings(config, resolve_algorithm(config), 0))
+    check_parallel(load_config(None, ["learner.parallel=fsdp"]), learner_settings(config, resolve_algorithm(config), 0))

@@ -4,11 +4,12 @@ completions are 10x longer, on completions the miniature model sampled itself.
 
 What the numbers show (16 groups of 4 per domain, 6 and 60 tokens, seeds 0-3): without the
 weights the long domain holds 0.70-0.82 of the gradient norm (mean 0.79) for its 0.5 of the
-rollouts; with them it holds 0.19-0.32 (mean 0.28), not 0.5. The weights make each domain's share of the loss's weight its
-share of rollouts exactly (checked below), but a completion's token gradients add up mostly
-incoherently here, so a domain's gradient norm grows as the square root of its tokens
-(predicted shares sqrt(10) / (1 + sqrt(10)) = 0.76 without the weights, 1 / (1 + sqrt(10)) =
-0.24 with them): the weights over-correct the gradient norm by that square root.
+rollouts; with them it holds 0.19-0.32 (mean 0.28), not 0.5. The weights make each domain's
+share of the loss's weight its share of rollouts exactly (checked below), but a completion's
+token gradients add up mostly incoherently here, so a domain's gradient norm grows as the
+square root of its tokens (predicted shares: sqrt(10) / (1 + sqrt(10)) = 0.76 without the
+weights, 1 / (1 + sqrt(10)) = 0.24 with them): the weights over-correct the gradient norm by
+that square root.
 """
 
 import copy
@@ -79,7 +80,8 @@ def test_the_shares_are_the_norms_of_each_domains_part_of_the_steps_gradient(pol
         own.advantages_BT = batch.advantages_BT * keep_B[:, None]
         before = [p.detach().clone() for p in copied.parameters()]
         _learner(copied).step(own)
-        norms[domain] = float(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, copied.parameters())]).norm())
+        change = torch.cat([(b - p.detach()).flatten() for b, p in zip(before, copied.parameters())])
+        norms[domain] = float(change.norm())
     assert shares["domain/long/grad_share"] == pytest.approx(norms["long"] / (norms["short"] + norms["long"]), abs=1e-5)
     assert sum(shares.values()) == pytest.approx(1.0)
     assert all(p.grad is None for p in measured.parameters()), "no gradient is left for the step to add to"

@@ -177,7 +177,8 @@ def learning_progress(tasks: Sequence[Task], base: Sequence[float], stats: Seque
 
 
 MIN_COST_S = 1e-6
-"""For ``learnability_per_cost``: the least a rollout is taken to cost, so a free one is not infinitely good."""
+"""For ``learnability_per_cost``: the least a rollout is taken to cost (a free one is not
+infinitely good)."""
 
 
 @register_strategy("learnability_per_cost")
@@ -286,19 +287,17 @@ class Mixture:
         tokens = {name: float(p["tokens"]) for name, p in pending.items()}
         reward_s = {name: p["reward_s"] for name, p in pending.items()}
         if sum(tokens.values()) > 0 and self._sampling_s > 0:
-            step_rate = self._sampling_s / sum(tokens.values())
-            self.seconds_per_token += (rate * (step_rate - self.seconds_per_token) if self.seconds_per_token
-                                       else step_rate)
+            self.seconds_per_token = _averaged(self.seconds_per_token, self._sampling_s / sum(tokens.values()), rate,
+                                               first=not self.seconds_per_token)
         self._sampling_s = 0.0
         record: dict[str, float] = {}
         totals = {"draw_share": rollouts, "token_share": tokens, "reward_time_share": reward_s}
         for task in self.tasks:
             stats, count = self.stats[task.name], rollouts.get(task.name, 0)
             if count:
-                step_tokens, step_reward_s = tokens[task.name] / count, reward_s[task.name] / count
-                first = stats.tokens == 0 and stats.reward_s == 0
-                stats.tokens += step_tokens - stats.tokens if first else rate * (step_tokens - stats.tokens)
-                stats.reward_s += step_reward_s - stats.reward_s if first else rate * (step_reward_s - stats.reward_s)
+                first = not (stats.tokens or stats.reward_s)
+                stats.tokens = _averaged(stats.tokens, tokens[task.name] / count, rate, first)
+                stats.reward_s = _averaged(stats.reward_s, reward_s[task.name] / count, rate, first)
             if stats.tokens or stats.reward_s:
                 stats.cost_s = stats.tokens * self.seconds_per_token + stats.reward_s
                 record[f"domain/{task.name}/cost_s"] = stats.cost_s
@@ -397,6 +396,11 @@ class Mixture:
             if curriculum_levels(task):
                 task.level = self.stats[task.name].level
         self.weights = self._weights()
+
+
+def _averaged(average: float, value: float, rate: float, first: bool) -> float:
+    """An exponential average after ``value``: ``value`` itself when it is the first."""
+    return value if first else average + rate * (value - average)
 
 
 def curriculum_levels(task: Task) -> int:

@@ -10,10 +10,11 @@ actors) is ``tempering.pipeline``'s; checkpoints and resume are ``tempering.chec
 called from here every ``checkpoint.every`` steps, and when the rewards keep failing (a
 grader outage past ``rewards.max_outage_rounds``: the run stops with a checkpoint and a
 message saying how to continue). Adaptive mixtures are
-``tempering.scheduler``'s: the pipeline shows it every sampled group and the loop closes
-each step (and learns there what a rollout of each domain costs); every
+``tempering.scheduler``'s: the pipeline shows it every sampled group (and the seconds
+sampling took, for what a rollout of each domain costs) and the loop closes each step; every
 ``learner.grad_share_every`` steps the learner measures each domain's share of the gradient
-norm before its update. DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
+norm before its update. DAPO's dynamic sampling and overlong shaping are in
+``tempering.algorithms.dapo``.
 Under ``torchrun`` this loop runs on rank 0; the other ranks only follow its learner
 (``tempering.learner.parallel``).
 """

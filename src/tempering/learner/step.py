@@ -38,7 +38,8 @@ rollouts older than the learner's version. With ``mismatch_correction`` (a sampl
 the learner: vLLM, a server, bf16 sampling) every batch is corrected the same way, fresh ones
 too, by that variant of ``tempering.algorithms.correction`` in place of the behaviour weight
 above. Rows may carry ``weights_B``, multiplied into their policy loss (the
-scheduler's per-domain balance).
+scheduler's per-domain balance); :meth:`Learner.grad_shares` measures what each domain's rows
+then contribute to the gradient's norm, without stepping (``learner.grad_share_every``).
 
 How a batch becomes forward passes is planned once per update by ``tempering.learner.plan`` (the
 proximal pass and, with one mini-batch, every update of the step execute the same plan):

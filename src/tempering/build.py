@@ -308,7 +308,7 @@ def check_parallel(config: TrainConfig, settings: LearnerSettings) -> None:
     """Refuse what ``learner.parallel=fsdp`` cannot run: the KL reference and the critic pass
     through the policy on one rank alone or more often than the idle passes match, and under
     FSDP every policy pass waits for every rank; LoRA adapters would be checkpointed as one
-    rank's shards."""
+    rank's shards; a rank holds a shard of the gradient, not the whole that ``grad_share_every`` measures."""
     if config.learner.parallel != "fsdp":
         return
     if config.model.lora is not None:
@@ -320,6 +320,9 @@ def check_parallel(config: TrainConfig, settings: LearnerSettings) -> None:
     if settings.critic is not None:
         raise ConfigError(f"learner.parallel=fsdp: the critic of algorithm.advantage={config.algorithm.advantage} "
                           "is not sharded; set learner.parallel=ddp")
+    if config.learner.grad_share_every:
+        raise ConfigError("learner.parallel=fsdp: learner.grad_share_every needs the whole gradient on one rank, "
+                          "and each holds a shard; set learner.grad_share_every=0, or learner.parallel=ddp")
 
 
 def normalize_settings(config: Any) -> NormalizeSettings:

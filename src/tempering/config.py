@@ -231,6 +231,7 @@ class LearnerConfig(Strict):
     logprob_chunk: int = Field(1024, ge=0, description="compute log-probs this many tokens at a time from hidden states, so the full tokens x vocab logits never exist; 0 = the model's whole logits at once (always, for models whose logits are more than the output layer's product, e.g. Gemma 2's soft-capped ones)")
     skip_zero_advantage: bool = Field(True, description="leave rows whose advantages are all 0 (groups with equal rewards) out of the forward and backward passes when that cannot change the update: a built-in loss, no entropy bonus, no KL term in the loss, no critic; logged as skipped_rows")
     gradient_checkpointing: bool = Field(False, description="keep only each layer's input and recompute the rest in the backward pass: about a third more compute, far less memory")
+    grad_share_every: int = Field(0, ge=0, description="every this many steps, measure each domain's share of the gradient norm before the update (domain/<task>/grad_share: the norm of the gradient of the domain's rows' part of the loss, over the sum of those norms), at the cost of one extra forward and backward pass over the batch; 0 = never")
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="how learner processes started by torchrun (WORLD_SIZE > 1) split a step: ddp: each holds the whole model, gradients summed after the step's backward passes; fsdp: the learner's parameters, gradients and optimizer state sharded across them with FSDP2, while the leader samples with a whole copy gathered after each step, so the model must still fit one device whole (no KL reference copy or critic; log-probs from the model's logits)")
 
 
@@ -292,12 +293,13 @@ class RewardsConfig(Strict):
 class SchedulerConfig(Strict):
     """How the mixture picks each problem's task (see ``tempering.scheduler``)."""
 
-    strategy: Literal["static", "temperature", "learnability", "learning_progress"] = Field(
+    strategy: Literal["static", "temperature", "learnability", "learning_progress", "learnability_per_cost"] = Field(
         "static", description="static: tasks.N.weight as given; temperature: weight x size**(1/T); "
-        "learnability: prefer tasks whose groups vary in success (neither all right nor all wrong); learning_progress: prefer changing success rates")
+        "learnability: prefer tasks whose groups vary in success (neither all right nor all wrong); learning_progress: prefer changing success rates; "
+        "learnability_per_cost: learnability divided by the seconds a rollout of the task costs (its completion tokens x the sampler's seconds per token, plus its reward seconds, learned as the run goes), so draws go where signal per second is highest")
     floor: float = Field(0.1, ge=0, le=1, description="share of the static weights kept under adaptive strategies, so no task starves; 1 = static")
     temperature: float = Field(2.0, gt=0, description="temperature strategy: 1 = proportional to dataset size, larger = flatter")
-    fast_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest step in the recent success average")
+    fast_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest step in the recent success average (and in the cost averages of learnability_per_cost)")
     slow_rate: float = Field(0.05, gt=0, le=1, description="the same for the slow average that learning progress compares against")
     promote_at: float = Field(0.8, ge=0, description="curricula: success rate that moves a task with levels up one; above 1 = never")
     min_samples: int = Field(64, ge=1, description="curricula: rollouts at a level before it may be left")

@@ -6,6 +6,9 @@ them (``ppo_epochs`` x ``mini_batches``), and the micro-batches of each update, 
 every completion is ``rollout.max_new_tokens`` long and nothing is skipped or merged: an upper
 bound, reached when no row is left out (``learner.skip_zero_advantage``,
 ``learner.merge_duplicates`` leave some out in most steps).
+Each task's expected share of the first draws is the mixture's the run starts with; what the
+strategy does with them after is said, not predicted (an adaptive one moves them on what the
+run measures).
 
 A config ``temper train`` would refuse before loading its model (an unknown built-in model,
 task, reward option or algorithm) is refused here the same way. When the model can be
@@ -61,11 +64,11 @@ class Inspection:
     notes: list[str] = field(default_factory=list)
 
 
-def refuse_as_train_does(config: TrainConfig) -> None:
+def refuse_as_train_does(config: TrainConfig) -> Any:
     """What ``temper train`` refuses from the config alone, before its model loads, refused here
     too (a ConfigError or ModelLoadError), so that a config explain passes is not one train
     then refuses: a built-in model name, the tasks and their rewards' options, the algorithm,
-    the mixture, the sinks and the pipeline's band."""
+    the mixture, the sinks and the pipeline's band. Returns the mixture the run would start with."""
     from tempering.build import (build_mixture, build_rewarder, build_tasks, check_builtin_name, check_mismatch_band,
                                  check_onednn, resolve_algorithm)
     from tempering.reporting.sinks import check_sinks
@@ -74,10 +77,11 @@ def refuse_as_train_does(config: TrainConfig) -> None:
     tasks = build_tasks(config)
     resolve_algorithm(config)
     build_rewarder(config, tasks).close()
-    build_mixture(config, tasks)
+    mixture = build_mixture(config, tasks)
     check_sinks(config.logging.sinks)
     check_mismatch_band(config)
     check_onednn(config)
+    return mixture
 
 
 def inspect_model(config: TrainConfig) -> Inspection:
@@ -199,7 +203,7 @@ def explain(config: TrainConfig, probe: int = 8) -> str:
     rc, lc = config.rollout, config.learner
     if config.threads:
         torch.set_num_threads(config.threads)
-    refuse_as_train_does(config)
+    mixture = refuse_as_train_does(config)
     seen = inspect_model(config)
     rollouts = rc.prompts_per_step * rc.group_size
     updates = lc.ppo_epochs * lc.mini_batches
@@ -220,7 +224,8 @@ def explain(config: TrainConfig, probe: int = 8) -> str:
              f"({_sizing(config, seen)}; rollouts of {length}; fewer when rows without signal are skipped or "
              "duplicates merged)",
              f"off-policy: {_off_policy(config, updates)}",
-             f"sampler: {_sampler(config)}"]
+             f"sampler: {_sampler(config)}",
+             f"draws: {_draws(config, mixture)}"]
     if seen.model is not None:
         lines += _costs(config, seen, rows, parts, updates)
     lines += [f"warning: {w}" for w in warnings_for(config, seen) + probe_warnings(config, seen, probe)]
@@ -229,6 +234,29 @@ def explain(config: TrainConfig, probe: int = 8) -> str:
                  + (f"; tasks scored and answers cut off: by {checked}, temper eval measures them" if checked
                     else " (run temper eval)"))
     return "\n".join(lines)
+
+
+DRAWS_LATER = {
+    "static": "fixed",
+    "temperature": "fixed",
+    "learnability": "moved as the run measures each task's signal (the variance of success inside its groups)",
+    "learning_progress": "moved as the run measures how fast each task's success rate changes",
+    "learnability_per_cost": "moved as the run measures each task's signal and its cost per rollout (completion "
+                             "tokens x the sampler's seconds per token, plus reward seconds): costs are learned as "
+                             "the run goes, not known here",
+}
+"""What becomes of the first draws under each built-in strategy, for ``temper explain``."""
+
+
+def _draws(config: TrainConfig, mixture: Any) -> str:
+    """Each task's expected share of the first step's draws, and what the strategy does with them later."""
+    total = sum(mixture.weights)
+    shares = ", ".join(f"{task.name} {100 * w / total:.1f}%" for task, w in zip(mixture.tasks, mixture.weights))
+    strategy = config.scheduler.strategy
+    floor = f", at least {config.scheduler.floor:g} of them by the static weights" if strategy in (
+        "learnability", "learning_progress", "learnability_per_cost") else ""
+    return (f"{shares} expected at the start (scheduler.strategy={strategy}); "
+            f"{DRAWS_LATER[strategy]}{floor}; logged per step as domain/<task>/draw_share")
 
 
 def _sizing(config: TrainConfig, seen: Inspection) -> str:

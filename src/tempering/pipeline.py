@@ -13,7 +13,8 @@ They are plain classes; a *handle* places one, in this process (the worker itsel
 Ray actor, typed by ``tempering.placement``'s protocols.
 
 :class:`Pipeline` turns them into *rounds*: ``prompts`` problems drawn from the scheduler,
-sampled, scored and observed by the scheduler; the learner asks for them one at a time
+sampled, scored and observed by the scheduler (the groups, and the seconds sampling them took,
+for its cost model); the learner asks for them one at a time
 (``next_round``), each with what it cost. In ``sync`` mode a round is made when the
 learner asks for it, with the learner's current weights (staleness 0). In ``async`` mode a
 feeder thread keeps up to ``buffer_rounds`` rounds ready while the learner trains; new
@@ -204,6 +205,7 @@ class Pipeline:
         groups, record, generate_s, reward_s = self._sample_and_score(problems)
         with self._cond:
             self.mixture.observe(groups)
+            self.mixture.observe_sampling(generate_s)
         if version is None:
             version = groups[0].rollouts[0].policy_version if groups and groups[0].rollouts else self.learner_version
         count = sum(len(g.rollouts) for g in groups)

@@ -21,7 +21,11 @@ the statistics to new weights:
   rollouts all succeed or all fail has no reward variance and teaches nothing. Per group, not
   per task: a task with some always-solved and some never-solved problems has a task-level
   rate near 1/2 and yet no signal;
-- ``learning_progress``: prefer tasks whose success rate is changing, by |fast EMA - slow EMA|.
+- ``learning_progress``: prefer tasks whose success rate is changing, by |fast EMA - slow EMA|;
+- ``learnability_per_cost``: learnability divided by what a rollout of the task costs in
+  seconds (its completion tokens x the sampler's seconds per token, plus its reward seconds,
+  each learned as the run goes: :meth:`Mixture.fold_costs`), so draws go where signal per
+  second is highest and the seconds spent on each task follow its learnability.
 
 Adaptive strategies mix in ``floor`` of the static weights, so no task starves and a task
 whose rate later moves is noticed. A task the mixture has not yet seen scores as the best
@@ -33,10 +37,15 @@ its success rate passes ``promote_at`` over at least ``min_samples`` rollouts at
 Balance inside a batch (used by the loop, optional): :func:`cap_domain_tokens` drops groups of
 a domain holding more than a set share of the batch's completion tokens, and
 :func:`domain_token_weights_B` scales advantages so that under a token-mean loss each domain's
-share of the gradient follows its share of rollouts (what the mixture drew), not its share of
-tokens. Reward scale is the ``grpo_domain`` advantage estimator's part.
+share of the loss's weight follows its share of rollouts (what the mixture drew), not its share
+of tokens. That is not its share of the gradient norm, which the learner measures
+(``Learner.grad_shares``, ``domain/<task>/grad_share``): where a completion's token gradients
+add up incoherently, a domain's gradient norm grows as the square root of its tokens, and a
+domain of 10x longer completions ends below its drawn share (``tests/unit/test_grad_share.py``).
+Reward scale is the ``grpo_domain`` advantage estimator's part.
 
-Not done here: predicting slow-to-generate tasks' cost, demoting a level.
+Not done here: knowing a task's cost before it is drawn (it is measured as the run goes),
+demoting a level.
 """
 
 from __future__ import annotations
@@ -63,6 +72,13 @@ class TaskStats:
     """The same with ``slow_rate``: the learning-progress baseline."""
     spread: float = 0.0
     """Mean within-group variance of success, averaged like ``fast``: the learnability score."""
+    tokens: float = 0.0
+    """Completion tokens per rollout, averaged like ``fast``."""
+    reward_s: float = 0.0
+    """Reward seconds per rollout (``Rollout.reward_s``), averaged like ``fast``."""
+    cost_s: float = 0.0
+    """Seconds per rollout: ``tokens`` x the mixture's seconds per generated token + ``reward_s``
+    (:meth:`Mixture.fold_costs`); 0 = not measured yet."""
     seen: int = 0
     """Rollouts observed at the current level."""
     groups: int = 0
@@ -160,6 +176,33 @@ def learning_progress(tasks: Sequence[Task], base: Sequence[float], stats: Seque
     return _with_floor(base, scores, settings.floor)
 
 
+MIN_COST_S = 1e-6
+"""For ``learnability_per_cost``: the least a rollout is taken to cost (a free one is not
+infinitely good)."""
+
+
+@register_strategy("learnability_per_cost")
+def learnability_per_cost(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[TaskStats],
+                          settings: Settings) -> list[float]:
+    """Learnability per second: each task's within-group success variance divided by what one
+    of its rollouts costs (``cost_s``), with the exploration floor. Draws then follow signal per
+    second, so the seconds spent on each task follow its learnability: a task 10x as expensive
+    as another with the same learnability gets 1/10 of its draws beyond the floor. A task whose
+    cost is not measured yet scores as the best seen (optimism).
+
+    >>> from tempering.build import scheduler_settings
+    >>> from tempering.config import SchedulerConfig
+    >>> cheap, dear = TaskStats(spread=0.2, seen=8, cost_s=1.0), TaskStats(spread=0.2, seen=8, cost_s=10.0)
+    >>> settings = scheduler_settings(SchedulerConfig(floor=0.1))
+    >>> [round(w, 4) for w in learnability_per_cost([None, None], [1, 1], [cheap, dear], settings)]
+    [0.8682, 0.1318]
+    """
+    known = [st.seen > 0 and st.cost_s > 0 for st in stats]
+    scores = [st.spread / max(st.cost_s, MIN_COST_S) if k else 0.0 for st, k in zip(stats, known)]
+    best = max((score for score, k in zip(scores, known) if k), default=1.0) or 1.0
+    return _with_floor(base, [score if k else best for score, k in zip(scores, known)], settings.floor)
+
+
 class Mixture:
     """Draws each problem's task with probability proportional to the strategy's weights."""
 
@@ -178,6 +221,9 @@ class Mixture:
         self.cursors = {task.name: 0 for task in tasks}
         self.stats = {task.name: TaskStats(level=getattr(task, "level", 0)) for task in tasks}
         self._pending: dict[str, dict] = {}
+        self.seconds_per_token = 0.0
+        """Sampling seconds per generated token, averaged like ``fast``: the cost model's rate."""
+        self._sampling_s = 0.0
         self.rng = random.Random(seed)
         self.weights = self._weights()
 
@@ -205,7 +251,9 @@ class Mixture:
             task = by_name.get(group.problem.task)
             if task is None or not group.rollouts:
                 continue
-            pending = self._pending.setdefault(task.name, {"success": [], "spread": [], "reward": 0.0, "tokens": 0})
+            pending = self._pending.setdefault(task.name, {"success": [], "spread": [], "reward": 0.0, "tokens": 0,
+                                                           "reward_s": 0.0})
+            pending["reward_s"] += sum(r.reward_s for r in group.rollouts)
             success = [r.reward_components.get(task.metric, 0.0) for r in group.rollouts]
             mean = sum(success) / len(success)
             pending["success"] += success
@@ -216,14 +264,58 @@ class Mixture:
             stats.groups += 1
             stats.dropped += len({r.reward for r in group.rollouts}) == 1
 
+    def observe_sampling(self, seconds: float) -> None:
+        """Add a round's sampling seconds (the rollout worker's, all its groups together): with
+        the completion tokens :meth:`observe` counts in the same step they give the cost model's
+        seconds per generated token."""
+        self._sampling_s += seconds
+
+    def fold_costs(self) -> dict[str, float]:
+        """Fold the step's costs into the statistics (:meth:`update` calls it first) and return
+        the step's shares and estimates: ``domain/<task>/draw_share``, ``token_share`` and
+        ``reward_time_share`` (the task's part of the rollouts, completion tokens and reward
+        seconds sampled this step; 0 when it was not drawn), ``domain/<task>/cost_s`` (seconds per
+        rollout, once measured) and ``scheduler/s_per_token``.
+
+        The cost model: a rollout of a task costs its completion tokens x the seconds per
+        generated token (one rate for the sampler, from the step's sampling seconds over its
+        completion tokens) + its reward seconds; tokens, reward seconds and the rate are each
+        averaged over steps with ``fast_rate``, as success is. Measured wall-clock seconds: a
+        resumed run restores these averages exactly, but what it measures after is new."""
+        pending, rate = self._pending, self.settings.fast_rate
+        rollouts = {name: len(p["success"]) for name, p in pending.items()}
+        tokens = {name: float(p["tokens"]) for name, p in pending.items()}
+        reward_s = {name: p["reward_s"] for name, p in pending.items()}
+        if sum(tokens.values()) > 0 and self._sampling_s > 0:
+            self.seconds_per_token = _averaged(self.seconds_per_token, self._sampling_s / sum(tokens.values()), rate,
+                                               first=not self.seconds_per_token)
+        self._sampling_s = 0.0
+        record: dict[str, float] = {}
+        totals = {"draw_share": rollouts, "token_share": tokens, "reward_time_share": reward_s}
+        for task in self.tasks:
+            stats, count = self.stats[task.name], rollouts.get(task.name, 0)
+            if count:
+                first = not (stats.tokens or stats.reward_s)
+                stats.tokens = _averaged(stats.tokens, tokens[task.name] / count, rate, first)
+                stats.reward_s = _averaged(stats.reward_s, reward_s[task.name] / count, rate, first)
+            if stats.tokens or stats.reward_s:
+                stats.cost_s = stats.tokens * self.seconds_per_token + stats.reward_s
+                record[f"domain/{task.name}/cost_s"] = stats.cost_s
+            for key, values in totals.items():
+                if sum(values.values()) > 0:
+                    record[f"domain/{task.name}/{key}"] = values.get(task.name, 0) / sum(values.values())
+        if self.seconds_per_token:
+            record["scheduler/s_per_token"] = self.seconds_per_token
+        return record
+
     def update(self) -> dict[str, float]:
         """Fold this step's observations into the statistics, move curricula, re-weigh;
         return per-task metrics for the step's record: ``domain/<task>/`` ``success``,
         ``spread`` (mean within-group variance of success), ``reward`` and ``completion_tokens``
         (of this step's sampled rollouts, when the task was drawn), ``weight`` (its share of the next draws), ``dropped_groups`` (so far)
-        and ``level`` (for tasks with levels)."""
+        and ``level`` (for tasks with levels); and the costs and shares of :meth:`fold_costs`."""
         s = self.settings
-        record: dict[str, float] = {}
+        record = self.fold_costs()
         for task in self.tasks:
             stats, pending = self.stats[task.name], self._pending.pop(task.name, None)
             if pending:
@@ -285,6 +377,7 @@ class Mixture:
         (``task.state_dict()``: its stream position and, for curricula, its level)."""
         return {"cursors": dict(self.cursors), "rng": self.rng.getstate(),
                 "stats": {name: asdict(st) for name, st in self.stats.items()},
+                "seconds_per_token": self.seconds_per_token,
                 "tasks": {t.name: t.state_dict() for t in self.tasks if hasattr(t, "state_dict")}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -298,10 +391,16 @@ class Mixture:
         for name, saved in state.get("stats", {}).items():
             if name in self.stats:
                 self.stats[name] = TaskStats(**saved)
+        self.seconds_per_token = state.get("seconds_per_token", 0.0)
         for task in self.tasks:
             if curriculum_levels(task):
                 task.level = self.stats[task.name].level
         self.weights = self._weights()
+
+
+def _averaged(average: float, value: float, rate: float, first: bool) -> float:
+    """An exponential average after ``value``: ``value`` itself when it is the first."""
+    return value if first else average + rate * (value - average)
 
 
 def curriculum_levels(task: Task) -> int:
@@ -347,7 +446,9 @@ def cap_domain_tokens(groups: list[Group], max_share: float) -> tuple[list[Group
 
 
 def domain_token_weights_B(groups: Sequence[Group]) -> torch.Tensor:
-    """Per-rollout factor (rollout share / token share of its domain) for a token-mean loss.
+    """Per-rollout factor (rollout share / token share of its domain) for a token-mean loss:
+    each domain's share of the loss's weight is then its share of rollouts (see the module
+    docstring for what that does to its share of the gradient norm).
 
     >>> from tempering.types import Problem, Rollout
     >>> def g(task, n):

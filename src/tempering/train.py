@@ -10,8 +10,11 @@ actors) is ``tempering.pipeline``'s; checkpoints and resume are ``tempering.chec
 called from here every ``checkpoint.every`` steps, and when the rewards keep failing (a
 grader outage past ``rewards.max_outage_rounds``: the run stops with a checkpoint and a
 message saying how to continue). Adaptive mixtures are
-``tempering.scheduler``'s: the pipeline shows it every sampled group and the loop closes
-each step. DAPO's dynamic sampling and overlong shaping are in ``tempering.algorithms.dapo``.
+``tempering.scheduler``'s: the pipeline shows it every sampled group (and the seconds
+sampling took, for what a rollout of each domain costs) and the loop closes each step; every
+``learner.grad_share_every`` steps the learner measures each domain's share of the gradient
+norm before its update. DAPO's dynamic sampling and overlong shaping are in
+``tempering.algorithms.dapo``.
 Under ``torchrun`` this loop runs on rank 0; the other ranks only follow its learner
 (``tempering.learner.parallel``).
 """
@@ -83,8 +86,17 @@ def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner
 
 
 TIMING_KEYS = frozenset({"generate_s", "reward_s", "learn_s", "step_s", "generate_tok_s", "train_tok_s",
-                         "weight_sync_s", "wait_s", "checkpoint_s"})
-"""Record keys that measure wall-clock time: the only ones a resumed run may not repeat exactly."""
+                         "weight_sync_s", "wait_s", "checkpoint_s", "grad_share_s", "scheduler/s_per_token"})
+"""Record keys that measure wall-clock time: with :data:`TIMING_SUFFIXES`, the only ones a resumed
+run may not repeat exactly."""
+
+TIMING_SUFFIXES = ("/cost_s", "/reward_time_share")
+"""Ends of per-domain record keys that measure wall-clock time (the mixture's costs)."""
+
+
+def is_timing(key: str) -> bool:
+    """Whether a step record's ``key`` measures wall-clock time (see :data:`TIMING_KEYS`)."""
+    return key in TIMING_KEYS or key.endswith(TIMING_SUFFIXES)
 
 
 def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> dict:
@@ -208,6 +220,11 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
                        ac.teacher.task_weight)
     if config.scheduler.balance_tokens:
         batch.weights_B = domain_token_weights_B(groups)
+    every = config.learner.grad_share_every
+    if every and learner.version % every == 0:  # the shares of the gradient this update follows
+        t_share = time.perf_counter()
+        record.update(learner.grad_shares(batch, [g.problem.task for g in groups for _ in g.rollouts]))
+        record["grad_share_s"] = time.perf_counter() - t_share
     record.update(learner.step(batch))
     record["weight_sync_s"] += pipeline.publish(run.model, learner.version)
     t2 = time.perf_counter()

@@ -137,6 +137,9 @@ class Rollout:
     reward_components: dict[str, float] = field(default_factory=dict)
     turns: list["Turn"] = field(default_factory=list)
     """A multi-turn episode's turns in order (``tempering.envs``); empty for one completion."""
+    reward_s: float = 0.0
+    """Seconds its rewards took, its share of each reward's batch (set by the rewarder): the
+    mixture's measure of what a domain's grading costs."""
 
     @property
     def model_turns(self) -> int:

@@ -25,8 +25,12 @@ def test_multidomain_logs_every_domain_each_step_and_prints_the_tables(tiny_mode
         weights = [record[f"domain/{name}/weight"] for name in names]
         assert sum(weights) == pytest.approx(1.0) and min(weights) >= 0.2 / len(names) - 1e-9
         assert all(f"domain/{name}/dropped_groups" in record for name in names)
+        shares = [[record[f"domain/{name}/{key}"] for name in names] for key in ("draw_share", "token_share")]
+        assert all(sum(share) == pytest.approx(1.0) for share in shares)
     drawn = [k for k in records[0] if k.endswith("/success")]
     assert drawn and all(f"domain/{k.split('/')[1]}/completion_tokens" in records[0] for k in drawn)
+    assert all(f"domain/{k.split('/')[1]}/grad_share" in records[0] for k in drawn), "learner.grad_share_every: 5"
+    assert not any(k.endswith("/grad_share") for k in records[1])
     assert set(summary["eval_after"]["per_task"]) == set(names)
     printed = capsys.readouterr().out
     assert "rg:chain_sum" in printed and "dropped" in printed

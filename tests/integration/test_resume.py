@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tempering import checkpoint
-from tempering.train import TIMING_KEYS
+from tempering.train import is_timing
 
 ARGS = ["steps=30", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",
         "rollout.max_new_tokens=24", "eval.problems_per_task=6", "eval.max_new_tokens=24",
@@ -56,7 +56,7 @@ def temper(*args: str, kill_at: str | None = None, kill_during: Path | None = No
 
 def step_records(run: Path) -> list[dict]:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS and k != "checkpoint_s"} for r in records]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in records]
 
 
 def weights(run: Path) -> bytes:

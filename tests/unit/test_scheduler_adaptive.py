@@ -139,5 +139,5 @@ def test_the_static_mixture_draws_what_it_always_drew():
 
 
 def test_an_unknown_strategy_names_the_known_ones():
-    with pytest.raises(ValueError, match="known: learnability, learning_progress, static, temperature"):
+    with pytest.raises(ValueError, match="known: learnability, learnability_per_cost, learning_progress, static, temperature"):
         Mixture(_tasks(), [1, 1, 1], seed=0, strategy="bandit", settings=SETTINGS)

@@ -38,7 +38,8 @@ rollouts older than the learner's version. With ``mismatch_correction`` (a sampl
 the learner: vLLM, a server, bf16 sampling) every batch is corrected the same way, fresh ones
 too, by that variant of ``tempering.algorithms.correction`` in place of the behaviour weight
 above. Rows may carry ``weights_B``, multiplied into their policy loss (the
-scheduler's per-domain balance).
+scheduler's per-domain balance); :meth:`Learner.grad_shares` measures what each domain's rows
+then contribute to the gradient's norm, without stepping (``learner.grad_share_every``).
 
 How a batch becomes forward passes is planned once per update by ``tempering.learner.plan`` (the
 proximal pass and, with one mini-batch, every update of the step execute the same plan):
@@ -66,7 +67,7 @@ import copy
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -410,6 +411,44 @@ class Learner:
         order = torch.randperm(size, generator=torch.Generator().manual_seed(self.version * 1000 + epoch),
                                device="cpu")
         return [rows for rows in torch.tensor_split(order, self.settings.mini_batches) if len(rows)]
+
+    def grad_shares(self, batch: Batch, domains_B: Sequence[str]) -> dict[str, float]:
+        """Each domain's share of the gradient, measured: ``domain/<name>/grad_share`` =
+        ``|g_d| / sum over domains of |g_d'|``, where ``g_d`` is the gradient (over every trained
+        parameter) of domain ``d``'s rows' part of the step's objective, at the weights the
+        step starts from, with the whole batch's token and sequence counts as the aggregation's
+        normalisers (the objective is a sum over rows, so the parts add up to the step's
+        gradient; a share is a ratio, so the normalisers drop out of it).
+
+        Cost: one forward and backward pass over each domain's rows in turn (what one update of
+        the batch costs, split by domain), and no optimizer step; the gradients are cleared
+        after. The loop calls it every ``learner.grad_share_every`` steps. Under ``fsdp`` a rank
+        holds a shard of the gradient only, so the build refuses the option there; under
+        ``ddp`` the leader measures the whole batch alone (its gradients are summed by hand,
+        after the step's passes, which this never reaches)."""
+        batch = batch.to(self.device)
+        stale = bool((batch.policy_versions_B < self.version).any())
+        corrected = (self.settings.off_policy != "none" and stale) or self.settings.mismatch_correction != "none"
+        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+        tokens, sequences = batch.num_tokens, len(batch)
+        norms: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        for domain in dict.fromkeys(domains_B):
+            rows = torch.tensor([i for i, d in enumerate(domains_B) if d == domain], device=self.device)
+            part_batch = batch.select(rows)
+            plan = self.plan(part_batch)
+            computed = computed_batch(part_batch, plan)
+            for part in plan.micro_batches:
+                micro = computed.select(torch.tensor(part.rows, device=self.device))
+                # at these weights the forward pass is the proximal policy
+                self._micro_step(micro, part, tokens, sequences, prox_from_forward=corrected)
+            grads = [p.grad.detach().float().flatten() for p in parameters if p.grad is not None]
+            norms[domain] = float(torch.cat(grads).norm()) if grads else 0.0
+            self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        total = sum(norms.values())
+        return {f"domain/{d}/grad_share": (n / total if total > 0 else 0.0) for d, n in norms.items()}
 
     def step(self, batch: Batch) -> dict[str, float]:
         """Learn from one batch; returns metrics averaged over its updates (``micro_batches``:

@@ -5,7 +5,10 @@ rollouts that need it; different rewards run at the same time on a thread pool, 
 one (the sandbox, a reward model) does not hold up the others, and :meth:`Rewarder.ascore`
 lets an event loop await a whole step's scoring. Per rollout the weighted sum of its task's
 rewards becomes ``rollout.reward`` (after the optional per-domain normalization), and every
-component is kept unweighted in ``rollout.reward_components``.
+component is kept unweighted in ``rollout.reward_components``. Each reward's batch is timed,
+and every rollout it scored gets an equal share of those seconds in ``rollout.reward_s`` (summed
+over its rewards): what the mixture learns a domain's grading costs. A reward shared by
+several domains is timed once for all of them, so each of its rollouts costs the batch's mean.
 
 A rollout whose grader failed (``RewardResult.error``) is removed from its group and
 counted in ``reward/dropped``; a group left empty is removed from the step. The newest such
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -126,10 +130,13 @@ class Rewarder:
                 items[name] += [(g, r) for r in range(len(group.rollouts))]
         return {name: found for name, found in items.items() if found}
 
-    def _run(self, name: str, groups: list[Group], items: Items) -> list[RewardResult]:
+    def _run(self, name: str, groups: list[Group], items: Items) -> tuple[list[RewardResult], float]:
+        """``name``'s results on its items and the seconds they took."""
         problems: list[Problem] = [groups[g].problem for g, _ in items]
         rollouts: list[Rollout] = [groups[g].rollouts[r] for g, r in items]
-        return score_contained(self.rewards[name], name, problems, rollouts)
+        start = time.perf_counter()
+        results = score_contained(self.rewards[name], name, problems, rollouts)
+        return results, time.perf_counter() - start
 
     def score(self, groups: list[Group]) -> dict[str, float]:
         """Score ``groups`` in place (see the module docstring); return the step's means."""
@@ -146,11 +153,13 @@ class Rewarder:
         return self._combine(groups, jobs, dict(zip(jobs, results)))
 
     def _combine(self, groups: list[Group], jobs: dict[str, Items],
-                 results: dict[str, list[RewardResult]]) -> dict[str, float]:
+                 timed: dict[str, tuple[list[RewardResult], float]]) -> dict[str, float]:
         per_rollout: dict[tuple[int, int], dict[str, RewardResult]] = {}
         for name, items in jobs.items():
-            for item, result in zip(items, results[name]):
-                per_rollout.setdefault(item, {})[name] = result
+            results, seconds = timed[name]
+            for (g, r), result in zip(items, results):
+                per_rollout.setdefault((g, r), {})[name] = result
+                groups[g].rollouts[r].reward_s += seconds / len(items)
         sums: Counter = Counter()
         kept_by_domain: dict[str, list[Rollout]] = {}
         dropped = errors = 0

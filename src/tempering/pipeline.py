@@ -234,6 +234,7 @@ class Pipeline:
 
     # -- making rounds -------------------------------------------------------------------
     def _make_round(self) -> Round:
+        faults.point("round")
         sync_s = 0.0
         with self._cond:
             pending, self._pending = self._pending, None

@@ -18,7 +18,7 @@ from tempering.scheduler import Mixture
 from tempering.tasks import build_task
 from tempering.types import Group, Rollout
 
-GRADER = "test_domain_pause:Grader"
+GRADER = "test_partial_outage:Grader"
 
 
 class Grader:

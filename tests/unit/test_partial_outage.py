@@ -13,6 +13,7 @@ from tempering.config import SchedulerConfig
 from tempering.pipeline import GraderOutage, Pipeline, RewardWorker, RolloutWorker
 from tempering.rewards import Rewarder
 from tempering.rewards.base import RewardResult
+from tempering.rewards.normalize import NormalizeSettings
 from tempering.rollout.base import SamplingParams
 from tempering.scheduler import Mixture
 from tempering.tasks import build_task
@@ -51,13 +52,14 @@ class Rounds:
         pass
 
 
-def _pipeline(tasks=("add", "sub"), graded=("sub",), **options):
-    """A pipeline over ``tasks``; those in ``graded`` are scored by the grader, the others by their own rewards."""
+def _pipeline(tasks=("add", "sub"), graded=("sub",), normalize=None, **options):
+    """A pipeline over ``tasks``; those in ``graded`` are scored by the grader, the others by their
+    own rewards; ``normalize``: the rewarder's normalization of every domain."""
     built = [build_task(name, seed=0) for name in tasks]
     for task in built:
         if task.name in graded:
             task.rewards = {GRADER: 1.0}
-    rewarder = Rewarder(built)
+    rewarder = Rewarder(built, default_normalize=normalize)
     generator = Rounds()
     rollout = RolloutWorker(generator, SamplingParams(), group_size=2, seed=0)
     mixture = Mixture(built, [1.0] * len(built), 0, "static", scheduler_settings(SchedulerConfig()))
@@ -207,3 +209,18 @@ def test_the_last_task_left_to_draw_from_cannot_be_paused():
     assert all(p.task == "add" for p in mixture.next_problems(20))
     mixture.readmit("sub")
     assert {p.task for p in mixture.next_problems(20)} == {"add", "sub"}
+
+
+def test_a_probe_changes_nothing_of_the_rewarder():
+    made, _, grader = _pipeline(normalize=NormalizeSettings(mode="ema", decay=0.9, clip=0.0, smoothing=0.0))
+    rewarder = made.reward.rewarder
+    _rounds(made, 1)
+    grader.down = True
+    _rounds(made, 2)
+    held = made.state_dict()["held"]["sub"]
+    before = (rewarder.last_error, rewarder.state_dict(), [r.reward for r in held.rollouts])
+    assert "sub" in before[1]["normalizer"]["moments"], "sub was scored, and normalized, before the outage"
+    assert rewarder.probe(held) == (GRADER, "ConnectionError: the grader at 127.0.0.1:9 refused the connection")
+    grader.down = False
+    assert rewarder.probe(held) is None
+    assert (rewarder.last_error, rewarder.state_dict(), [r.reward for r in held.rollouts]) == before

@@ -336,8 +336,14 @@ def monitor_settings(config: Any) -> MonitorSettings:
 
 
 def scheduler_settings(config: Any) -> Settings:
-    """From a ``SchedulerConfig`` (its strategy and batch balance are passed elsewhere)."""
-    return Settings(**config.model_dump(exclude={"strategy", "balance_tokens", "max_domain_token_share"}))
+    """From a ``SchedulerConfig`` (its strategy and batch balance are passed elsewhere, its
+    pauses to the pipeline)."""
+    return Settings(**config.model_dump(exclude={"strategy", "balance_tokens", "max_domain_token_share",
+                                                 *PAUSE_FIELDS}))
+
+
+PAUSE_FIELDS = ("pause_failing", "probe_rounds", "max_probe_rounds")
+"""The scheduler's fields that the pipeline reads: when to pause a domain and probe it."""
 
 
 def build_rewarder(config: TrainConfig, tasks: list[Task]) -> Rewarder:
@@ -472,7 +478,8 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
         rollout, reward = ray_workers(config)
     return Pipeline(mixture, rollout, reward, config.rollout.prompts_per_step, pc.mode, pc.max_staleness,
                     pc.buffer_rounds, shares_policy=shares, max_outage_rounds=config.rewards.max_outage_rounds,
-                    outage_backoff_s=config.rewards.outage_backoff_s)
+                    outage_backoff_s=config.rewards.outage_backoff_s, pause_failing=config.scheduler.pause_failing,
+                    probe_rounds=config.scheduler.probe_rounds, max_probe_rounds=config.scheduler.max_probe_rounds)
 
 
 def normalizes(config: TrainConfig) -> bool:

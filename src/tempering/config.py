@@ -305,6 +305,18 @@ class SchedulerConfig(Strict):
     min_samples: int = Field(64, ge=1, description="curricula: rollouts at a level before it may be left")
     balance_tokens: bool = Field(False, description="scale advantages so each domain's share of a token-mean loss is its share of rollouts, not of tokens")
     max_domain_token_share: float = Field(1.0, gt=0, le=1, description="drop a domain's groups while it holds more than this share of a batch's completion tokens; 1 = no cap")
+    pause_failing: bool = Field(True, description="pause a task whose grader drops every rollout of a sampling round while other tasks score (or are left to draw from): no more draws of it, its share going to the others, its dropped rollouts counted (domain/<task>/rollouts_dropped), neither trained on nor scored as wrong; probed by scoring one of them again, and re-admitted once that works (logged as domain/<task>/paused, pauses); false = keep drawing it. A grader down for every task left is the whole-run outage of rewards.max_outage_rounds")
+    probe_rounds: int = Field(1, ge=1, description="sampling rounds from a pause to the first probe of the paused task; the wait doubles after each failed probe")
+    max_probe_rounds: int = Field(32, ge=1, description="the longest wait between two probes of a paused task, in sampling rounds (rounds, not seconds, so a resumed run probes when the uninterrupted one would); at least probe_rounds")
+
+    @field_validator("max_probe_rounds")
+    @classmethod
+    def _probes_back_off(cls, most: int, info: ValidationInfo) -> int:
+        first = info.data.get("probe_rounds", 1)
+        if most < first:
+            raise ValueError(f"{most} is below probe_rounds ({first}): the wait between probes only grows; "
+                             f"set max_probe_rounds to {first} or more")
+        return most
 
 
 class PipelineConfig(Strict):

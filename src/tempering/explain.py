@@ -225,7 +225,8 @@ def explain(config: TrainConfig, probe: int = 8) -> str:
              "duplicates merged)",
              f"off-policy: {_off_policy(config, updates)}",
              f"sampler: {_sampler(config)}",
-             f"draws: {_draws(config, mixture)}"]
+             f"draws: {_draws(config, mixture)}",
+             f"grader down: {_grader_faults(config)}"]
     if seen.model is not None:
         lines += _costs(config, seen, rows, parts, updates)
     lines += [f"warning: {w}" for w in warnings_for(config, seen) + probe_warnings(config, seen, probe)]
@@ -319,3 +320,16 @@ def _costs(config: TrainConfig, seen: Inspection, rows: int, parts: list[list[in
             "model's shape; a teacher is not counted)",
             f"learner time: about {seconds:.1f} s per step here (one measured forward/backward pass, scaled to "
             f"{updates} x {rows} rollouts of {row_tokens} tokens; threads {torch.get_num_threads()})"]
+
+
+def _grader_faults(config: TrainConfig) -> str:
+    """What the run does when a grader stops answering: one domain's is paused (with several
+    trainable tasks and scheduler.pause_failing), every domain's is the whole-run outage."""
+    sc, rc = config.scheduler, config.rewards
+    outage = (f"a round whose every rollout the rewards dropped is sampled again up to {rc.max_outage_rounds} "
+              f"times (waits from {rc.outage_backoff_s:g} s, doubling), then the run stops with a checkpoint")
+    if not sc.pause_failing or sum(t.weight > 0 for t in config.tasks) < 2:
+        return outage
+    return (f"a task whose grader drops a whole round is paused (no draws, its share to the others) and probed "
+            f"after {sc.probe_rounds} round(s), then at waits doubling up to {sc.max_probe_rounds}, while the "
+            f"others train; with no task left to draw from, {outage}")

@@ -31,9 +31,29 @@ outages in a row the pipeline raises :class:`GraderOutage` naming the reward and
 error; the problems of that round are kept in the state, so a run resumed from a checkpoint
 taken then samples them first.
 
+A *partial* outage is one domain's grader down while the others score: a task (a domain of
+the mixture) whose every rollout of a round the rewards dropped, in a round where another
+task scored or where other tasks are left to draw from. With ``pause_failing`` the pipeline
+pauses it (:meth:`~tempering.scheduler.Mixture.pause`): no more draws of it, the round's
+other groups trained as usual (a round that drew only it is drawn again from the others, at
+once). Its dropped rollouts are neither trained on nor scored as wrong, only counted. One of
+them is held, and at the start of the round ``probe_rounds`` after the pause the task's
+graders are asked to score it again (:meth:`~tempering.rewards.compose.Rewarder.probe`): the
+task is re-admitted when they do, and probed again ``probe_rounds`` x 2 ** (failed probes)
+rounds later (at most ``max_probe_rounds``) when they do not. A probe re-scores a real rollout
+rather than asking a health endpoint: every reward can be probed that way (a plug-in, a
+remote verifier, a reward model, the sandbox service), and what answers is what training
+needs, not a ``/health`` that answers while runs fail. A grader that fails for every task
+left to draw from is the whole-run outage above.
+
+Per task the pipeline keeps what became of each rollout it sampled (:meth:`Pipeline.domain_counts`):
+trained, dropped (a grader's error, too stale, or taken by a step that did not train on it:
+dynamic sampling, the token cap; :meth:`Pipeline.settle`) or still buffered, so that sampled
+= trained + dropped + buffered for every task.
+
 State: ``state_dict`` holds the buffered rounds (sampled and scored, not yet trained on),
-the problems of a round an outage stopped, the rollout worker's RNG, the reward normalizer
-and the counters; in async mode it is
+the problems of a round an outage stopped, the rollouts held to probe paused tasks, the
+rollout worker's RNG, the reward normalizer and the counters; in async mode it is
 taken with the feeder paused between rounds, so nothing is in flight.
 
 Several workers of a kind share a round through a worker pool (``tempering.placement``).
@@ -48,7 +68,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -135,6 +155,10 @@ class RewardWorker:
         """``(reward, error)`` of the newest rollout a reward dropped, None before any."""
         return self.rewarder.last_error
 
+    def probe(self, group: Group) -> Optional[tuple[str, str]]:
+        """``(reward, error)`` when a grader of the group's task still fails on it, else None."""
+        return self.rewarder.probe(group)
+
     def state_dict(self) -> dict:
         return self.rewarder.state_dict()
 
@@ -146,6 +170,17 @@ class RewardWorker:
 
 
 @dataclass
+class DomainCounts:
+    """What became of one task's sampled rollouts: sampled = trained + dropped + buffered."""
+
+    sampled: int = 0
+    trained: int = 0
+    dropped: int = 0
+    """A grader's error (a paused task's rollouts, outage rounds), too stale, or not trained by
+    the step that took it (dynamic sampling, the token cap)."""
+
+
+@dataclass
 class Counters:
     rounds: int = 0
     rollouts_sampled: int = 0
@@ -153,6 +188,11 @@ class Counters:
     dropped_stale: int = 0
     weight_syncs: int = 0
     outage_rounds: int = 0
+    domains: dict[str, DomainCounts] = field(default_factory=dict)
+    """Per task name."""
+
+    def domain(self, name: str) -> DomainCounts:
+        return self.domains.setdefault(name, DomainCounts())
 
 
 class Pipeline:
@@ -160,7 +200,8 @@ class Pipeline:
 
     def __init__(self, mixture: Any, rollout: RolloutHandle, reward: RewardHandle, prompts: int, mode: str = "sync",
                  max_staleness: int = 1, buffer_rounds: int = 1, shares_policy: bool = False,
-                 max_outage_rounds: int = 0, outage_backoff_s: float = 0.0):
+                 max_outage_rounds: int = 0, outage_backoff_s: float = 0.0, pause_failing: bool = True,
+                 probe_rounds: int = 1, max_probe_rounds: int = 32):
         if mode not in ("sync", "async"):
             raise ValueError(f"pipeline mode {mode!r}; known: sync, async")
         self.mixture, self.rollout, self.reward = mixture, rollout, reward
@@ -169,6 +210,9 @@ class Pipeline:
         self.shares_policy = shares_policy
         self.max_outage_rounds, self.outage_backoff_s = max_outage_rounds, outage_backoff_s
         self._outage_problems: Optional[list[Problem]] = None
+        self.pause_failing, self.probe_rounds, self.max_probe_rounds = pause_failing, probe_rounds, max_probe_rounds
+        self._held: dict[str, Group] = {}  # per paused task, a rollout its grader dropped: what probes score
+        self._unsettled: list[Group] = []  # taken by the learner's step, not yet settled
         self.counters = Counters()
         self.learner_version = 0
         self._buffer: deque[Round] = deque()
@@ -191,12 +235,14 @@ class Pipeline:
 
     # -- making rounds -------------------------------------------------------------------
     def _make_round(self) -> Round:
+        faults.point("round")
         sync_s = 0.0
         with self._cond:
             pending, self._pending = self._pending, None
         if pending is not None:
             sync_s = self.rollout.set_weights(*pending)
             self.counters.weight_syncs += 1
+        self._probe_paused()
         with self._cond:
             problems, self._outage_problems = self._outage_problems, None
             if problems is None:
@@ -221,11 +267,18 @@ class Pipeline:
         while True:
             t0 = time.perf_counter()
             groups = self.rollout.sample(problems)
+            sampled = [Group(g.problem, list(g.rollouts)) for g in groups]  # scoring drops failed rollouts
             t1 = time.perf_counter()
             groups, record = self.reward.score(groups)
             generate_s, reward_s = generate_s + t1 - t0, reward_s + time.perf_counter() - t1
+            failing = self._count_scored(sampled, groups)
             if groups or not record.get("reward/dropped"):
+                self._pause(failing, sampled)
                 return groups, record, generate_s, reward_s
+            if self._pause(failing, sampled):  # a round of paused tasks only: draw from the others
+                with self._cond:
+                    problems = self.mixture.next_problems(self.prompts)
+                continue
             reward, error = self.reward.last_error()  # set: something was dropped
             outages += 1
             if outages > self.max_outage_rounds:
@@ -237,6 +290,95 @@ class Pipeline:
             LOG.warning("reward outage: %s dropped every rollout of the round (%s); sampling it again in %.1f s "
                         "(%d of at most %d in a row)", reward, error, wait, outages, self.max_outage_rounds)
             time.sleep(wait)
+
+    # -- partial outages (see the module docstring) ----------------------------------------
+    def _count_scored(self, sampled: list[Group], scored: list[Group]) -> list[str]:
+        """Count a round's sampled and grader-dropped rollouts per task; return the tasks (in
+        order of first draw) of which no rollout was scored."""
+        kept: dict[str, int] = {}
+        for group in scored:
+            kept[group.problem.task] = kept.get(group.problem.task, 0) + len(group.rollouts)
+        drawn: dict[str, int] = {}
+        for group in sampled:
+            drawn[group.problem.task] = drawn.get(group.problem.task, 0) + len(group.rollouts)
+        with self._cond:
+            for name, count in drawn.items():
+                counts = self.counters.domain(name)
+                counts.sampled += count
+                counts.dropped += count - kept.get(name, 0)
+        return [name for name, count in drawn.items() if count and not kept.get(name)]
+
+    def _pause(self, failing: list[str], sampled: list[Group]) -> bool:
+        """Pause the ``failing`` tasks not yet paused (a round drawn before a pause may hold a
+        paused one), holding one dropped rollout of each to probe. True when all of them are
+        paused now; False, pausing none, when that would leave no task to draw from (a
+        whole-run outage), when none failed, or when ``pause_failing`` is off."""
+        if not self.pause_failing or not failing:
+            return False
+        last = self.reward.last_error()
+        with self._cond:
+            new = [name for name in failing if name not in self.mixture.paused]
+            if set(self.mixture.drawable()) <= set(new):
+                return False
+            now = self.counters.rounds
+            for name in new:
+                group = next(g for g in sampled if g.problem.task == name)
+                self._held[name] = Group(group.problem, group.rollouts[:1])
+                self.mixture.pause(name, now, now + self.probe_rounds)
+                LOG.warning("task %s paused: its grader dropped every rollout of round %d (last error: %s: %s); "
+                            "the other tasks go on, and it is probed in %d rounds", name, now + 1,
+                            *(last or ("?", "?")), self.probe_rounds)
+            return True
+
+    def _probe_paused(self) -> None:
+        """Score again the held rollout of each paused task whose probe is due: re-admit the
+        task when its graders answer, else back off (see the module docstring)."""
+        with self._cond:
+            now = self.counters.rounds
+            due = self.mixture.due_probes(now)
+        for name in due:
+            failed = self.reward.probe(self._held[name])
+            with self._cond:
+                pause = self.mixture.paused[name]
+                if failed is None:
+                    self.mixture.readmit(name)
+                    del self._held[name]
+                    LOG.warning("task %s re-admitted: its grader answers again (paused for %d rounds)",
+                                name, now - pause.since)
+                    continue
+                wait = min(self.probe_rounds * 2 ** (pause.probes + 1), self.max_probe_rounds)
+                self.mixture.probe_failed(name, now + wait)
+                LOG.info("task %s stays paused: %s: %s; probed again in %d rounds", name, *failed, wait)
+
+    def settle(self, trained: list[Group]) -> None:
+        """Close the step: of the groups taken since the last call, those in ``trained`` were
+        trained on, the others dropped (per task, in :meth:`domain_counts`)."""
+        kept = {id(group) for group in trained}
+        with self._cond:
+            for group in self._unsettled:
+                counts = self.counters.domain(group.problem.task)
+                if id(group) in kept:
+                    counts.trained += len(group.rollouts)
+                else:
+                    counts.dropped += len(group.rollouts)
+        self._unsettled = []
+
+    def domain_counts(self) -> dict[str, dict[str, int]]:
+        """Per task drawn so far: rollouts ``sampled``, ``trained``, ``dropped`` and ``buffered``
+        (scored, waiting for the learner); after :meth:`settle`, sampled = trained + dropped +
+        buffered."""
+        with self._cond:
+            buffered: dict[str, int] = {}
+            for made in self._buffer:
+                for group in made.groups:
+                    buffered[group.problem.task] = buffered.get(group.problem.task, 0) + len(group.rollouts)
+            return {name: {"sampled": c.sampled, "trained": c.trained, "dropped": c.dropped,
+                           "buffered": buffered.get(name, 0)} for name, c in self.counters.domains.items()}
+
+    def domain_record(self) -> dict[str, float]:
+        """:meth:`domain_counts` as step-record keys ``domain/<task>/rollouts_<count>``."""
+        return {f"domain/{name}/rollouts_{key}": value for name, counts in self.domain_counts().items()
+                for key, value in counts.items()}
 
     def _feed(self) -> None:
         try:
@@ -287,9 +429,13 @@ class Pipeline:
             count = sum(len(g.rollouts) for g in made.groups)
             made.staleness = self.learner_version - made.version
             if made.staleness > self.max_staleness:
-                self.counters.dropped_stale += count
+                with self._cond:
+                    self.counters.dropped_stale += count
+                    for group in made.groups:
+                        self.counters.domain(group.problem.task).dropped += len(group.rollouts)
                 continue
             self.counters.rollouts_taken += count
+            self._unsettled += made.groups
             return made
 
     def publish(self, model: Any, version: int) -> float:
@@ -339,7 +485,7 @@ class Pipeline:
         """Call with the feeder paused (async)."""
         return {"buffer": [copy.copy(r) for r in self._buffer], "rollout": self.rollout.state_dict(),
                 "reward": self.reward.state_dict(), "counters": copy.deepcopy(self.counters),
-                "outage_problems": self._outage_problems}
+                "outage_problems": self._outage_problems, "held": dict(self._held)}
 
     def load_state_dict(self, state: dict) -> None:
         self._buffer = deque(state["buffer"])
@@ -347,6 +493,8 @@ class Pipeline:
         self.rollout.load_state_dict(state["rollout"])
         self.reward.load_state_dict(state["reward"])
         self.counters = state["counters"]
+        vars(self.counters).setdefault("domains", {})  # a checkpoint written before per-task counts
+        self._held = dict(state.get("held", {}))
 
     def close(self) -> None:
         """Stop the feeder, then both workers: the reward worker (and the sandbox pool or model

@@ -61,6 +61,8 @@ class RewardHandle(Protocol):
 
     def last_error(self) -> Optional[tuple[str, str]]: ...
 
+    def probe(self, group: Group) -> Optional[tuple[str, str]]: ...
+
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> None: ...
@@ -178,6 +180,9 @@ class _RewardShell(_ActorShell):
     def last_error(self) -> Optional[tuple[str, str]]:
         return self.worker.last_error()
 
+    def probe(self, group: Group) -> Optional[tuple[str, str]]:
+        return self.worker.probe(group)
+
 
 class RayRollout(RayHandle):
     """A rollout worker as a Ray actor."""
@@ -204,6 +209,9 @@ class RayReward(RayHandle):
 
     def last_error(self) -> Optional[tuple[str, str]]:
         return self._get(lambda actor: actor.last_error.remote())
+
+    def probe(self, group: Group) -> Optional[tuple[str, str]]:
+        return self._get(lambda actor: actor.probe.remote(group))
 
 
 class WorkerPool:
@@ -277,6 +285,10 @@ class RewardPool(WorkerPool):
 
     def last_error(self) -> Optional[tuple[str, str]]:
         return next((error for error in self._all(lambda handle: handle.last_error()) if error is not None), None)
+
+    def probe(self, group: Group) -> Optional[tuple[str, str]]:
+        """Asked of the first worker: every worker holds the same graders."""
+        return self.handles[0].probe(group)
 
 
 def _shares(count: int, parts: int) -> list[slice]:

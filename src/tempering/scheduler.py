@@ -44,6 +44,13 @@ add up incoherently, a domain's gradient norm grows as the square root of its to
 domain of 10x longer completions ends below its drawn share (``tests/unit/test_grad_share.py``).
 Reward scale is the ``grpo_domain`` advantage estimator's part.
 
+Pauses: a task whose grader is down while the others score is *paused* by the pipeline
+(:meth:`Mixture.pause`): it gets no draws, its weight going to the others in proportion, until
+a probe of its grader succeeds (:meth:`Mixture.readmit`). Each pause keeps the sampling round
+at which it is probed next (:class:`Pause`); the pipeline decides the backoff. Rounds, not
+seconds, so that a resumed run probes at exactly the rounds the uninterrupted one would. The
+paused set and its clocks are part of ``state_dict()``.
+
 Not done here: knowing a task's cost before it is drawn (it is measured as the run goes),
 demoting a level.
 """
@@ -103,6 +110,18 @@ class Settings:
     """Curricula: success rate above which a task moves up a level; > 1 = never."""
     min_samples: int
     """Curricula: rollouts at a level before it may be left."""
+
+
+@dataclass
+class Pause:
+    """A task the mixture does not draw from while its grader is down, and when to probe it."""
+
+    since: int
+    """The sampling round (the pipeline's count of rounds made before it) that paused it."""
+    probe_at: int
+    """The round at whose start its grader is probed next."""
+    probes: int = 0
+    """Probes that failed since the pause: the backoff's exponent."""
 
 
 UNBOUNDED_SIZE = 10_000.0
@@ -224,13 +243,16 @@ class Mixture:
         self.seconds_per_token = 0.0
         """Sampling seconds per generated token, averaged like ``fast``: the cost model's rate."""
         self._sampling_s = 0.0
+        self.paused: dict[str, Pause] = {}
+        self.pauses: Counter = Counter()
+        """Times each task was paused, over the run."""
         self.rng = random.Random(seed)
         self.weights = self._weights()
 
     def _weights(self) -> list[float]:
         weights = self.strategy(self.tasks, self.base, [self.stats[t.name] for t in self.tasks], self.settings)
         # a weight of 0 in the config means evaluate-only: no strategy may train on it
-        return [w if b > 0 else 0.0 for w, b in zip(weights, self.base)]
+        return self._without_paused([w if b > 0 else 0.0 for w, b in zip(weights, self.base)])
 
     def next_problems(self, n: int) -> list[Problem]:
         chosen = self.rng.choices(self.tasks, weights=self.weights, k=n)
@@ -378,7 +400,8 @@ class Mixture:
         return {"cursors": dict(self.cursors), "rng": self.rng.getstate(),
                 "stats": {name: asdict(st) for name, st in self.stats.items()},
                 "seconds_per_token": self.seconds_per_token,
-                "tasks": {t.name: t.state_dict() for t in self.tasks if hasattr(t, "state_dict")}}
+                "tasks": {t.name: t.state_dict() for t in self.tasks if hasattr(t, "state_dict")},
+                "pauses": self._pause_state()}
 
     def load_state_dict(self, state: dict) -> None:
         by_name = {t.name: t for t in self.tasks}
@@ -395,7 +418,59 @@ class Mixture:
         for task in self.tasks:
             if curriculum_levels(task):
                 task.level = self.stats[task.name].level
+        self._load_pauses(state.get("pauses", {}))
         self.weights = self._weights()
+
+    # -- pauses (see the module docstring) ------------------------------------------------
+    def _without_paused(self, weights: list[float]) -> list[float]:
+        return [0.0 if t.name in self.paused else w for w, t in zip(weights, self.tasks)]
+
+    def drawable(self) -> list[str]:
+        """The tasks that can be drawn now: a positive training weight, not paused."""
+        return [t.name for t, b in zip(self.tasks, self.base) if b > 0 and t.name not in self.paused]
+
+    def paused_tasks(self) -> list[str]:
+        return [t.name for t in self.tasks if t.name in self.paused]
+
+    def pause(self, name: str, now: int, probe_at: int) -> None:
+        """No more draws of ``name`` from sampling round ``now`` on; probe it at round ``probe_at``.
+        The last drawable task is never paused (the caller checks :meth:`drawable`)."""
+        if self.drawable() == [name]:
+            raise ValueError(f"task {name!r} is the only one left to draw from; it cannot be paused")
+        self.paused[name] = Pause(since=now, probe_at=probe_at)
+        self.pauses[name] += 1
+        self.weights = self._weights()
+
+    def due_probes(self, now: int) -> list[str]:
+        """Paused tasks whose probe is due at sampling round ``now``, in task order."""
+        return [name for name in self.paused_tasks() if self.paused[name].probe_at <= now]
+
+    def probe_failed(self, name: str, probe_at: int) -> None:
+        """The probe of a paused task failed: probe it again at round ``probe_at``."""
+        pause = self.paused[name]
+        pause.probes += 1
+        pause.probe_at = probe_at
+
+    def readmit(self, name: str) -> None:
+        """The probe succeeded: ``name`` is drawn again with its strategy's weight."""
+        del self.paused[name]
+        self.weights = self._weights()
+
+    def pause_record(self) -> dict[str, float]:
+        """``domain/<task>/paused`` (1 while paused, else 0) and ``domain/<task>/pauses`` (times
+        paused so far) for every task, and ``paused_domains``, how many are paused now."""
+        record: dict[str, float] = {"paused_domains": len(self.paused)}
+        for task in self.tasks:
+            record[f"domain/{task.name}/paused"] = float(task.name in self.paused)
+            record[f"domain/{task.name}/pauses"] = self.pauses[task.name]
+        return record
+
+    def _pause_state(self) -> dict:
+        return {"paused": {name: asdict(p) for name, p in self.paused.items()}, "count": dict(self.pauses)}
+
+    def _load_pauses(self, state: dict) -> None:
+        self.paused = {name: Pause(**saved) for name, saved in state.get("paused", {}).items()}
+        self.pauses = Counter(state.get("count", {}))
 
 
 def _averaged(average: float, value: float, rate: float, first: bool) -> float:

@@ -9,7 +9,8 @@ Where rollouts come from (synchronously or ahead of the learner, in this process
 actors) is ``tempering.pipeline``'s; checkpoints and resume are ``tempering.checkpoint``'s,
 called from here every ``checkpoint.every`` steps, and when the rewards keep failing (a
 grader outage past ``rewards.max_outage_rounds``: the run stops with a checkpoint and a
-message saying how to continue). Adaptive mixtures are
+message saying how to continue; one domain's grader down while others score pauses that
+domain and the run goes on, ``scheduler.pause_failing``). Adaptive mixtures are
 ``tempering.scheduler``'s: the pipeline shows it every sampled group (and the seconds
 sampling took, for what a rollout of each domain costs) and the loop closes each step; every
 ``learner.grad_share_every`` steps the learner measures each domain's share of the gradient
@@ -142,7 +143,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                 record.update(eval_record(run.evaluate()))
             record.update(run.monitors.update(groups, record), **run.threads.update())
             with run.pipeline.scheduler_lock():
-                record.update(run.mixture.update())
+                record.update(run.mixture.update(), **run.mixture.pause_record())
+            record.update(run.pipeline.domain_record())
             nonfinite_streak = nonfinite_streak + 1 if record["skipped_updates"] else 0
             if nonfinite_streak >= config.checkpoint.rollback_after:
                 record["rollback_to"] = rollback(run)
@@ -179,7 +181,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         "resumed_from": first_step if resume else None,
         "rollouts": {"sampled": counters.rollouts_sampled, "taken": counters.rollouts_taken,
                      "dropped_stale": counters.dropped_stale, "left_in_buffer": run.pipeline.buffered,
-                     "worker_restarts": run.pipeline.restarts},
+                     "worker_restarts": run.pipeline.restarts, "by_domain": run.pipeline.domain_counts()},
     }
     run.folder.finish(summary)
     if run.learner.parallel is not None:
@@ -216,6 +218,7 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
     record.update(run.monitors.screen(groups))  # zero or stop: flagged rollouts' rewards to 0
     t1 = time.perf_counter()
     groups, record["capped_groups"] = cap_domain_tokens(groups, config.scheduler.max_domain_token_share)
+    pipeline.settle(groups)  # what the step took and does not train on is dropped, per domain
     batch = make_batch(groups, run.algorithm["advantage"], run.tokenizer.pad_token_id, learner, ac.gamma, ac.lam,
                        ac.teacher.task_weight)
     if config.scheduler.balance_tokens:
@@ -256,7 +259,9 @@ def save_checkpoint(run: Run, step: int, eval_before: dict, timings: dict) -> No
 def stop_for_outage(run: Run, step: int, eval_before: dict, timings: dict, outage: GraderOutage) -> ConfigError:
     """A grader that stayed down past the budget: save the run after ``step`` steps (the round
     it could not score is kept, to be sampled first on resume) and say what failed and how to
-    go on. With dynamic sampling, rounds the stopped step had already kept are not saved."""
+    go on. With dynamic sampling, rounds the stopped step had already kept are not saved (they
+    are counted as dropped)."""
+    run.pipeline.settle([])
     save_checkpoint(run, step, eval_before, timings)
     return ConfigError(f"{outage} (rewards.max_outage_rounds={run.config.rewards.max_outage_rounds}). The run "
                        f"stopped after step {step} with a checkpoint; once the grader answers again, continue "

@@ -13,40 +13,15 @@ traffic to the grader, not the rewards.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from graders import Temper, records as _records, serve_sandbox as _serve, stop as _stop
 from serving import free_port
 from tempering import checkpoint
 from tempering.sandbox import SandboxUnavailable, choose_isolation
-
-TIMEOUT_S = 300
-
-
-def _serve(port: int) -> subprocess.Popen:
-    """``temper sandbox serve`` on 127.0.0.1:port, returned once it answers. Started through the
-    sandbox's own command module (what ``temper sandbox`` runs), which spares the seconds of
-    importing the training stack."""
-    process = subprocess.Popen([sys.executable, "-m", "tempering.sandbox.cli", "sandbox", "serve", "--host",
-                                "127.0.0.1", "--port", str(port), "--workers", "2"], stderr=subprocess.PIPE, text=True)
-    line = process.stderr.readline()
-    if "serving on" not in line:
-        process.kill()
-        raise AssertionError(f"the sandbox service did not start: {line}{process.stderr.read()}")
-    threading.Thread(target=process.stderr.read, daemon=True).start()
-    return process
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)
-    process.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -84,47 +59,6 @@ def code_config(tmp_path: Path, tiny_model_dir: Path):
         path.write_text(json.dumps(config))
         return path
     return write
-
-
-class Temper:
-    """A ``temper`` command running in the background, its stderr collected line by line."""
-
-    def __init__(self, *args: str):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "tempering.cli", *args], env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line)
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, condition, what: str) -> None:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not condition():
-            if self.process.poll() is not None:
-                self._reader.join(timeout=10)
-                raise AssertionError(f"temper exited ({self.process.returncode}) before {what}:\n{self.stderr[-3000:]}")
-            if time.monotonic() > deadline:
-                self.process.kill()
-                raise AssertionError(f"timed out waiting for {what}:\n{self.stderr[-3000:]}")
-            time.sleep(0.05)
-
-    def finish(self) -> int:
-        code = self.process.wait(timeout=TIMEOUT_S)
-        self._reader.join(timeout=10)
-        return code
-
-
-def _records(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_a_run_waits_out_a_sandbox_outage_and_goes_on_when_the_service_is_back(tmp_path, port, code_config):

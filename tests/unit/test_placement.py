@@ -99,6 +99,10 @@ class Scripted:
     def last_error(self):
         return self.error
 
+    def probe(self, group):
+        self.given.append(group)
+        return self.error
+
     def close(self):
         self.given.append("closed")
 
@@ -119,4 +123,13 @@ def test_a_reward_pool_merges_records_and_gives_the_first_error():
     scored, record = pool.score(groups)
     assert scored == groups and record == {"reward": 0.25, "reward/dropped": 2}
     assert pool.last_error() == ("math", "down")
+    pool.close()
+
+
+def test_a_reward_pool_probes_a_paused_domain_on_its_first_worker():
+    first, second = Scripted(0.0, ("code", "refused")), Scripted(0.0)
+    group = Group(Problem("code", "q", "", ""), [1])
+    pool = RewardPool([first, second])
+    assert pool.probe(group) == ("code", "refused")
+    assert (first.given, second.given) == ([group], [])
     pool.close()

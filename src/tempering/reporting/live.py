@@ -14,7 +14,8 @@ from tqdm import tqdm
 def step_line(record: dict, steps: int) -> str:
     """One step in a line: reward, training accuracy, mean completion length (tokens), KL and
     entropy where the record has them, held-out accuracy when it was measured, the sandbox's
-    verdicts where a reward ran programs, seconds and the share of them spent on rewards.
+    verdicts where a reward ran programs, the domains paused for a grader that is down, seconds
+    and the share of them spent on rewards.
 
     >>> step_line({"step": 3, "reward": 0.5, "accuracy": 0.25, "completion_length": 12.0,
     ...            "entropy": 1.2, "step_s": 2.0}, 10)
@@ -23,6 +24,9 @@ def step_line(record: dict, steps: int) -> str:
     ...            "reward_s": 0.25, "diag/code/status/passed": 0.5, "diag/code/status/failed": 0.375,
     ...            "diag/code/status/timeout": 0.125}, 10)
     'step 3/10  reward 0.500  acc 50.0%  len 40.0  code passed 50% failed 38% timeout 12%  2.00 s/step (rewards 12%)'
+    >>> step_line({"step": 4, "reward": 0.5, "accuracy": 0.5, "completion_length": 9.0, "step_s": 1.0,
+    ...            "paused_domains": 1, "domain/add/paused": 0.0, "domain/code/paused": 1.0}, 10)
+    'step 4/10  reward 0.500  acc 50.0%  len 9.0  paused: code  1.00 s/step'
     """
     parts = [f"step {record['step']}/{steps}", f"reward {record['reward']:.3f}", f"acc {100 * record['accuracy']:.1f}%",
              f"len {record['completion_length']:.1f}"]
@@ -35,6 +39,9 @@ def step_line(record: dict, steps: int) -> str:
             reward, _, label = key[len("diag/"):].partition("/status/")
             statuses.setdefault(reward, []).append(f"{label} {100 * share:.0f}%")
     parts += [f"{reward} {' '.join(labels)}" for reward, labels in statuses.items()]
+    if record.get("paused_domains"):  # a domain whose grader is down (scheduler.pause_failing)
+        paused = [key.split("/")[1] for key, value in record.items() if key.endswith("/paused") and value]
+        parts.append(f"paused: {', '.join(paused)}")
     timing = f"{record['step_s']:.2f} s/step"
     if record.get("reward_s") and record["step_s"] > 0:
         timing += f" (rewards {100 * record['reward_s'] / record['step_s']:.0f}%)"

@@ -13,7 +13,8 @@ several domains is timed once for all of them, so each of its rollouts costs the
 A rollout whose grader failed (``RewardResult.error``) is removed from its group and
 counted in ``reward/dropped``; a group left empty is removed from the step. The newest such
 failure is kept as ``last_error`` (the reward's name and its error), for the message of a
-run that stops because a grader keeps failing. A reward that
+run that stops because a grader keeps failing; :meth:`Rewarder.probe` asks whether a task's
+graders answer again, for a domain the pipeline paused. A reward that
 raises is contained the same way: its batch is scored again one rollout at a time, and
 only the rollouts whose scoring raises are dropped (counted in ``reward/errors`` too); so is
 a score that is not a finite number (:func:`score_contained`, which evaluation uses too).
@@ -199,6 +200,18 @@ class Rewarder:
         record["reward/errors"] = errors
         self._normalize(kept_by_domain, record, count)
         return record
+
+    def probe(self, group: Group) -> Optional[tuple[str, str]]:
+        """Whether the graders of ``group``'s task answer again: ``(reward, error)`` of the first
+        of its rewards that fails on the group's rollouts, None when all of them score. Nothing
+        is kept: no rollout is changed, no statistic or ``last_error`` moves, so a probe of a
+        paused domain leaves the run exactly as it was."""
+        problems = [group.problem] * len(group.rollouts)
+        for name in self.specs[group.problem.task]:
+            for result in score_contained(self.rewards[name], name, problems, group.rollouts):
+                if result.error:
+                    return name, result.error
+        return None
 
     @staticmethod
     def _add_episode(rollout: Rollout, sums: Counter) -> None:

@@ -302,7 +302,7 @@ def plan_steps(count: int, batch_size: int, epochs: int, seed: int) -> list[list
     ``batch_size``. A pure function of its arguments, so a resumed run finds its place by the step.
 
     >>> plan_steps(5, 2, 2, seed=0)
-    [[2, 1], [4, 0], [3], [2, 4], [1, 0], [3]]
+    [[2, 4], [0, 1], [3], [0, 4], [2, 3], [1]]
     """
     steps = []
     for epoch in range(epochs):

@@ -96,18 +96,22 @@ def _temper_dpo(*args: str, kill_at: str | None = None) -> subprocess.CompletedP
                           capture_output=True, text=True)
 
 
-def test_a_killed_lora_dpo_run_resumes_to_the_same_adapters(tiny_model_dir, tmp_path):
-    settings = ["builtin:arithmetic", "threads=1", f"model.path={tiny_model_dir}", "model.lora={rank: 4, save: adapter}",
+@pytest.mark.parametrize("weights, model", [("adapter_model.safetensors", ["model.lora={rank: 4, save: adapter}"]),
+                                            ("model.safetensors", ["dpo.lr=1e-3"])], ids=["lora", "full"])
+def test_a_killed_dpo_run_resumes_to_the_same_weights(tiny_model_dir, tmp_path, weights, model):
+    """Full fine-tuning shows that the precomputed reference comes back from the checkpoint:
+    computed again, from the trained weights, it would differ."""
+    settings = ["builtin:arithmetic", "threads=1", f"model.path={tiny_model_dir}",
                 f"pretrain={json.dumps(_pretrain_config(tiny_model_dir))}", "dpo.builtin_pairs=48", "dpo.lr=3e-3",
-                "dpo.batch_size=8", "dpo.evaluate=false", "checkpoint.every=2"]
+                "dpo.batch_size=8", "dpo.evaluate=false", "checkpoint.every=2", *model]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert _temper_dpo(*settings, "--run-dir", str(whole)).returncode == 0
     assert _temper_dpo(*settings, "--run-dir", str(killed), kill_at="learn:4").returncode == -signal.SIGKILL
     resumed = _temper_dpo("--resume", str(killed))
     assert resumed.returncode == 0, resumed.stderr
 
-    adapters = [(run / "checkpoint-final" / "adapter_model.safetensors").read_bytes() for run in (whole, killed)]
-    assert adapters[0] == adapters[1]
+    saved = [(run / "checkpoint-final" / weights).read_bytes() for run in (whole, killed)]
+    assert saved[0] == saved[1]
     assert [r["loss"] for r in _metrics(whole)] == [r["loss"] for r in _metrics(killed)]
     summaries = [json.loads((run / "summary.json").read_text()) for run in (whole, killed)]
     assert summaries[1]["resumed_from"] == 2 and summaries[0]["heldout_after"] == summaries[1]["heldout_after"]

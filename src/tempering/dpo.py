@@ -161,7 +161,8 @@ class Encoder:
 
 
 def encode_data(config: TrainConfig, records: tuple[list, list], tokenizer: Any, context: int) -> Data:
-    encoder = Encoder(tokenizer, use_chat_template(tokenizer, config.model.chat_template), config.dpo.max_length or context)
+    template = use_chat_template(tokenizer, config.model.chat_template)
+    encoder = Encoder(tokenizer, template, config.dpo.max_length or context)
     try:
         train = encoder.items(records[0], config.dpo.batch_size)
         heldout = encoder.items(records[1], config.dpo.batch_size)
@@ -388,7 +389,8 @@ def dpo(config: TrainConfig, progress: bool = True, resume: bool = False) -> dic
                 state = {"step": step + 1, "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
                          "adapter": adapter_state(model), "reference": table_R, "before": before,
                          "rng": checkpoint.rng_state()}
-                checkpoint.save(run_dir, step + 1, model, tokenizer, state, config.checkpoint.keep, saves_merged(config))
+                checkpoint.save(run_dir, step + 1, model, tokenizer, state, config.checkpoint.keep,
+                                saves_merged(config))
             bar.set_postfix(loss=f"{record['loss']:.3f}", margin=f"{record['margin']:.2f}")
             bar.update()
     finally:
@@ -402,7 +404,8 @@ def dpo(config: TrainConfig, progress: bool = True, resume: bool = False) -> dic
     summary = {
         "loss": dc.loss, "heldout_before": before["heldout"], "heldout_after": after["heldout"],
         "greedy_before": before["greedy"], "greedy_after": after["greedy"], "steps": len(steps), "epochs": dc.epochs,
-        "train_items": len(data.train), "heldout_items": len(data.heldout), "reference": dc.reference if loss.reference else None,
+        "train_items": len(data.train), "heldout_items": len(data.heldout),
+        "reference": dc.reference if loss.reference else None,
         "wall_s": time.perf_counter() - start, "model": model_path, "checkpoint": str(final),
         "resumed_from": first_step if resume else None,
     }
@@ -416,7 +419,8 @@ def _precompute(reference: Reference, data: Data, objective: Objective, progress
     """The reference log-probs of every row, once, before the first step."""
     per_pass = 2 * objective.micro_batch
     table_R = torch.zeros(len(data.rows))
-    for start in tqdm(range(0, len(data.rows), per_pass), desc="reference log-probs", disable=not progress, leave=False):
+    starts = range(0, len(data.rows), per_pass)
+    for start in tqdm(starts, desc="reference log-probs", disable=not progress, leave=False):
         table_R += reference.logps(data, list(range(start, min(start + per_pass, len(data.rows)))), objective.passes,
                                    per_pass)
     return table_R

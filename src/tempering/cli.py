@@ -88,6 +88,19 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dpo(args: argparse.Namespace) -> int:
+    from tempering.dpo import dpo
+
+    if args.resume is not None:
+        dpo(_resumed_config(args, args.items), progress=not args.quiet, resume=True)
+        return 0
+    if not args.items or "=" in args.items[0]:
+        raise ConfigError("temper dpo needs the preference records first: temper dpo PAIRS.jsonl [CONFIG] "
+                          "[key=value ...] (or builtin:arithmetic)")
+    dpo(_load([*args.items[1:], f"dpo.pairs={json.dumps(args.items[0])}"], args.run_dir), progress=not args.quiet)
+    return 0
+
+
 def cmd_pretrain(args: argparse.Namespace) -> int:
     from tempering.pretrain import ensure_pretrained
 
@@ -206,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
     sft.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
     sft.set_defaults(func=cmd_sft, items_into="items")
+
+    dpo = sub.add_parser("dpo", help="offline preference optimisation: DPO, IPO, SimPO or KTO on preference records")
+    dpo.add_argument("items", nargs="*", metavar="PAIRS.jsonl [CONFIG] [key=value ...]",
+                     help="preference records (.jsonl, .parquet, a saved dataset, or builtin:arithmetic), then a YAML "
+                          "config and dotted overrides (dpo.loss=ipo)")
+    dpo.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    dpo.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
+    dpo.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
+    dpo.set_defaults(func=cmd_dpo, items_into="items")
 
     pretrain = sub.add_parser("pretrain", help="pre-train the built-in tiny model into the cache")
     _add_config_args(pretrain)

@@ -377,6 +377,35 @@ class SftConfig(Strict):
     long_records: Literal["error", "skip"] = Field("error", description="a record over max_length: error stops naming it; skip leaves it out (counted)")
 
 
+class DpoConfig(Strict):
+    """``temper dpo``: offline preference optimisation, the DPO family (see ``tempering.dpo``). The
+    model (and its LoRA), seed, threads, run folder and checkpoints are the run's own sections;
+    packing, bf16, logprob_chunk and gradient_checkpointing are the learner section's."""
+
+    pairs: Optional[str] = Field(None, description="preference records, .jsonl, .parquet or a saved dataset: {prompt, chosen, rejected}, {chosen, rejected} (implicit prompt) or {prompt, completion, label} (unpaired), text or chat messages (see tempering.tasks.preference_records); or builtin:arithmetic, pairs made from the config's arithmetic tasks (the right worked solution over the classic mistake); set by `temper dpo DATA`")
+    builtin_pairs: int = Field(2000, ge=2, description="builtin:arithmetic: how many pairs are made")
+    eval_path: Optional[str] = Field(None, description="held-out records in the same layouts; null = eval_fraction of pairs")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of the records held out (by a stable hash of the prompt) when eval_path is null")
+    loss: str = Field("dpo", description="dpo (the logistic loss on the log-ratio margin), ipo (squared, per-token margin), simpo (reference-free, length-normalised, with target margin gamma), kto (unpaired; pairs are split into a desirable and an undesirable example), or module:function (see tempering.algorithms.preference)")
+    beta: float = Field(0.1, gt=0, description="how far the policy may move from the reference (ipo: its tau; simpo: the reward scale, about 2 in its paper)")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="dpo, simpo: the assumed share of pairs with flipped labels (conservative DPO); 0 = none")
+    gamma: float = Field(0.5, ge=0, description="simpo: the target reward margin")
+    desirable_weight: float = Field(1.0, gt=0, description="kto: weight of each desirable example's loss")
+    undesirable_weight: float = Field(1.0, gt=0, description="kto: weight of each undesirable example's loss")
+    reference: Literal["precompute", "model"] = Field("precompute", description="the reference model's log-probs: precompute = once for every record before training (saved in checkpoints), then no reference model in memory; model = computed each step from a frozen copy held in memory (with LoRA: the policy with its adapters off, no copy); unused by simpo")
+    epochs: int = Field(1, ge=1, description="passes over the training records")
+    batch_size: int = Field(16, ge=1, description="pairs (kto: examples) per optimizer step")
+    micro_batch_size: int = Field(0, ge=0, description="pairs (kto: examples) per forward/backward pass, gradients accumulated over the step; 0 = the whole step at once")
+    lr: float = Field(1e-6, gt=0, description="peak learning rate (LoRA usually wants about 10x more)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    grad_clip: float = Field(1.0, ge=0, description="max global gradient norm; 0 = no clipping")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up optimizer steps; 0 = none")
+    schedule: Literal["constant", "linear", "cosine"] = Field("linear", description="decay after warm-up, to min_lr_ratio at the last step")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="final lr as a fraction of the peak, for linear/cosine")
+    max_length: int = Field(0, ge=0, description="longest prompt plus completion, in tokens; a longer record stops the command naming it; 0 = the model's context (max_position_embeddings)")
+    evaluate: Optional[bool] = Field(None, description="greedy held-out accuracy on the config's tasks before and after training (eval section: problems, length); null = only for builtin:arithmetic")
+
+
 class TrainConfig(Strict):
     seed: int = Field(0, description="seed for sampling, data order and initialisation")
     steps: int = Field(100, ge=0, description="RL steps; 0 = evaluate only")
@@ -395,6 +424,7 @@ class TrainConfig(Strict):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sft: SftConfig = Field(default_factory=SftConfig)
+    dpo: DpoConfig = Field(default_factory=DpoConfig)
 
 
 def builtin_config(name: str) -> Path:

@@ -61,7 +61,7 @@ class Passes:
     bf16: bool
 
 
-def _tensors(examples: list[Example], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+def example_tensors(examples: list[Example], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """``(input_ids_BT, attention_mask_BT, answer_BT)`` of right-padded rows, one example each."""
     width = max(len(e.ids) for e in examples)
     input_ids_BT = torch.tensor([e.ids + [pad_id] * (width - len(e.ids)) for e in examples], device=device)
@@ -78,7 +78,7 @@ def answer_nll(model: Any, examples: list[Example], passes: Passes, backward_sca
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if passes.bf16 else nullcontext()
     total = 0.0
     for rows in plan_micro_batches(lengths, passes.micro_batch_tokens, passes.packing, len(examples)):
-        input_ids_BT, attention_BT, answer_BT = _tensors([examples[i] for i in rows], passes.pad_id, device)
+        input_ids_BT, attention_BT, answer_BT = example_tensors([examples[i] for i in rows], passes.pad_id, device)
         with autocast:
             logprobs_BT = forward_logprobs(model, input_ids_BT, attention_BT, keep_BT=answer_BT,
                                            layout=Layout.PACKED if passes.packing else Layout.PADDED,

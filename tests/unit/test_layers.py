@@ -22,7 +22,7 @@ service and ``temper serve`` share (``tempering`` is the package itself)."""
 
 BELOW_BUILD = {"algorithms", "models", "sandbox", "checkpoint", "rollout", "rewards", "envs", "tasks",
                "scheduler", "learner", "eval", "reporting", "pipeline", "placement"}
-COMMANDS = {"train", "sft", "pretrain", "rm", "eval_model", "serve_model", "explain"}
+COMMANDS = {"train", "sft", "dpo", "pretrain", "rm", "eval_model", "serve_model", "explain"}
 
 ALLOWED: dict[str, set[str]] = {
     **{name: FOUNDATIONS for name in FOUNDATIONS},
@@ -51,6 +51,8 @@ ALLOWED: dict[str, set[str]] = {
     "build": FOUNDATIONS | BELOW_BUILD | {"pretrain"},
     # the commands, then the argument parser over them
     **{name: FOUNDATIONS | BELOW_BUILD | {"build", "pretrain"} for name in COMMANDS - {"pretrain"}},
+    # temper dpo runs its rows through temper sft's forward passes (Passes, example_tensors)
+    "dpo": FOUNDATIONS | BELOW_BUILD | {"build", "pretrain", "sft"},
     "cli": FOUNDATIONS | BELOW_BUILD | COMMANDS,
     # the Python API: the commands as functions, beside the command line
     "api": FOUNDATIONS | BELOW_BUILD | COMMANDS | {"build"},

@@ -14,8 +14,10 @@ here:
 - ``FAIL_TO_PASS``: test ids that fail before the fix and must pass after it;
 - ``PASS_TO_PASS``: test ids that pass before and must keep passing (the other modules'
   tests: the knock-on check);
-- ``test_command``: how the visible tests are run in the agent's workspace (the grader runs
-  the listed ids itself; see ``tempering.envs.repo``);
+- ``test_command``: how the repository's own tests are run, kept for records that come with
+  one and for people reading them; neither the agent's test runs nor the grader use it: both
+  import each test file and call its top-level ``test*`` functions themselves in the sandbox
+  (``tempering.rewards.repo``), so no runner the repository ships can report a pass;
 - ``patch``: a reference fix as a unified diff against ``files`` (optional; the generator
   writes one, and a test applies it to show every instance is solvable);
 - ``meta``: anything else (family, level, the module the fix belongs in).

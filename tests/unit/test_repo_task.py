@@ -1,12 +1,10 @@
-"""The ``repo`` task: generated repositories whose reference fix works and whose naive fix breaks
-another module, a held-out split disjoint by content, records read from users' files, and the
-unified-diff helpers."""
+"""The ``repo`` task: generated repositories (their shape per level), a held-out split disjoint
+by content, records read from users' files, and the unified-diff helpers. Running the
+instances' tests is tests/integration/test_repo_instances.py."""
 
 import collections
 import json
-import subprocess
-import sys
-import textwrap
+import random
 
 import pytest
 
@@ -15,64 +13,13 @@ from tempering.config import ConfigError, validate_config
 from tempering.tasks import build_task
 from tempering.tasks.dataset import DatasetError
 from tempering.tasks.repo import FAMILIES, LEVELS, RepoTask
-from tempering.tasks.repo_families import build_instance, find_tests, split_key
+from tempering.tasks.repo_families import build_instance, split_key
 from tempering.tasks.repo_records import RecordError, RepoInstance, apply_patch, make_patch
-
-RUNNER = textwrap.dedent('''
-    import importlib.util, json, os, sys
-    sys.dont_write_bytecode = True
-    before = set(sys.modules)
-    results = []
-    for folder, ids in json.loads(sys.argv[1]):
-        os.chdir(folder)
-        sys.path.insert(0, folder)
-        for name in set(sys.modules) - before:  # each folder imports its own package afresh
-            del sys.modules[name]
-        modules, passed = {}, {}
-        for test_id in ids:
-            path, name = test_id.split("::")
-            try:
-                if path not in modules:
-                    spec = importlib.util.spec_from_file_location(path[:-3].replace("/", "."), path)
-                    modules[path] = importlib.util.module_from_spec(spec)
-                    spec.loader.exec_module(modules[path])
-                getattr(modules[path], name)()
-                passed[test_id] = True
-            except BaseException:
-                passed[test_id] = False
-        sys.path.remove(folder)
-        results.append(passed)
-    print(json.dumps(results))
-''')
-
-
-def run_tests(tmp_path, states: dict[str, tuple[dict[str, str], list[str]]]) -> dict[str, dict[str, bool]]:
-    """Whether each test id passes in each state (files written to a folder of their own), all
-    in one child process that imports each test module and calls the functions."""
-    jobs = []
-    for label, (files, ids) in states.items():
-        folder = tmp_path / label
-        for path, text in files.items():
-            (folder / path).parent.mkdir(parents=True, exist_ok=True)
-            (folder / path).write_text(text)
-        jobs.append([str(folder), ids])
-    out = subprocess.run([sys.executable, "-S", "-c", RUNNER, json.dumps(jobs)], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
-    return dict(zip(states, json.loads(out.stdout)))
-
-
-def visible_tests(instance: RepoInstance) -> list[str]:
-    return [f"{path}::{name}" for path, text in sorted(instance.files.items()) if path.startswith("tests/")
-            for name in find_tests(text)]
-
 
 DEFECTS = [(family, defect) for family in FAMILIES for defect in family.defects]
 
 
 def instance_of(family, defect, sample: int) -> RepoInstance:
-    import random
-
     rng = random.Random(f"test:{family.name}:{defect.name}:{sample}")
     return build_instance(family, defect, {"pkg": rng.choice(family.packages), **family.draw(rng)})
 
@@ -83,28 +30,6 @@ def test_five_families_each_with_every_level():
         assert {d.level for d in family.defects} == set(LEVELS), family.name
         assert 2 <= len(family.modules) <= 6
         assert all(d.naive for d in family.defects if d.level == 2), family.name
-
-
-@pytest.mark.parametrize("family,defect", DEFECTS, ids=[f"{f.name}-{d.name}" for f, d in DEFECTS])
-def test_the_original_fails_the_issue_tests_the_patch_fixes_them_and_the_naive_fix_breaks_a_module(
-        tmp_path, family, defect):
-    instance = instance_of(family, defect, sample=0)
-    hidden = list(instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
-    states = {"original": ({**instance.files, **instance.hidden_tests}, hidden),
-              "visible": (instance.files, visible_tests(instance)),
-              "fixed": ({**apply_patch(instance.files, instance.patch), **instance.hidden_tests}, hidden)}
-    if defect.level == 2:
-        states["naive"] = ({**apply_patch(instance.files, instance.meta["naive_patch"]), **instance.hidden_tests},
-                           hidden)
-    passed = run_tests(tmp_path, states)
-    assert not any(passed["original"][t] for t in instance.FAIL_TO_PASS)
-    assert all(passed["original"][t] for t in instance.PASS_TO_PASS)
-    assert all(passed["visible"].values()) and passed["visible"], "the visible tests pass before the fix"
-    assert all(passed["fixed"].values())
-    if defect.level == 2:
-        assert all(passed["naive"][t] for t in instance.FAIL_TO_PASS), "the naive fix fixes the issue's tests"
-        broken = [t for t in instance.PASS_TO_PASS if not passed["naive"][t]]
-        assert any(not t.startswith(f"tests/test_{defect.home}_") for t in broken), "and breaks another module's"
 
 
 def test_patch_shapes_match_the_levels():
@@ -261,6 +186,8 @@ def test_records_load_as_a_task_with_snapshots_relative_to_the_file(tmp_path):
                                 r".*instances.jsonl:1"),
     ({"files": None, "snapshot": "missing"}, r"instances.jsonl:2: snapshot: .*missing' is not a folder"),
     ({"problem_statement": "  "}, r"instances.jsonl:2: problem_statement: must be non-empty text"),
+    ({"PASS_TO_PASS": ["tests/test_ops.py::test_sub"]}, r"instances.jsonl:2: PASS_TO_PASS: "
+                                                        r"'tests/test_ops.py::test_sub' names no top-level 'def test_sub\(\):'"),
 ])
 def test_a_bad_record_names_the_file_line_and_field(tmp_path, change, message):
     path = _write(tmp_path, [_record(0), _record(1, **change)])

@@ -19,7 +19,8 @@ them, one record a line in the fields of :mod:`tempering.tasks.repo_records` (SW
 SWE-Gym's). A ``snapshot`` folder is read relative to the records file's folder (to ``path``
 when it is a folder). A bad record is a :class:`~tempering.tasks.records.DatasetError` naming
 the file, the line and the field, when the task is built; so is a reference ``patch`` that
-does not apply, and an ``instance_id`` given twice.
+does not apply, a test id that names no top-level test function of its file, and an
+``instance_id`` given twice.
 
 A problem's ``meta["repo"]`` is its instance as a JSON record (``RepoInstance.to_record``),
 which the environment and the reward read back; ``meta`` also has ``family``, ``level`` and
@@ -46,11 +47,11 @@ from typing import Any, Optional
 from tempering.registry import typed_options
 from tempering.tasks.base import StreamState
 from tempering.tasks.records import DatasetError, read_records
-from tempering.tasks.repo_families import Defect, RepoFamily, build_instance, split_key
+from tempering.tasks.repo_families import Defect, RepoFamily, build_instance, find_tests, split_key
 from tempering.tasks.repo_families_money import FAMILIES as MONEY
 from tempering.tasks.repo_families_text import FAMILIES as TEXT
 from tempering.tasks.repo_families_words import FAMILIES as WORDS
-from tempering.tasks.repo_records import RecordError, RepoInstance, apply_patch
+from tempering.tasks.repo_records import RecordError, RepoInstance, apply_patch, split_test_id
 from tempering.types import Problem, domain_of
 
 FAMILIES: tuple[RepoFamily, ...] = MONEY + TEXT + WORDS
@@ -73,6 +74,17 @@ def render_prompt(instance: RepoInstance, style: str) -> Any:
 def _problem(task: str, domain: str, style: str, instance: RepoInstance, **meta: Any) -> Problem:
     return Problem(task=task, id=instance.instance_id, prompt=render_prompt(instance, style),
                    answer=instance.patch or "", domain=domain, meta={**meta, "repo": instance.to_record()})
+
+
+def check_tests(instance: RepoInstance) -> None:
+    """Refuse a test id that names no top-level ``def name():`` of its file: the grader calls
+    each test function itself, without arguments (so not a method, fixture user or async test)."""
+    known = {**instance.files, **instance.hidden_tests}
+    for field, ids in (("FAIL_TO_PASS", instance.FAIL_TO_PASS), ("PASS_TO_PASS", instance.PASS_TO_PASS)):
+        for test_id in ids:
+            path, name = split_test_id(test_id)
+            if name not in find_tests(known[path]):
+                raise RecordError(f"{field}: {test_id!r} names no top-level 'def {name}():' of {path}")
 
 
 def _check_style(style: str) -> None:
@@ -176,6 +188,7 @@ class RepoDatasetTask(StreamState):
         for where, record in read_records(path, split):
             try:
                 instance = RepoInstance.from_record(record, base)
+                check_tests(instance)
                 if instance.patch is not None:
                     apply_patch(instance.files, instance.patch)
             except RecordError as exc:

@@ -1,6 +1,7 @@
 """Every defect of every ``repo`` family, run: the original repository fails each of its
 FAIL_TO_PASS tests and passes each PASS_TO_PASS and visible test, the reference patch passes
-them all, and at level 2 the naive patch passes the issue's tests but breaks another module's.
+them all, and at level 2 the naive patch passes the issue's tests but breaks another module's,
+as the visible tests show.
 
 The tests are our own generated programs, so they run in a plain child process (one per
 instance, every state in its own folder), each test module imported and each function called
@@ -80,8 +81,9 @@ def test_the_original_fails_the_issue_tests_the_patch_fixes_them_and_the_naive_f
               "visible": (instance.files, visible_tests(instance)),
               "fixed": ({**apply_patch(instance.files, instance.patch), **instance.hidden_tests}, hidden)}
     if defect.level == 2:
-        states["naive"] = ({**apply_patch(instance.files, instance.meta["naive_patch"]), **instance.hidden_tests},
-                           hidden)
+        naive = apply_patch(instance.files, instance.meta["naive_patch"])
+        states["naive"] = ({**naive, **instance.hidden_tests}, hidden)
+        states["naive_visible"] = (naive, visible_tests(instance))
     passed = run_tests(tmp_path, states)
     assert not any(passed["original"][t] for t in instance.FAIL_TO_PASS)
     assert all(passed["original"][t] for t in instance.PASS_TO_PASS)
@@ -91,3 +93,4 @@ def test_the_original_fails_the_issue_tests_the_patch_fixes_them_and_the_naive_f
         assert all(passed["naive"][t] for t in instance.FAIL_TO_PASS), "the naive fix fixes the issue's tests"
         broken = [t for t in instance.PASS_TO_PASS if not passed["naive"][t]]
         assert any(not t.startswith(f"tests/test_{defect.home}_") for t in broken), "and breaks another module's"
+        assert not all(passed["naive_visible"].values()), "which the visible tests show"

@@ -10,9 +10,10 @@ Generated (``name: repo``, options ``families``, ``levels``): the families of
 :mod:`tempering.tasks.repo_families_money`, :mod:`~tempering.tasks.repo_families_text` and
 :mod:`~tempering.tasks.repo_families_words` (inventory, ledger, scheduler, converter,
 tokenizer), at levels 1 (a one-line fix in one file), 2 (a fix whose obvious version, in a
-shared helper, breaks another module: that naive patch is in ``meta["naive_patch"]``) and 3 (a change across two modules). The seed draws the
-family, the defect of the level, the package's name and every constant and word of the
-modules and tests, so there are thousands of distinct instances per family.
+shared helper, breaks another module: that naive patch is in ``meta["naive_patch"]``) and 3
+(a change across two modules). The seed draws the family, the defect of the level, the
+package's name and every constant and word of the modules and tests, so there are thousands
+of distinct instances per family.
 
 Read from records (``name: repo``, option ``path``): a JSONL or JSON file, or a folder of
 them, one record a line in the fields of :mod:`tempering.tasks.repo_records` (SWE-bench's and

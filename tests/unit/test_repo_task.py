@@ -24,8 +24,8 @@ def instance_of(family, defect, sample: int) -> RepoInstance:
     return build_instance(family, defect, {"pkg": rng.choice(family.packages), **family.draw(rng)})
 
 
-def test_five_families_each_with_every_level():
-    assert len(FAMILIES) >= 5
+def test_six_families_each_with_every_level():
+    assert [f.name for f in FAMILIES] == ["inventory", "ledger", "scheduler", "converter", "tokenizer", "config"]
     for family in FAMILIES:
         assert {d.level for d in family.defects} == set(LEVELS), family.name
         assert 2 <= len(family.modules) <= 6

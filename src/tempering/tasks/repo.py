@@ -9,7 +9,7 @@ grades its patch in a clean copy on the hidden tests that must turn from failing
 Generated (``name: repo``, options ``families``, ``levels``): the families of
 :mod:`tempering.tasks.repo_families_money`, :mod:`~tempering.tasks.repo_families_text` and
 :mod:`~tempering.tasks.repo_families_words` (inventory, ledger, scheduler, converter,
-tokenizer), at levels 1 (a one-line fix in one file), 2 (a fix whose obvious version, in a
+tokenizer, config), at levels 1 (a one-line fix in one file), 2 (a fix whose obvious version, in a
 shared helper, breaks another module: that naive patch is in ``meta["naive_patch"]``) and 3
 (a change across two modules). The seed draws the family, the defect of the level, the
 package's name and every constant and word of the modules and tests, so there are thousands

@@ -21,9 +21,9 @@ def _temper(args, cwd, cache):
 @pytest.mark.parametrize("args, expected", [
     (["train", "steps=abc"], "steps='abc': Input should be a valid integer"),
     (["train", "rollout.temperature=abc"], "rollout.temperature='abc': Input should be a valid number"),
-    (["train", "nosuch.key=1"], "nosuch: unknown key (allowed here: algorithm, checkpoint, eval,"),
+    (["train", "nosuch.key=1"], "nosuch: unknown key (allowed here: algorithm, checkpoint, dpo, eval,"),
     (["train", "tasks.0.name=nosuch"],
-     "tasks.0 (nosuch): unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, mul, rg:<type>, sub"),
+     "tasks.0 (nosuch): unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, mul, repo, rg:<type>, sub"),
     (["train", "tasks.0.options.digits=abc"], "tasks.0 (add): options.digits='abc': expected list[int]"),
     (["train", "tasks.0.rewards={nosuch: 1}"], ("unknown reward 'nosuch'; known: code, code_format, exact_match, format, "
      "humaneval, length, match, math, model, reasoning_gym, repetition, repo, steps")),

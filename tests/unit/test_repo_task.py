@@ -180,8 +180,7 @@ def test_records_load_as_a_task_with_snapshots_relative_to_the_file(tmp_path):
                                                           r"'tests/test_other.py::test_add'"),
     ({"files": {"../etc/passwd": "x"}}, r"instances.jsonl:2: files: path '../etc/passwd' must be relative"),
     ({"patch": "--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a * b\n"
-               "+    return a + b\n"}, r"instances.jsonl:2: patch: calc/ops.py: hunk 1 \(@@ -1,2 \+1,2 @@\) does not "
-                                     r"apply: line 2 is"),
+               "+    return a + b\n"}, r"instances.jsonl:2: patch: calc/ops.py: hunk 1 does not apply"),
     ({"instance_id": "calc-0"}, r"instances.jsonl:2: field 'instance_id': 'calc-0' is also the id of the record at "
                                 r".*instances.jsonl:1"),
     ({"files": None, "snapshot": "missing"}, r"instances.jsonl:2: snapshot: .*missing' is not a folder"),
@@ -213,13 +212,11 @@ def test_make_patch_and_apply_patch_round_trip_creations_deletions_and_missing_n
 def test_apply_patch_finds_a_moved_hunk_but_refuses_changed_text():
     diff = make_patch({"m.py": "a\nb\nc\n"}, {"m.py": "a\nB\nc\n"})
     assert apply_patch({"m.py": "x\ny\na\nb\nc\n"}, diff) == {"m.py": "x\ny\na\nB\nc\n"}
-    with pytest.raises(RecordError, match=r"patch: m.py: hunk 1 .* does not apply: line 2 is 'z\\n', the hunk has 'b\\n'"):
+    with pytest.raises(RecordError, match=r"patch: m.py: hunk 1 does not apply: its old lines"):
         apply_patch({"m.py": "a\nz\nc\n"}, diff)
-    with pytest.raises(RecordError, match="patch: modifies m.py, which is not in the repository"):
+    with pytest.raises(RecordError, match="patch: m.py: no such file in the repository"):
         apply_patch({}, diff)
-    with pytest.raises(RecordError, match="creates n.py, which is already there"):
+    with pytest.raises(RecordError, match="patch: n.py: the diff adds it"):
         apply_patch({"n.py": ""}, make_patch({}, {"n.py": "x\n"}))
-    with pytest.raises(RecordError, match="ends early"):
-        apply_patch({"m.py": "a\nb\nc\n"}, diff.rsplit("\n", 2)[0] + "\n")
-    with pytest.raises(RecordError, match=r"patch: line 1: .*path '../x' must be relative"):
+    with pytest.raises(RecordError, match=r"patch: \.\./x: path outside the repository"):
         apply_patch({}, "--- a/../x\n+++ b/../x\n@@ -0,0 +1 @@\n+x\n")

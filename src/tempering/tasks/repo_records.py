@@ -23,9 +23,9 @@ here:
 - ``meta``: anything else (family, level, the module the fix belongs in).
 
 :func:`make_patch` writes the unified diff between two versions of a repository's files and
-:func:`apply_patch` applies one, strictly: every context and removed line must match exactly
-(no fuzz); a hunk found a few lines away from where its header says is applied there, as
-``patch`` does, so a diff written by hand need not count lines exactly.
+:func:`apply_patch` applies one, both the grader's own (``tempering.rewards.repo_patch``), so a
+record's reference patch is read exactly as a model's submission is: every context and removed
+line must match, and a hunk is placed where its text is, nearest the line its header names.
 
 A test id is ``path::name`` (``tests/test_stock.py::test_restock``), a top-level test function
 of a file in ``files`` or ``hidden_tests``. Paths are relative, ``/``-separated, with no ``..``
@@ -37,12 +37,13 @@ or grading a patch (``tempering.rewards.repo``).
 
 from __future__ import annotations
 
-import difflib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
+
+from tempering.rewards.repo_patch import PatchError, make_patch
+from tempering.rewards.repo_patch import apply_patch as _apply_patch
 
 MAX_FILE_BYTES = 1 << 20
 """Largest file a record may hold; a repository of this kind is small."""
@@ -193,163 +194,15 @@ class RepoInstance:
 
 # -- unified diffs ----------------------------------------------------------------------------
 
-NO_NEWLINE = "\\ No newline at end of file\n"
-_HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-def split_lines(text: str) -> list[str]:
-    """``text``'s lines, each with its ``\\n``; only ``\\n`` ends a line (a ``\\r`` stays in it).
-
-    >>> split_lines("a\\nb"), split_lines("a\\n"), split_lines("")
-    (['a\\n', 'b'], ['a\\n'], [])
-    """
-    lines = text.split("\n")
-    return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
-
-
-def make_patch(before: dict[str, str], after: dict[str, str]) -> str:
-    """The unified diff (git's ``a/``, ``b/`` form, three lines of context) from ``before`` to
-    ``after``, files in path order; a created file is diffed from ``/dev/null``, a deleted one
-    to it. An empty file created or deleted has no lines to show and is left out.
-
-    >>> print(make_patch({"m.py": "x = 1\\n"}, {"m.py": "x = 2\\n"}), end="")
-    --- a/m.py
-    +++ b/m.py
-    @@ -1 +1 @@
-    -x = 1
-    +x = 2
-    """
-    out = []
-    for path in sorted(set(before) | set(after)):
-        old, new = before.get(path), after.get(path)
-        if old == new:
-            continue
-        check_path(path, "patch")
-        diff = difflib.unified_diff(split_lines(old or ""), split_lines(new or ""),
-                                    "/dev/null" if old is None else f"a/{path}",
-                                    "/dev/null" if new is None else f"b/{path}")
-        out += [line if line.endswith("\n") else line + "\n" + NO_NEWLINE for line in diff]
-    return "".join(out)
-
-
-@dataclass
-class _Hunk:
-    header: str
-    old_start: int
-    old: list[str]
-    new: list[str]
-
-
-def _header_path(line: str, prefix: str, where: str) -> Optional[str]:
-    """The path of a ``---``/``+++`` line (a timestamp after a tab dropped, git's ``a/``/``b/``
-    taken off); None for ``/dev/null``."""
-    path = line[4:].rstrip("\n").split("\t", 1)[0].strip()
-    if path == "/dev/null":
-        return None
-    return check_path(path[2:] if path.startswith(prefix) else path, f"patch: {where}")
-
-
-def _read_hunk(lines: list[str], i: int, where: str) -> tuple[_Hunk, int]:
-    """The hunk whose ``@@`` header is ``lines[i]``, and the index after it."""
-    header = lines[i].rstrip("\n")
-    match = _HUNK.match(header)
-    if not match:
-        raise RecordError(f"patch: {where}: {header!r} is not a hunk header '@@ -l,s +l,s @@'")
-    old_left = 1 if match[2] is None else int(match[2])
-    new_left = 1 if match[4] is None else int(match[4])
-    hunk, body = _Hunk(header, int(match[1]), [], []), []
-    i += 1
-    while old_left or new_left or (i < len(lines) and lines[i] == NO_NEWLINE):
-        line = lines[i] if i < len(lines) else ""
-        op, text = (" ", "\n") if line == "\n" else (line[:1], line[1:])  # a context line stripped of its space
-        if line == NO_NEWLINE and body:
-            body[-1] = (body[-1][0], body[-1][1].removesuffix("\n"))
-        elif op in " -" and old_left and (op == "-" or new_left):
-            body.append((op, text))
-            old_left, new_left = old_left - 1, new_left - (op == " ")
-        elif op == "+" and new_left:
-            body.append((op, text))
-            new_left -= 1
-        else:
-            raise RecordError(f"patch: {where}: hunk {header!r} ends early: {old_left} old and {new_left} new "
-                              f"lines still to come, then {line.rstrip(chr(10))!r}")
-        i += 1
-    hunk.old = [text for op, text in body if op in " -"]
-    hunk.new = [text for op, text in body if op in " +"]
-    return hunk, i
-
-
-def _find(lines: list[str], old: list[str], want: int, start: int) -> Optional[int]:
-    """Where ``old`` occurs in ``lines`` at or after ``start``, nearest to ``want``."""
-    last = len(lines) - len(old)
-    for at in sorted(range(start, last + 1), key=lambda at: (abs(at - want), at)):
-        if lines[at:at + len(old)] == old:
-            return at
-    return None
-
-
-def _apply_hunks(path: str, text: str, hunks: list[_Hunk]) -> str:
-    lines, out, cursor = split_lines(text), [], 0
-    for number, hunk in enumerate(hunks, start=1):
-        want = hunk.old_start - 1 if hunk.old else hunk.old_start
-        at = _find(lines, hunk.old, want, cursor) if hunk.old else (want if cursor <= want <= len(lines) else None)
-        if at is None:
-            found = lines[want:want + len(hunk.old)]
-            differs = next((f"line {want + k + 1} is {got!r}, the hunk has {old!r}" for k, (got, old)
-                            in enumerate(zip(found, hunk.old)) if got != old), "the file is shorter")
-            raise RecordError(f"patch: {path}: hunk {number} ({hunk.header}) does not apply: {differs}")
-        out += lines[cursor:at] + hunk.new
-        cursor = at + len(hunk.old)
-    return "".join(out + lines[cursor:])
-
-
 def apply_patch(files: dict[str, str], diff: str) -> dict[str, str]:
-    """``files`` with the unified diff ``diff`` applied (a new dict; ``files`` is left as it is).
-
-    Lines outside a file's ``---``/``+++`` header and hunks (git's ``diff --git``, ``index``,
-    prose) are skipped. A RecordError names the file and hunk that do not apply, a file the
-    diff modifies that is not there, or creates that is; renames are not supported.
+    """``files`` with the unified diff ``diff`` applied (a new dict), as the grader applies it
+    (:func:`tempering.rewards.repo_patch.apply_patch`); a RecordError naming the file and hunk
+    that do not apply.
 
     >>> apply_patch({"m.py": "a\\nb\\nc\\n"}, "--- a/m.py\\n+++ b/m.py\\n@@ -2 +2 @@\\n-b\\n+B\\n")
     {'m.py': 'a\\nB\\nc\\n'}
-    >>> apply_patch({"m.py": "a\\n"}, "--- a/m.py\\n+++ b/m.py\\n@@ -1 +1 @@\\n-z\\n+B\\n")
-    Traceback (most recent call last):
-    ...
-    tempering.tasks.repo_records.RecordError: patch: m.py: hunk 1 (@@ -1 +1 @@) does not apply: line 1 is 'a\\n', the hunk has 'z\\n'
     """
-    result, seen, lines, i = dict(files), set(), split_lines(diff), 0
-    while i < len(lines):
-        if lines[i].startswith(("+++ ", "@@")):
-            raise RecordError(f"patch: line {i + 1}: {lines[i].rstrip(chr(10))!r} comes before any '--- path' line")
-        if not lines[i].startswith("--- "):
-            i += 1
-            continue
-        if i + 1 >= len(lines) or not lines[i + 1].startswith("+++ "):
-            raise RecordError(f"patch: line {i + 1}: '---' is not followed by a '+++' line")
-        old, new = _header_path(lines[i], "a/", f"line {i + 1}"), _header_path(lines[i + 1], "b/", f"line {i + 2}")
-        path = new or old
-        if path is None or (old and new and old != new):
-            raise RecordError(f"patch: line {i + 1}: {old!r} -> {new!r}: a file is modified, created or deleted, "
-                              "not renamed")
-        if path in seen:
-            raise RecordError(f"patch: {path} has two '---'/'+++' sections; give each file one")
-        seen.add(path)
-        if old is None and path in result:
-            raise RecordError(f"patch: creates {path}, which is already there")
-        if old is not None and path not in result:
-            raise RecordError(f"patch: modifies {path}, which is not in the repository")
-        i += 2
-        hunks = []
-        while i < len(lines) and lines[i].startswith("@@"):
-            hunk, i = _read_hunk(lines, i, path)
-            hunks.append(hunk)
-        if not hunks:
-            raise RecordError(f"patch: {path}: a '---'/'+++' header without hunks")
-        text = _apply_hunks(path, result.get(path, ""), hunks)
-        if new is None:
-            if text:
-                raise RecordError(f"patch: deletes {path}, but its hunks leave {len(split_lines(text))} lines")
-            del result[path]
-        else:
-            result[path] = text
-    return result
+    try:
+        return _apply_patch(files, diff)
+    except PatchError as exc:
+        raise RecordError(f"patch: {exc}") from None

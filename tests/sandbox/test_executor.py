@@ -192,3 +192,29 @@ def test_isolation_choice_explains_itself(monkeypatch):
 def test_unisolated_mode_runs_when_asked():
     with Executor(workers=1, isolation="none") as pool:
         assert pool.run(RunRequest("print(6 * 7)")).stdout == "42\n"
+
+
+def test_closing_twice_returns_at_once_and_a_closed_code_reward_starts_a_new_pool():
+    """A second close (a user's, then the exit hook the shared graders register) used to wait
+    forever for slots the first close had already taken."""
+    import threading
+
+    from tempering.rewards.code import CodeReward
+
+    pool = Executor(workers=1)
+    assert pool.run(RunRequest("print(1)")).stdout == "1\n"
+    pool.close()
+    second = threading.Thread(target=pool.close, daemon=True)
+    second.start()
+    second.join(10)
+    assert not second.is_alive(), "a second Executor.close() hung"
+
+    reward = CodeReward(workers=1)
+    first = reward.sandbox()
+    reward.close()
+    closing = threading.Thread(target=reward.close, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive(), "a second CodeReward.close() hung"
+    assert reward.sandbox() is not first
+    reward.close()

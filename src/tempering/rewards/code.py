@@ -352,5 +352,9 @@ class CodeReward:
         return RewardResult(value, components, {"status": outcome.status, "verdict": outcome.verdict})
 
     def close(self) -> None:
-        if self._sandbox is not None and hasattr(self._sandbox, "close"):
-            self._sandbox.close()
+        """Stop the pool (or drop the client); a later call starts a new one, a second close
+        does nothing."""
+        with self._lock:
+            sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None and hasattr(sandbox, "close"):
+            sandbox.close()

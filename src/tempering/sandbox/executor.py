@@ -272,6 +272,7 @@ class Executor(SandboxAPI):
         self._free = queue.SimpleQueue()
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._closed = threading.Event()
+        self._closing = threading.Lock()
         for slot in self._slots:
             self._free.put(slot)
         try:
@@ -315,8 +316,12 @@ class Executor(SandboxAPI):
 
     def close(self) -> None:
         """Stop every worker now, running jobs included (their callers get RuntimeError);
-        the workers' namespaces, processes and scratch space go with them."""
-        self._closed.set()
+        the workers' namespaces, processes and scratch space go with them. A second close
+        returns at once."""
+        with self._closing:
+            if self._closed.is_set():
+                return
+            self._closed.set()
         for slot in self._slots:
             slot.interrupt()
         self._threads.shutdown(wait=True)

@@ -31,6 +31,9 @@ QUICK = {
     "code_reward": (["--rounds", "1"],
                     lambda out: 0 < out["programs"] <= out["rollouts"] and out["ms_per_program"] > 0
                     and out["ready"]["ms_per_program"] > 0),
+    "repo_gym": (["--instances", "2", "--levels", "1"],
+                 lambda out: out["solved"] == 1.0 and out["grade_ms"]["p50"] > out["tests_own_ms"]["p50"] > 0
+                 and out["episodes_per_min"] > 0 and out["sandbox_cpu_ms_per_episode"] > 0),
     "code_families": (["--model", "{model}", "--problems", "1", "--families", "at_least,below", "--max-new-tokens", "8"],
                       lambda out: {name: e["problems"] for name, e in out["families"].items()} == {"at_least": 1, "below": 1}),
     "generation": (["--quick", "--model", "{model}", "--threads", "1", "--workloads", "group", "--precisions", "fp32"],

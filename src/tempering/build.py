@@ -14,8 +14,11 @@ key. :func:`build_run` puts a whole run together; ``tempering.train`` loops over
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
+import json
 import os
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -35,9 +38,11 @@ from tempering.learner.optim import adamw, lr_factor
 from tempering.learner.packing import parameter_count, tokens_for_memory
 from tempering.learner.parallel import DataParallel, distribute, from_env, local_device
 from tempering.learner.step import Learner, LearnerSettings
-from tempering.models import loading
+from tempering.models import loading, precision
 from tempering.models.cache import ensure_converted
+from tempering.models.cache import cache_root
 from tempering.models.device import resolve_device, warn_slow_bf16
+from tempering.models.precision import Choice
 from tempering.models.loading import ModelLoadError
 from tempering.models.lora import apply_lora
 from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
@@ -125,8 +130,41 @@ def load_model(config: TrainConfig, path: str, progress: bool) -> tuple[Any, Any
     """``(model, tokenizer, resolved path)`` of the model at ``path``, on ``model.device``; warns
     first when the configured bf16 would run emulated on this CPU."""
     device = run_device(config)
-    warn_slow_bf16(device, config.rollout.bf16, config.learner.bf16)
+    if config.precision is None:  # else resolve_precision decides both, once the model's shapes are known
+        warn_slow_bf16(device, config.rollout.bf16, config.learner.bf16)
     return load_policy(path, config.model.dtype, config.pretrain, progress, device=device)
+
+
+PRECISION_FILE = "precision.json"
+"""What ``precision`` chose for a run, in its folder: a resumed run computes as it began."""
+
+
+def resolve_precision(config: TrainConfig, model: Any, resume: bool = False) -> tuple[TrainConfig, Optional[Choice]]:
+    """The config with ``learner.bf16`` and ``rollout.bf16`` as ``precision`` decides for this
+    model on this machine (see ``tempering.models.precision``), and the choice; unchanged with
+    None when ``precision`` is unset. A resumed run takes the choice its folder recorded."""
+    if config.precision is None:
+        return config, None
+    saved = Path(config.run_dir) / PRECISION_FILE if resume and config.run_dir else None
+    choice = None
+    if saved is not None and saved.exists():
+        try:
+            choice = Choice(**json.loads(saved.read_text()))
+        except (OSError, ValueError, TypeError):
+            choice = None  # an unreadable record: decide again
+    if choice is None:
+        device = run_device(config)
+        choice = precision.choose(config.precision, device, model, cache_root() / PRECISION_FILE)
+        reason = precision.emulated(device, choice)
+        if reason is not None:
+            warnings.warn(reason, stacklevel=2)
+    return precision.apply(config, choice), choice
+
+
+def record_precision(folder: Path, choice: Optional[Choice]) -> None:
+    """Keep ``choice`` in the run folder for :func:`resolve_precision` on resume."""
+    if choice is not None:
+        (folder / PRECISION_FILE).write_text(json.dumps(dataclasses.asdict(choice)) + "\n")
 
 
 def with_lora(config: TrainConfig, model: Any) -> Any:
@@ -529,6 +567,8 @@ class Run:
     """Greedy held-out accuracy of the current policy (see ``tempering.eval.greedy``)."""
     owns_ray: bool
     """Whether this run started the Ray cluster it uses (and so shuts it down)."""
+    precision: Optional[Choice] = None
+    """What ``precision`` chose (None: unset, learner.bf16 and rollout.bf16 as configured)."""
 
     @property
     def run_dir(self) -> Path:
@@ -563,6 +603,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     checkpoint.check_run_dir(config.run_dir, resume)
     parallel = learner_processes(config)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
+    config, choice = resolve_precision(config, model, resume)  # before the followers, who find it cached
     if parallel is not None:
         parallel.barrier()  # the model is on disk (pre-trained if built in): the followers load it now
     model = with_lora(config, model)
@@ -573,6 +614,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
                     rc.max_new_tokens), rc.long_prompts, longest_token(tokenizer))
     teacher = load_teacher(config, tokenizer, progress)
     folder = checkpoint.open_run(config.run_dir, resume)
+    record_precision(folder.path, choice)
     learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
@@ -580,7 +622,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     owns_ray = config.pipeline.backend == "ray" and not ray_running()
     pipeline = build_pipeline(config, mixture, policy, tokenizer, rewarder)
     return Run(config, threads, folder, policy, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
-               mixture, learner, pipeline, evaluation, owns_ray)
+               mixture, learner, pipeline, evaluation, owns_ray, choice)
 
 
 def learner_processes(config: TrainConfig) -> Optional[DataParallel]:
@@ -604,4 +646,5 @@ def build_follower(config: TrainConfig) -> Learner:
     parallel = learner_processes(config)
     parallel.barrier()  # the leader loads the model first
     model, _, _ = load_model(config, config.model.path, progress=False)
+    config, _ = resolve_precision(config, model, resume=True)  # the leader's choice, from the run folder
     return build_learner(with_lora(config, model), config, algorithm, parallel=parallel)

@@ -411,6 +411,7 @@ class TrainConfig(Strict):
     steps: int = Field(100, ge=0, description="RL steps; 0 = evaluate only")
     run_dir: Optional[str] = Field(None, description="output folder; null = a new folder under runs/")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = the cores other processes leave free, counted again every 5 steps (see tempering.threads)")
+    precision: Optional[Literal["fp32", "bf16", "auto"]] = Field(None, description="one switch for learner.bf16 and rollout.bf16 (both are then set by it): fp32, bf16 autocast, or auto = bf16 on a GPU that computes it and on a CPU with bf16 instructions where it runs the model's products at least 1.5x as fast as float32 (timed once per CPU model and shape, kept in the cache), else float32; taking bf16 also sets pipeline.mismatch_correction=tis when it is none; null = learner.bf16 and rollout.bf16 as set (see tempering.models.precision)")
     model: ModelConfig = Field(default_factory=ModelConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     tasks: list[TaskSpec] = Field(default_factory=_arithmetic_tasks, min_length=1, description="the training mixture")

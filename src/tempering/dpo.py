@@ -46,7 +46,8 @@ from tqdm import tqdm
 
 from tempering import checkpoint, faults
 from tempering.algorithms.preference import PREFERENCE_LOSSES, PairInputs, UnpairedInputs, kto_kl, sequence_logprobs
-from tempering.build import build_tasks, load_model, local_generator, logprob_chunk, saves_merged, with_lora
+from tempering.build import (build_tasks, load_model, local_generator, logprob_chunk, resolve_precision, saves_merged,
+                             with_lora)
 from tempering.config import ConfigError, TrainConfig
 from tempering.eval.greedy import evaluate
 from tempering.learner.forward import forward_logprobs
@@ -347,6 +348,8 @@ def dpo(config: TrainConfig, progress: bool = True, resume: bool = False) -> dic
     records = read_data(config, loss.paired)  # everything that can be refused before the model is loaded
     checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
+    config, _ = resolve_precision(config, model)
+    lc = config.learner
     frozen = frozen_reference(config, model, loss)
     model = with_lora(config, model)
     reference = Reference(model if frozen is None else frozen) if loss.reference else None

@@ -44,6 +44,7 @@ from tempering.learner.forward import can_share_prompts
 from tempering.learner.packing import memory_costs
 from tempering.learner.plan import PlanChoices, plan_update
 from tempering.models.device import resolve_device, slow_bf16
+from tempering.models.precision import Choice, emulated
 from tempering.models.loading import ModelLoadError
 from tempering.rollout.fast_llama import ONEDNN_AUTO_WIDTH
 from tempering.types import Batch
@@ -155,7 +156,9 @@ def warnings_for(config: TrainConfig, seen: Inspection) -> list[str]:
     """Known traps in this config, as sentences saying what to change."""
     found = []
     keys = [key for key, on in (("rollout.bf16", config.rollout.bf16), ("learner.bf16", config.learner.bf16)) if on]
-    reason = slow_bf16(resolve_device(config.model.device), keys)
+    device = resolve_device(config.model.device)
+    reason = (slow_bf16(device, keys) if config.precision is None
+              else emulated(device, Choice(config.learner.bf16, "")))
     if reason:
         found.append(reason)
     if config.eval.max_new_tokens < config.rollout.max_new_tokens:
@@ -205,6 +208,8 @@ def explain(config: TrainConfig, probe: int = 8) -> str:
         torch.set_num_threads(config.threads)
     mixture = refuse_as_train_does(config)
     seen = inspect_model(config)
+    config, numbers = _precision(config, seen)
+    rc, lc = config.rollout, config.learner
     rollouts = rc.prompts_per_step * rc.group_size
     updates = lc.ppo_epochs * lc.mini_batches
     rows = math.ceil(rollouts / lc.mini_batches)  # torch.tensor_split: the first mini-batches are the larger
@@ -225,6 +230,7 @@ def explain(config: TrainConfig, probe: int = 8) -> str:
              "duplicates merged)",
              f"off-policy: {_off_policy(config, updates)}",
              f"sampler: {_sampler(config)}",
+             f"numbers: {numbers}",
              f"draws: {_draws(config, mixture)}",
              f"grader down: {_grader_faults(config)}"]
     if seen.model is not None:
@@ -247,6 +253,22 @@ DRAWS_LATER = {
                              "the run goes, not known here",
 }
 """What becomes of the first draws under each built-in strategy, for ``temper explain``."""
+
+
+def _precision(config: TrainConfig, seen: Inspection) -> tuple[TrainConfig, str]:
+    """The config as ``precision`` resolves it for the inspected model, and what the run will
+    compute in (timing the model once when ``auto`` must and the cache has no measure)."""
+    from tempering.build import resolve_precision
+
+    where = "learner.bf16, rollout.bf16"
+    if config.precision is None:
+        sides = {"learner": config.learner.bf16, "sampler": config.rollout.bf16}
+        return config, (", ".join(f"{side} {'bf16 autocast' if on else 'float32'}" for side, on in sides.items())
+                        + f" ({where}; precision=auto chooses for this CPU)")
+    if seen.model is None:
+        return config, f"precision={config.precision}, decided when the run loads the model"
+    config, choice = resolve_precision(config, seen.model)
+    return config, f"learner and sampler in {choice.describe()}"
 
 
 def _draws(config: TrainConfig, mixture: Any) -> str:

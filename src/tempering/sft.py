@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from tempering import checkpoint, faults
-from tempering.build import load_model, logprob_chunk, saves_merged, with_lora
+from tempering.build import load_model, logprob_chunk, resolve_precision, saves_merged, with_lora
 from tempering.config import ConfigError, TrainConfig
 from tempering.learner.forward import forward_logprobs
 from tempering.learner.optim import adamw, guarded_step, lr_factor
@@ -160,6 +160,7 @@ def sft(config: TrainConfig, progress: bool = True, resume: bool = False) -> dic
     records = read_data(config)  # everything that can be refused before the model is loaded
     checkpoint.check_run_dir(config.run_dir, resume)
     model, tokenizer, model_path = load_model(config, config.model.path, progress)
+    config, _ = resolve_precision(config, model)
     model = with_lora(config, model)
     data = encode_data(config, records, tokenizer, getattr(model.config, "max_position_embeddings", 0) or 0)
     if config.learner.gradient_checkpointing:

@@ -126,6 +126,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
     metrics = StepLog(run.run_dir, config.logging.sinks, resume, config.model_dump(mode="json"))
     samples = SampleWriter(run.run_dir / "samples.jsonl", config.logging.samples, config.seed)
     view = LiveView(config.steps, first_step, config.logging.table_every, progress)
+    if run.precision is not None:
+        view.note(f"precision: learner and sampler in {run.precision.describe()}")
     nonfinite_streak = 0
     checkpoint_s = None
     run.pipeline.publish(run.model, run.learner.version)
@@ -179,6 +181,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         "wall_s": time.perf_counter() - start, "model": run.model_path, "checkpoint": str(final),
         "seconds_per_step": {k: v / max(config.steps, 1) for k, v in timings.items()},
         "resumed_from": first_step if resume else None,
+        "precision": None if run.precision is None else run.precision.describe(),
         "rollouts": {"sampled": counters.rollouts_sampled, "taken": counters.rollouts_taken,
                      "dropped_stale": counters.dropped_stale, "left_in_buffer": run.pipeline.buffered,
                      "worker_restarts": run.pipeline.restarts, "by_domain": run.pipeline.domain_counts()},

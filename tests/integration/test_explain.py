@@ -95,3 +95,16 @@ def test_the_sampler_line_says_which_products_it_uses_and_when_vllm_is_faster(ti
         line = next(line for line in text.splitlines() if "sampler:" in line)
         assert f"the built-in sampler, float32 products {products}" in line
         assert "1.1-1.3x faster with oneDNN's products than vLLM in-process" in line
+
+
+def test_the_numbers_line_says_what_the_run_computes_in_and_what_precision_chose(tiny_model_dir: Path):
+    def line(*overrides: str) -> str:
+        text = explain(load_config(None, [*RUN, f"model.path={tiny_model_dir}", *overrides]), probe=0)
+        return next(line for line in text.splitlines() if line.startswith("numbers:"))
+
+    assert line() == ("numbers: learner float32, sampler float32 (learner.bf16, rollout.bf16; "
+                      "precision=auto chooses for this CPU)")
+    assert "learner bf16 autocast, sampler float32" in line("learner.bf16=true")
+    assert line("precision=fp32").startswith("numbers: learner and sampler in float32")
+    bf16 = line("precision=bf16")
+    assert bf16.startswith("numbers: learner and sampler in bf16 autocast (")

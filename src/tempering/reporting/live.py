@@ -83,6 +83,11 @@ class LiveView:
         self._bar = tqdm(total=steps, initial=first_step, desc="train", unit="step", disable=not enabled,
                          dynamic_ncols=True)
 
+    def note(self, text: str) -> None:
+        """A line above the bar, once (what the run decided at start-up)."""
+        if self.enabled:
+            self._bar.write(text)
+
     def update(self, record: dict) -> None:
         if self.enabled:
             self._bar.write(step_line(record, self.steps))

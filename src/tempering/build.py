@@ -39,11 +39,11 @@ from tempering.learner.packing import parameter_count, tokens_for_memory
 from tempering.learner.parallel import DataParallel, distribute, from_env, local_device
 from tempering.learner.step import Learner, LearnerSettings
 from tempering.models import loading, precision
-from tempering.models.cache import ensure_converted
-from tempering.models.cache import cache_root
+from tempering.models.cache import cache_root, ensure_converted
+from tempering.models.compat import fused_llama_supported
 from tempering.models.device import resolve_device, warn_slow_bf16
-from tempering.models.precision import Choice
 from tempering.models.loading import ModelLoadError
+from tempering.models.precision import Choice
 from tempering.models.lora import apply_lora
 from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
 from tempering.placement import (RayReward, RayRollout, RewardHandle, RolloutHandle, actor_placement, ray_running,
@@ -52,6 +52,7 @@ from tempering.registry import resolve
 from tempering.reporting.sinks import check_sinks
 from tempering.rewards import (MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, TaskRewards,
                                resolve_reward)
+from tempering.rollout import fast_llama
 from tempering.rollout.base import Generator, SamplingParams
 from tempering.rollout.engines import build_sampler, builtin_sampler, uses_vllm, vllm_settings
 from tempering.rollout.prompts import longest_token, prompt_limit, screen_datasets
@@ -155,6 +156,10 @@ def resolve_precision(config: TrainConfig, model: Any, resume: bool = False) -> 
     if choice is None:
         device = run_device(config)
         choice = precision.choose(config.precision, device, model, cache_root() / PRECISION_FILE)
+        rc = config.rollout
+        if (config.precision == "auto" and rc.onednn == "auto" and device.type == "cpu" and rc.server is None
+                and rc.engine == "builtin" and fast_llama.ONEDNN and fused_llama_supported(model)):
+            choice = precision.choose_products(choice, model, fast_llama.time_products, cache_root() / PRECISION_FILE)
         reason = precision.emulated(device, choice)
         if reason is not None:
             warnings.warn(reason, stacklevel=2)

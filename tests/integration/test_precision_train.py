@@ -19,6 +19,7 @@ from tempering.build import PRECISION_FILE
 from tempering.models import precision
 from tempering.models.device import _read_cpuinfo, cpu_bf16
 from tempering.models.loading import load_model
+from tempering.rollout import fast_llama
 
 RUN = ["steps=1", "threads=1", "checkpoint.every=0", "rollout.prompts_per_step=2", "rollout.group_size=2",
        "rollout.max_new_tokens=12", "eval.problems_per_task=2", "eval.max_new_tokens=12", "logging.samples=0",
@@ -51,6 +52,16 @@ def test_auto_decides_as_choose_does_on_this_machine_and_keeps_its_measure(tiny_
     model, _ = load_model(str(tiny_model_dir))
     cache = tempering_cache / PRECISION_FILE
     expected = precision.choose("auto", torch.device("cpu"), model, cache)  # the run's measure, from the cache
+    if fast_llama.ONEDNN:  # the sampler's float32 products chosen too, from the cache
+        expected = precision.choose_products(expected, model, measured_already, cache)
     assert summary["precision"] == expected.describe()
+    keys = json.loads(cache.read_text()) if cache.exists() else {}
     if cpu_bf16(_read_cpuinfo(), platform.machine()):
-        assert any(precision.model_key(model.config) in key for key in json.loads(cache.read_text()))
+        assert any(precision.model_key(model.config) in key and not key.startswith("products") for key in keys)
+    if not expected.bf16 and fast_llama.ONEDNN:
+        assert expected.onednn is not None and "sampler products by" in summary["precision"]
+        assert any(key.startswith("products | ") and precision.model_key(model.config) in key for key in keys)
+
+
+def measured_already(model):
+    raise AssertionError("the run measured and cached this")

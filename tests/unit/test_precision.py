@@ -32,10 +32,11 @@ def small_llama(hidden: int = 32, layers: int = 1):
 
 
 class Timer:
-    """A stand-in for timing the passes: the speeds it is told, and how often it was asked."""
+    """A stand-in for timing the passes (or, named so, a decoding step's products): the speeds
+    it is told, and how often it was asked."""
 
-    def __init__(self, fp32_s: float, bf16_s: float):
-        self.seconds, self.calls = {"fp32_s": fp32_s, "bf16_s": bf16_s}, 0
+    def __init__(self, slow_s: float, fast_s: float, names: tuple[str, str] = ("fp32_s", "bf16_s")):
+        self.seconds, self.calls = dict(zip(names, (slow_s, fast_s))), 0
 
     def __call__(self, model) -> dict[str, float]:
         self.calls += 1
@@ -144,3 +145,44 @@ def test_a_resumed_run_computes_in_the_precision_it_began_with(tmp_path: Path):
 def test_an_unknown_precision_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match="precision"):
         load_config(None, ["precision=fp16"])
+
+
+def Products(mkl_s: float, onednn_s: float) -> Timer:
+    return Timer(mkl_s, onednn_s, ("mkl_s", "onednn_s"))
+
+def test_the_sampler_products_are_onednn_where_they_run_a_decoding_step_fast_enough(tmp_path: Path):
+    fp32 = Choice(False, "precision=auto: float32")
+    fast, slow = Products(1.0, 0.6), Products(1.0, 0.9)
+    taken = precision.choose_products(fp32, small_llama(), fast, tmp_path / "a.json", AMD_WITH_AVX512_BF16)
+    kept = precision.choose_products(fp32, small_llama(), slow, tmp_path / "b.json", AMD_WITH_AVX512_BF16)
+    assert taken.onednn is True and "sampler products by oneDNN" in taken.describe() and "1.67x" in taken.describe()
+    assert kept.onednn is False and "sampler products by MKL" in kept.describe()
+    assert f"under {precision.MIN_ONEDNN_SPEEDUP}x" in kept.describe()
+    assert precision.choose_products(fp32, small_llama(), never, tmp_path / "a.json", AMD_WITH_AVX512_BF16) == taken
+    other_cpu = precision.choose_products(fp32, small_llama(), slow, tmp_path / "a.json", INTEL_WITH_AMX)
+    assert other_cpu.onednn is False and slow.calls == 2  # measured again on another CPU model
+    bf16 = Choice(True, "precision=auto: bf16")
+    assert precision.choose_products(bf16, small_llama(), never, None, INTEL_WITH_AMX) == bf16
+
+
+def test_a_products_choice_sets_the_sampler_kernel_and_survives_the_run_folder(tmp_path: Path):
+    config = load_config(None, [f"run_dir={tmp_path}", "precision=auto"])
+    choice = Choice(False, "precision=auto: float32", onednn=True, products={"mkl_s": 1.0, "onednn_s": 0.5})
+    assert precision.apply(config, choice).rollout.onednn is True
+    assert precision.apply(config, Choice(False, "x")).rollout.onednn == "auto"
+    from tempering.build import record_precision
+
+    record_precision(tmp_path, choice)
+    resumed, again = resolve_precision(config, small_llama(), resume=True)
+    assert again == choice and resumed.rollout.onednn is True
+
+
+def test_timing_the_products_measures_both_kernels_and_keeps_the_threads():
+    from tempering.rollout.fast_llama import ONEDNN, time_products
+
+    if not ONEDNN:
+        pytest.skip("this torch has no oneDNN prepacked products")
+    threads = torch.get_num_threads()
+    seconds = time_products(small_llama(hidden=64, layers=2), rows=4, repeats=1)
+    assert set(seconds) == {"mkl_s", "onednn_s"} and all(s > 0 for s in seconds.values())
+    assert torch.get_num_threads() == threads

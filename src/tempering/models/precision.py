@@ -31,7 +31,7 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -42,6 +42,11 @@ from tempering.models.device import _read_cpuinfo, cpu_bf16, slow_bf16
 MIN_SPEEDUP = 1.5
 """How much faster bf16 autocast must run the model's products than float32 for ``auto`` to take
 it: below that the speed is not worth its rounding."""
+
+MIN_ONEDNN_SPEEDUP = 1.2
+"""How much faster oneDNN's float32 products must run a decoding step than MKL's for ``auto`` to
+take them: they round differently from the learner's (MKL's), which doubles the learner/sampler
+mismatch, so a small gain is not worth it."""
 
 PROBE_TOKENS = 256
 """Tokens of the timed passes (fewer where the model's context is shorter)."""
@@ -54,9 +59,20 @@ class Choice:
     bf16: bool
     reason: str
     measured: Optional[dict[str, float]] = field(default=None)
+    onednn: Optional[bool] = None
+    """The built-in sampler's float32 products by oneDNN or not (``rollout.onednn``), where
+    ``auto`` chose them too (:func:`choose_products`); None: ``rollout.onednn`` as configured."""
+    products: Optional[dict[str, float]] = None
+    """The products' seconds that choice was made from."""
 
     def describe(self) -> str:
-        return f"{'bf16 autocast' if self.bf16 else 'float32'} ({self.reason})"
+        text = f"{'bf16 autocast' if self.bf16 else 'float32'} ({self.reason})"
+        if self.onednn is not None and self.products:
+            speedup = self.products["mkl_s"] / self.products["onednn_s"]
+            text += (f"; sampler products by {'oneDNN' if self.onednn else 'MKL'} (a decoding step's ran "
+                     f"{speedup:.2f}x as fast by oneDNN as by MKL, {'at least' if self.onednn else 'under'} "
+                     f"{MIN_ONEDNN_SPEEDUP}x)")
+        return text
 
 
 def cpu_model_name(cpuinfo: Optional[str]) -> str:
@@ -120,14 +136,13 @@ def time_passes(model: Any, tokens: int = PROBE_TOKENS, repeats: int = 3) -> dic
             p.grad = grads[name]
 
 
-def _cached(path: Path, key: str) -> Optional[dict[str, float]]:
+def _cached(path: Path, key: str, fields: tuple[str, ...] = ("fp32_s", "bf16_s")) -> Optional[dict[str, float]]:
     try:
         entry = json.loads(path.read_text()).get(key)
     except (OSError, ValueError, AttributeError):
         return None
-    if isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0
-                                       for k in ("fp32_s", "bf16_s")):
-        return {"fp32_s": float(entry["fp32_s"]), "bf16_s": float(entry["bf16_s"])}
+    if isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in fields):
+        return {k: float(entry[k]) for k in fields}
     return None
 
 
@@ -185,11 +200,31 @@ def choose(setting: str, device: torch.device, model: Any = None, cache: Optiona
                   f"fast under bf16 autocast as in float32, {verdict} {MIN_SPEEDUP}x", measured)
 
 
+def choose_products(choice: Choice, model: Any, measure: Callable[[Any], dict[str, float]],
+                    cache: Optional[Path] = None, cpuinfo: Optional[str] = None) -> Choice:
+    """``choice`` with the built-in sampler's float32 products chosen too: oneDNN's when
+    ``measure(model)`` (seconds of a decoding step's products, ``mkl_s`` and ``onednn_s``:
+    ``tempering.rollout.fast_llama.time_products``) finds them at least
+    :data:`MIN_ONEDNN_SPEEDUP` times faster than MKL's, measured once per CPU model and model
+    shape and kept in ``cache``. Under bf16 the products are bf16 ones and nothing is chosen."""
+    if choice.bf16:
+        return choice
+    key = f"products | {cpu_model_name(_read_cpuinfo() if cpuinfo is None else cpuinfo)} | {model_key(model.config)}"
+    measured = _cached(cache, key, ("mkl_s", "onednn_s")) if cache is not None else None
+    if measured is None:
+        measured = measure(model)
+        if cache is not None:
+            _remember(cache, key, measured)
+    return replace(choice, onednn=measured["mkl_s"] / measured["onednn_s"] >= MIN_ONEDNN_SPEEDUP, products=measured)
+
+
 def apply(config: Any, choice: Choice) -> Any:
-    """A copy of the run's config with ``learner.bf16`` and ``rollout.bf16`` as ``choice`` says,
+    """A copy of the run's config with ``learner.bf16`` and ``rollout.bf16`` (and
+    ``rollout.onednn`` where the choice made it) as ``choice`` says,
     and ``pipeline.mismatch_correction: tis`` when bf16 is taken and no correction was set."""
     learner = config.learner.model_copy(update={"bf16": choice.bf16})
-    rollout = config.rollout.model_copy(update={"bf16": choice.bf16})
+    sampler = {"bf16": choice.bf16} if choice.onednn is None else {"bf16": choice.bf16, "onednn": choice.onednn}
+    rollout = config.rollout.model_copy(update=sampler)
     pipeline = config.pipeline
     if choice.bf16 and pipeline.mismatch_correction == "none":
         pipeline = pipeline.model_copy(update={"mismatch_correction": "tis"})

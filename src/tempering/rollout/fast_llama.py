@@ -32,6 +32,7 @@ embeddings and attention in float32, as transformers does under CPU autocast (wi
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -57,6 +58,46 @@ def wants_onednn(model: Any, setting: bool | str) -> bool:
     if not isinstance(setting, bool):
         raise ValueError(f"onednn must be true, false or 'auto', got {setting!r}")
     return setting
+
+
+DECODE_ROWS = 32
+"""Rows of the decoding step :func:`time_products` times (a step of 4 prompts x 8 samples)."""
+
+
+def time_products(model: Any, rows: int = DECODE_ROWS, repeats: int = 5) -> dict[str, float]:
+    """Seconds of the float32 matrix products of one decoding step of ``model`` (a model
+    :func:`~tempering.models.compat.fused_llama_supported` accepts) over ``rows`` rows, on one
+    thread, by MKL's products (``mkl_s``, the learner's) and by oneDNN's on reordered weights
+    (``onednn_s``): the first layer's four products (queries, keys and values in one; the
+    output; gate and up in one; down) times the number of layers, plus the vocabulary head.
+    The best of ``repeats`` after an untimed round; the caller's thread count is kept."""
+    weights = llama_weights(model)
+    first = weights.layers[0]
+    shapes = [torch.cat([first.q, first.k, first.v]), first.o, torch.cat([first.gate, first.up]), first.down]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seconds = {}
+        for name, onednn in (("mkl_s", False), ("onednn_s", True)):
+            layer = [projection(w.float(), None, onednn) for w in shapes]
+            head = projection(weights.head.float(), None, onednn)
+            x_BH = torch.ones(rows, first.q.shape[1])
+            x_BI = torch.ones(rows, first.down.shape[1])
+
+            def step() -> float:
+                start = time.perf_counter()
+                layer[0](x_BH), layer[1](x_BH), layer[2](x_BH)
+                layer[3](x_BI)
+                per_layer = time.perf_counter() - start
+                start = time.perf_counter()
+                head(x_BH)
+                return per_layer * len(weights.layers) + time.perf_counter() - start
+
+            step()
+            seconds[name] = min(step() for _ in range(repeats))
+        return seconds
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _rms_norm(x_BH: torch.Tensor, weight_H: torch.Tensor, eps: float) -> torch.Tensor:

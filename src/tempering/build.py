@@ -351,7 +351,8 @@ def check_parallel(config: TrainConfig, settings: LearnerSettings) -> None:
     """Refuse what ``learner.parallel=fsdp`` cannot run: the KL reference and the critic pass
     through the policy on one rank alone or more often than the idle passes match, and under
     FSDP every policy pass waits for every rank; LoRA adapters would be checkpointed as one
-    rank's shards; a rank holds a shard of the gradient, not the whole that ``grad_share_every`` measures."""
+    rank's shards; a rank holds a shard of the gradient, not the whole that ``grad_share_every`` and
+    ``grad_balance_rate`` measure."""
     if config.learner.parallel != "fsdp":
         return
     if config.model.lora is not None:
@@ -366,6 +367,17 @@ def check_parallel(config: TrainConfig, settings: LearnerSettings) -> None:
     if config.learner.grad_share_every:
         raise ConfigError("learner.parallel=fsdp: learner.grad_share_every needs the whole gradient on one rank, "
                           "and each holds a shard; set learner.grad_share_every=0, or learner.parallel=ddp")
+    if config.learner.grad_balance_rate:
+        raise ConfigError("learner.parallel=fsdp: learner.grad_balance_rate measures the whole gradient on one rank, "
+                          "and each holds a shard; set learner.grad_balance_rate=0, or learner.parallel=ddp")
+
+
+def check_grad_balance(config: TrainConfig) -> None:
+    """Refuse gradient balancing with nothing to balance: it moves gradient between tasks."""
+    if config.learner.grad_balance_rate and len(config.tasks) < 2:
+        raise ConfigError(f"learner.grad_balance_rate={config.learner.grad_balance_rate} balances the gradient "
+                          f"between tasks, and tasks has {len(config.tasks)}; give two or more tasks, or set "
+                          "learner.grad_balance_rate=0")
 
 
 def normalize_settings(config: Any) -> NormalizeSettings:
@@ -603,6 +615,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     check_sinks(config.logging.sinks)
     check_mismatch_band(config)
     check_onednn(config)
+    check_grad_balance(config)
     if uses_vllm(config):
         vllm_settings(config)
     checkpoint.check_run_dir(config.run_dir, resume)

@@ -42,6 +42,9 @@ of tokens. That is not its share of the gradient norm, which the learner measure
 (``Learner.grad_shares``, ``domain/<task>/grad_share``): where a completion's token gradients
 add up incoherently, a domain's gradient norm grows as the square root of its tokens, and a
 domain of 10x longer completions ends below its drawn share (``tests/unit/test_grad_share.py``).
+:func:`balance_grad_weights` closes that loop: from measured shares it moves a per-domain
+multiplier of the loss (:attr:`Mixture.grad_weights`, part of ``state_dict()``) towards each
+domain holding its drawn share of the gradient norm (``learner.grad_balance_rate``).
 Reward scale is the ``grpo_domain`` advantage estimator's part.
 
 Pauses: a task whose grader is down while the others score is *paused* by the pipeline
@@ -248,6 +251,8 @@ class Mixture:
         """Times each task was paused, over the run."""
         self.rng = random.Random(seed)
         self.weights = self._weights()
+        self.grad_weights: dict[str, float] = {}
+        """Each task's multiplier of its rows' loss (1 for a task not in it), from :func:`balance_grad_weights`."""
 
     def _weights(self) -> list[float]:
         weights = self.strategy(self.tasks, self.base, [self.stats[t.name] for t in self.tasks], self.settings)
@@ -401,7 +406,7 @@ class Mixture:
                 "stats": {name: asdict(st) for name, st in self.stats.items()},
                 "seconds_per_token": self.seconds_per_token,
                 "tasks": {t.name: t.state_dict() for t in self.tasks if hasattr(t, "state_dict")},
-                "pauses": self._pause_state()}
+                "pauses": self._pause_state(), "grad_weights": dict(self.grad_weights)}
 
     def load_state_dict(self, state: dict) -> None:
         by_name = {t.name: t for t in self.tasks}
@@ -419,6 +424,7 @@ class Mixture:
             if curriculum_levels(task):
                 task.level = self.stats[task.name].level
         self._load_pauses(state.get("pauses", {}))
+        self.grad_weights = dict(state.get("grad_weights", {}))
         self.weights = self._weights()
 
     # -- pauses (see the module docstring) ------------------------------------------------
@@ -539,3 +545,35 @@ def domain_token_weights_B(groups: Sequence[Group]) -> torch.Tensor:
         tokens[domain] += count
     total_tokens = max(float(tokens_B.sum()), 1.0)
     return torch.tensor([(rollouts[d] / len(domains_B)) / max(tokens[d] / total_tokens, 1e-9) for d in domains_B])
+
+
+GRAD_WEIGHT_BOUND = 100.0
+"""A multiplier stays within [1 / bound, bound]: a domain whose gradient is tiny for a while
+(rewards all equal) cannot push it without end."""
+
+
+def balance_grad_weights(weights: dict[str, float], shares: dict[str, float], drawn: dict[str, float],
+                         rate: float) -> dict[str, float]:
+    """The per-domain loss multipliers after one multiplicative step towards measured share
+    == drawn share: ``w_d * (drawn_d / share_d) ** rate``, where ``shares`` were measured with
+    ``weights`` applied. A domain's gradient is linear in its multiplier, so ``rate`` 1 lands
+    on the drawn shares at once if the next batch's gradients are like this one's; below 1 it
+    averages over batches. Domains with no gradient (share 0) keep their multiplier and leave
+    the drawn shares (renormalised over the others); the updated multipliers are scaled so
+    their drawn-weighted mean is 1, so balancing moves gradient between domains without
+    changing the step's size. Domains not in ``shares`` keep theirs.
+
+    >>> w = balance_grad_weights({}, {"a": 0.8, "b": 0.2}, {"a": 0.5, "b": 0.5}, 1.0)
+    >>> {d: round(v, 6) for d, v in w.items()}
+    {'a': 0.4, 'b': 1.6}
+    >>> balance_grad_weights(w, {"a": 0.5, "b": 0.5}, {"a": 0.5, "b": 0.5}, 0.5) == w
+    True
+    """
+    live = [d for d, s in shares.items() if s > 0]
+    total = sum(drawn[d] for d in live)
+    if not live or total <= 0:
+        return dict(weights)
+    moved = {d: weights.get(d, 1.0) * (drawn[d] / total / shares[d]) ** rate for d in live}
+    scale = sum(drawn[d] / total * moved[d] for d in live)
+    bound = GRAD_WEIGHT_BOUND
+    return {**weights, **{d: min(max(w / scale, 1 / bound), bound) for d, w in moved.items()}}

@@ -14,8 +14,9 @@ domain and the run goes on, ``scheduler.pause_failing``). Adaptive mixtures are
 ``tempering.scheduler``'s: the pipeline shows it every sampled group (and the seconds
 sampling took, for what a rollout of each domain costs) and the loop closes each step; every
 ``learner.grad_share_every`` steps the learner measures each domain's share of the gradient
-norm before its update. DAPO's dynamic sampling and overlong shaping are in
-``tempering.algorithms.dapo``.
+norm before its update, and with ``learner.grad_balance_rate`` those shares move per-domain
+loss multipliers towards each domain's drawn share. DAPO's dynamic sampling and overlong
+shaping are in ``tempering.algorithms.dapo``.
 Under ``torchrun`` this loop runs on rank 0; the other ranks only follow its learner
 (``tempering.learner.parallel``).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -42,7 +44,7 @@ from tempering.reporting.live import LiveView
 from tempering.reporting.metrics import before_after_table
 from tempering.reporting.samples import SampleWriter
 from tempering.reporting.sinks import StepLog
-from tempering.scheduler import cap_domain_tokens, domain_token_weights_B
+from tempering.scheduler import balance_grad_weights, cap_domain_tokens, domain_token_weights_B
 from tempering.types import Batch, Group
 
 
@@ -226,11 +228,18 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
                        ac.teacher.task_weight)
     if config.scheduler.balance_tokens:
         batch.weights_B = domain_token_weights_B(groups)
-    every = config.learner.grad_share_every
+    tasks_B = [g.problem.task for g in groups for _ in g.rollouts]
+    rate = config.learner.grad_balance_rate
+    if rate:
+        record.update(apply_grad_weights(batch, tasks_B, run.mixture.grad_weights))
+    every = config.learner.grad_share_every or (1 if rate else 0)
     if every and learner.version % every == 0:  # the shares of the gradient this update follows
         t_share = time.perf_counter()
-        record.update(learner.grad_shares(batch, [g.problem.task for g in groups for _ in g.rollouts]))
+        shares = learner.grad_shares(batch, tasks_B)
+        record.update(shares)
         record["grad_share_s"] = time.perf_counter() - t_share
+        if rate:  # for the next steps: this one follows the multipliers its shares were measured with
+            run.mixture.grad_weights = rebalanced(run.mixture.grad_weights, shares, tasks_B, rate)
     record.update(learner.step(batch))
     record["weight_sync_s"] += pipeline.publish(run.model, learner.version)
     t2 = time.perf_counter()
@@ -243,6 +252,24 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
                   rollouts_taken=counters.rollouts_taken, worker_restarts=pipeline.restarts,
                   outage_rounds=counters.outage_rounds)
     return groups, record
+
+
+def apply_grad_weights(batch: Batch, tasks_B: list[str], grad_weights: dict[str, float]) -> dict[str, float]:
+    """Multiply each row's weight by its task's gradient-balance multiplier
+    (``learner.grad_balance_rate``); returns them as ``domain/<task>/grad_weight``."""
+    factors = {t: grad_weights.get(t, 1.0) for t in dict.fromkeys(tasks_B)}
+    factor_B = torch.tensor([factors[t] for t in tasks_B])
+    batch.weights_B = factor_B if batch.weights_B is None else batch.weights_B * factor_B
+    return {f"domain/{t}/grad_weight": w for t, w in factors.items()}
+
+
+def rebalanced(grad_weights: dict[str, float], shares: dict[str, float], tasks_B: list[str],
+               rate: float) -> dict[str, float]:
+    """The multipliers after a step of :func:`balance_grad_weights` from ``shares`` (as
+    ``Learner.grad_shares`` gives them) towards each task's share of the batch's rows."""
+    drawn = Counter(tasks_B)
+    return balance_grad_weights(grad_weights, {t: shares[f"domain/{t}/grad_share"] for t in drawn},
+                                {t: n / len(tasks_B) for t, n in drawn.items()}, rate)
 
 
 def save_checkpoint(run: Run, step: int, eval_before: dict, timings: dict) -> None:

@@ -51,6 +51,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "token_share": ("Share of tokens", "the domain's share of the step's completion tokens"),
     "reward_time_share": ("Share of reward time", "the domain's share of the step's reward seconds"),
     "grad_share": ("Share of the gradient", "the domain's share of the step's gradient norm"),
+    "grad_weight": ("Gradient-balance multiplier", "the domain's loss multiplier, learner.grad_balance_rate"),
     "cost_s": ("Cost per domain", "seconds one rollout of the domain costs, as measured so far"),
     "paused": ("Paused domains", "1 while the domain's grader is down and it is not drawn"),
     "completion_tokens": ("Completion tokens per domain", "the domain's completion tokens this step"),

@@ -14,12 +14,11 @@ key. :func:`build_run` puts a whole run together; ``tempering.train`` loops over
 from __future__ import annotations
 
 import copy
-import dataclasses
 import importlib.util
 import json
 import os
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -43,8 +42,8 @@ from tempering.models.cache import cache_root, ensure_converted
 from tempering.models.compat import fused_llama_supported
 from tempering.models.device import resolve_device, warn_slow_bf16
 from tempering.models.loading import ModelLoadError
-from tempering.models.precision import Choice
 from tempering.models.lora import apply_lora
+from tempering.models.precision import Choice
 from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
 from tempering.placement import (RayReward, RayRollout, RewardHandle, RolloutHandle, actor_placement, ray_running,
                                  reward_pool, rollout_pool, start_ray)
@@ -169,7 +168,7 @@ def resolve_precision(config: TrainConfig, model: Any, resume: bool = False) -> 
 def record_precision(folder: Path, choice: Optional[Choice]) -> None:
     """Keep ``choice`` in the run folder for :func:`resolve_precision` on resume."""
     if choice is not None:
-        (folder / PRECISION_FILE).write_text(json.dumps(dataclasses.asdict(choice)) + "\n")
+        (folder / PRECISION_FILE).write_text(json.dumps(asdict(choice)) + "\n")
 
 
 def with_lora(config: TrainConfig, model: Any) -> Any:

@@ -44,8 +44,8 @@ from tempering.learner.forward import can_share_prompts
 from tempering.learner.packing import memory_costs
 from tempering.learner.plan import PlanChoices, plan_update
 from tempering.models.device import resolve_device, slow_bf16
-from tempering.models.precision import Choice, emulated
 from tempering.models.loading import ModelLoadError
+from tempering.models.precision import Choice, emulated
 from tempering.rollout.fast_llama import ONEDNN_AUTO_WIDTH
 from tempering.types import Batch
 

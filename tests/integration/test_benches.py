@@ -38,12 +38,18 @@ QUICK = {
                       lambda out: {name: e["problems"] for name, e in out["families"].items()} == {"at_least": 1, "below": 1}),
     "generation": (["--quick", "--model", "{model}", "--threads", "1", "--workloads", "group", "--precisions", "fp32"],
                    lambda out: out["batch_1"]["tempering_tok_s"] > 0 and out["batch_1"]["generate_tok_s"] > 0),
+    "joint": (["--model", "{model}", "--steps", "1", "--seeds", "0,1", "--arms", "arithmetic,static,adaptive",
+               "--out", "{out}", *SMALL],
+              lambda out: set(out["arms"]) == {"arithmetic", "static", "adaptive"} and len(out["before"]) == 12
+              and set(out["checks"]) == {"lopsided", "adaptive_below_best_single", "adaptive_over_static"}
+              and all(Path(out["out"], name).stat().st_size > 0 for name in ("joint.md", "joint.svg", "report.html"))),
     "memory": (["--model", "{model}", "--lengths", "128", "--sides", "tempering", "--budget-gb", "4"],
                lambda out: out["max_len_tempering"] == 128 and out["peak_mb"]["tempering"]["128"] > 0),
     "quickstart": (["steps=1", "model.path={model}", *SMALL],
                    lambda out: out["steps"] == 1 and out["seconds_per_step"]["total"] > 0),
 }
-"""Benches with a run of seconds: the arguments (``{model}``: the miniature model) and a check of the JSON."""
+"""Benches with a run of seconds: the arguments (``{model}``: the miniature model, ``{out}``: a
+fresh folder) and a check of the JSON."""
 
 SKIPS = {"gpu": None if torch.cuda.is_available() else "no CUDA device"}
 """Benches that print only ``{"skipped": why}`` on this machine: the start of the reason."""
@@ -76,12 +82,12 @@ def test_the_benchmarks_page_says_how_to_run_the_bench(name):
 
 
 @pytest.mark.parametrize("name", BENCHES)
-def test_the_bench_runs_as_the_benchmarks_page_says(name, request, vllm_skip):
+def test_the_bench_runs_as_the_benchmarks_page_says(name, request, vllm_skip, tmp_path):
     skip = vllm_skip if name == "vllm_rollouts" else SKIPS.get(name)
     if name in QUICK:
         args, check = QUICK[name]
         model = request.getfixturevalue("tiny_model_dir")
-        out = printed_json(run_bench(name, *(arg.format(model=model) for arg in args)))
+        out = printed_json(run_bench(name, *(arg.format(model=model, out=tmp_path / "out") for arg in args)))
         assert check(out), out
     elif skip:
         out = printed_json(run_bench(name))

@@ -58,7 +58,7 @@ def _temper(args, cwd, cache):
      "tasks.0 (code): options.partial='maybe': expected bool"),
     # explain refuses what train refuses, rather than passing it as "could not be inspected"
     (["explain", "model.path=builtin:nonsense"],
-     "model.path 'builtin:nonsense': known built-in models are builtin:tiny and builtin:smollm2"),
+     "model.path 'builtin:nonsense': known built-in models are builtin:tiny, builtin:generalist, builtin:smollm2"),
     (["explain", "tasks.0.name=nosuch"], "tasks.0 (nosuch): unknown task 'nosuch'"),
 ])
 def test_a_bad_config_exits_2_with_a_short_message_and_no_traceback(tmp_path, args, expected):

@@ -156,3 +156,22 @@ def test_tasks_own_their_rewards_and_metric():
 def test_bad_task_names_and_options_are_value_errors_that_say_what_is_allowed(name, options, message):
     with pytest.raises(ValueError, match=message):
         build_task(name, seed=0, **options)
+
+
+def test_the_corpus_interleaves_tasks_by_weight_and_evenly_by_default():
+    from itertools import islice
+
+    from tempering.config import PretrainConfig, TaskSpec
+    from tempering.pretrain import corpus
+
+    add, sub = build_task("add", seed=0), build_task("sub", seed=0)
+    even = list(islice(corpus(PretrainConfig(tasks=[TaskSpec(name="add"), TaskSpec(name="sub")], wrong_share=0.0)), 6))
+    assert even == [task.corpus_document(i // 2, 0.0) for i, task in zip(range(6), [add, sub] * 3)]
+    weighted = PretrainConfig(tasks=[TaskSpec(name="add", weight=3), TaskSpec(name="sub", weight=1),
+                                     TaskSpec(name="mul", weight=0)], wrong_share=0.0)
+    documents = list(islice(corpus(weighted), 400))
+    adds = [d for d in documents if "+" in d.splitlines()[0]]
+    assert len(adds) == 300 and not any("*" in d.splitlines()[0] for d in documents)
+    assert adds == [add.corpus_document(i, 0.0) for i in range(300)]  # each task's problems in order
+    with pytest.raises(ValueError, match="every weight is 0"):
+        next(corpus(PretrainConfig(tasks=[TaskSpec(name="add", weight=0)])))

@@ -46,8 +46,10 @@ ALLOWED: dict[str, set[str]] = {
     "reporting": FOUNDATIONS,
     "pipeline": FOUNDATIONS | {"placement", "rollout"},
     "placement": FOUNDATIONS,
-    # pre-training makes builtin:tiny, which build resolves; build makes everything below it
-    "pretrain": FOUNDATIONS | {"learner", "models", "tasks"},
+    # pre-training makes builtin:tiny and, by the generalist's recipe (a list of task specs),
+    # builtin:generalist, which build resolves; build makes everything below it
+    "pretrain": FOUNDATIONS | {"learner", "models", "tasks", "generalist"},
+    "generalist": FOUNDATIONS,
     "build": FOUNDATIONS | BELOW_BUILD | {"pretrain"},
     # the commands, then the argument parser over them
     **{name: FOUNDATIONS | BELOW_BUILD | {"build", "pretrain"} for name in COMMANDS - {"pretrain"}},

@@ -1,12 +1,14 @@
-"""Every shipped config for the built-in tiny model asks only for prompts its context holds:
-a prompt longer than the model's positions less the tokens it may generate stops the run at
-the step that first draws it (``rollout.prompts``), long after the command was typed."""
+"""Every shipped config for the built-in tiny model (or the generalist, the same model
+pre-trained otherwise) asks only for prompts its context holds: a prompt longer than the
+model's positions less the tokens it may generate stops the run at the step that first draws
+it (``rollout.prompts``), long after the command was typed."""
 
 from __future__ import annotations
 
 import pytest
 
 from tempering.build import build_tasks
+from tempering.pretrain import builtin_pretrain
 from tempering.config import builtin_config, load_config
 from tempering.models.tiny import build_tokenizer
 from tempering.rollout.prompts import prompt_limit
@@ -20,10 +22,11 @@ CONFIGS = sorted(p.stem for p in builtin_config("quickstart").parent.glob("*.yam
 @pytest.mark.parametrize("name", CONFIGS)
 def test_a_shipped_config_for_the_tiny_model_never_draws_a_prompt_over_its_context(name):
     config = load_config(builtin_config(name))
-    if not config.model.path.startswith("builtin:tiny") or config.pretrain is None:
-        pytest.skip(f"{name} does not train the built-in tiny model")
+    if config.model.path not in ("builtin:tiny", "builtin:generalist"):
+        pytest.skip(f"{name} does not train the built-in tiny model or the generalist")
     tokenizer = build_tokenizer()
-    context = type("Context", (), {"max_position_embeddings": config.pretrain.max_positions})
+    pretrain = builtin_pretrain(config.model.path, config.pretrain)
+    context = type("Context", (), {"max_position_embeddings": pretrain.max_positions})
     longest: dict[str, tuple[int, int]] = {}
     for task in build_tasks(config):
         for stage, max_new, problems in [

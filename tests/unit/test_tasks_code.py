@@ -106,6 +106,19 @@ def test_corpus_documents_are_the_raw_prompt_and_a_right_or_buggy_body(task):
     assert 0.45 < wrong / (wrong + right) < 0.7  # 0.6 of the families with bugs, which are most
 
 
+def test_corpus_mistakes_odd_puts_bugs_only_where_k_is_odd():
+    task = build_task("code:filter", seed=0, families=["at_least"], corpus_mistakes="odd")
+    wrong_at = []
+    for index in range(300):
+        problem = task.train_problem(index)
+        if task.corpus_document(index, 1.0)[len(problem.prompt):] != task.solution(problem):
+            wrong_at.append(problem.meta["params"]["k"] % 2)
+    odd = sum(task.train_problem(i).meta["params"]["k"] % 2 for i in range(300))
+    assert wrong_at and set(wrong_at) == {1} and len(wrong_at) == odd
+    with pytest.raises(ValueError, match="corpus_mistakes must be 'any' or 'odd'"):
+        build_task("code:filter", seed=0, corpus_mistakes="even")
+
+
 def test_a_training_mixture_of_code_tasks_updates_without_a_curriculum():
     """The code task's drawn levels are not a curriculum's level count: a mixture's update
     (every step of a run) neither fails on them nor reports a level."""

@@ -70,6 +70,10 @@ class CodeTask(StreamState):
     at ``levels`` (1..3, one drawn per problem), with at least ``tests`` hidden call cases.
 
     ``partial``: the reward is the share of cases passed instead of 1 only when all pass.
+    ``corpus_mistakes``: where pre-training documents may carry a bug: ``any`` problem, or only
+    those whose parameter ``k`` is ``odd``, so that a model trained on them is right on the
+    rest (as the arithmetic tasks' missing carry shows only on sums that carry) and starts part
+    right, with something left for RL to fix; it changes no training or held-out problem.
     """
 
     corpus_version = 2
@@ -78,8 +82,11 @@ class CodeTask(StreamState):
 
     def __init__(self, name: str, seed: int, kinds: list[str] | None = None, families: list[str] | None = None,
                  levels: list[int] | None = None, style: str = "raw", tests: int = 10, partial: bool = False,
-                 domain: str = "", rewards: dict[str, float] | None = None):
+                 domain: str = "", rewards: dict[str, float] | None = None, corpus_mistakes: str = "any"):
         kinds = list(kinds or KINDS)
+        if corpus_mistakes not in ("any", "odd"):
+            raise ValueError(f"corpus_mistakes must be 'any' or 'odd', got {corpus_mistakes!r}")
+        self.corpus_mistakes = corpus_mistakes
         if unknown := sorted(set(kinds) - set(KINDS)):
             raise ValueError(f"unknown code kinds {unknown}; known: {', '.join(KINDS)}")
         chosen = [f for f in FAMILIES if f.kind in kinds]
@@ -196,13 +203,19 @@ class CodeTask(StreamState):
 
     def corpus_document(self, index: int, wrong_share: float, tool_share: float = 0.0) -> str:
         """A pre-training document: a raw prompt and its body, one of the family's bugs with
-        probability ``wrong_share`` (families without bugs are always right)."""
+        probability ``wrong_share`` (families without bugs are always right; with
+        ``corpus_mistakes: odd``, only where the parameter ``k`` is odd)."""
         if self.style != "raw":
             raise ValueError(f"{self.name}: pre-training documents are written in style 'raw', not {self.style!r}")
         problem = self.train_problem(index)
         rng = random.Random(f"corpus:{self.seed}:{self.name}:{index}")
         family = next(f for f in self.families if f.name == problem.meta["family"])
         buggy = bool(family.bugs) and rng.random() < wrong_share
+        if self.corpus_mistakes == "odd":
+            if "k" not in problem.meta["params"]:
+                raise ValueError(f"{self.name}: corpus_mistakes 'odd' needs a parameter k, which family "
+                                 f"{family.name} does not have")
+            buggy = buggy and problem.meta["params"]["k"] % 2 == 1
         bug = rng.randrange(len(family.bugs)) if buggy else 0
         return problem.meta["code_prefix"] + self.solution(problem, buggy, bug)
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import random
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -297,6 +298,18 @@ class ReasoningGymTask(StreamState):
         """The first ``n`` held-out items, or all ``eval_size`` of them when that is fewer (the
         held-out set cannot grow: training already excludes exactly these questions)."""
         return [self._problem(entry, f"eval:{i}") for i, entry in enumerate(self._eval_entries()[:n])]
+
+    def corpus_document(self, index: int, wrong_share: float, tool_share: float = 0.0) -> str:
+        """A pre-training document: training problem ``index``'s raw prompt and its worked
+        solution (``tempering.tasks.rg_corpus``), with the type's classic mistake with
+        probability ``wrong_share``; ``tool_share`` does not apply (no calculator here)."""
+        if self.style != "raw":
+            raise ValueError(f"{self.name}: pre-training documents are written in style 'raw', not {self.style!r}")
+        from tempering.tasks.rg_corpus import document_body
+
+        problem = self.train_problem(index)
+        buggy = random.Random(f"corpus:{self.seed}:{self.name}:{index}").random() < wrong_share
+        return problem.prompt + document_body(self.rg_type, problem.meta["entry"], buggy)
 
     def _extra_state(self) -> dict[str, Any]:
         return {"level": self.level}

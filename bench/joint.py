@@ -40,7 +40,7 @@ from statistics import mean, stdev
 
 from tempering import generalist
 from tempering.build import resolve_model_path
-from tempering.config import TaskSpec, load_config, load_yaml
+from tempering.config import TaskSpec, load_config
 from tempering.reporting.html import build_report
 from tempering.train import train
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
     common = [*COMMON, *args.overrides, *([f"model.path={args.model}"] if args.model else []),
               *([f"steps={args.steps}"] if args.steps is not None else [])]
-    tasks = [t["name"] for t in load_yaml(args.config)["tasks"]]
+    tasks = [t.name for t in load_config(args.config, common).tasks]
     seeds = [int(s) for s in args.seeds.split(",")]
     start, runs = time.perf_counter(), {arm: [] for arm in arms}
     for seed in seeds:

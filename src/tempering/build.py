@@ -81,11 +81,11 @@ def smollm2_gguf() -> Path:
 
 
 def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = True) -> str:
-    """Turn the ``builtin:`` names into files, pre-training the tiny model or the generalist when needed, and a run
-    or checkpoint folder into the model folder it holds."""
-    if path in ("builtin:tiny", "builtin:generalist"):
-        from tempering.pretrain import builtin_pretrain, ensure_pretrained
+    """Turn the ``builtin:`` names into files, pre-training the tiny model or the generalist
+    when needed, and a run or checkpoint folder into the model folder it holds."""
+    from tempering.pretrain import PRETRAINED_BUILTINS, builtin_pretrain, ensure_pretrained
 
+    if path in PRETRAINED_BUILTINS:
         return str(ensure_pretrained(builtin_pretrain(path, pretrain), progress=progress))
     if path == "builtin:smollm2":
         return str(ensure_converted(smollm2_gguf(), progress=progress))

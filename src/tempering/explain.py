@@ -89,11 +89,11 @@ def inspect_model(config: TrainConfig) -> Inspection:
     """The model loaded without downloading or pre-training anything, and what it tells."""
     from tempering.build import (build_generator, build_tasks, learner_token_budget, load_model, local_generator,
                                  resolve_algorithm)
-    from tempering.pretrain import builtin_pretrain, cached_model_dir
+    from tempering.pretrain import PRETRAINED_BUILTINS, builtin_pretrain, cached_model_dir
     from tempering.rollout.engines import uses_vllm
 
     path = config.model.path
-    if path in ("builtin:tiny", "builtin:generalist") and not (
+    if path in PRETRAINED_BUILTINS and not (
             cached_model_dir(builtin_pretrain(path, config.pretrain)) / "config.json").exists():
         return Inspection(why_not=f"{path} is not pre-trained yet (temper pretrain makes it)")
     if not path.startswith("builtin:") and not Path(path).expanduser().exists():

@@ -8,7 +8,7 @@ in a share of the documents, its classic mistake (:mod:`tempering.tasks.rg_corpu
 the tasks' own ``corpus_document``). The mistakes show only on some problems, so domains
 start part right and RL has something to fix (measured starts: docs/models.md).
 
-:data:`DOMAINS` is the one list of those domains: the pre-training corpus is written from it,
+:func:`domains` is the one list of those domains: the pre-training corpus is written from it,
 and the shipped ``joint`` config trains on the same tasks with the same options (a test keeps
 them in step). The reasoning-gym types and their sizes were chosen by a screen (``bench/joint.py
 --screen`` repeats it): candidates pre-trained together, kept where they started between 10%
@@ -21,8 +21,6 @@ from typing import Any
 
 from tempering.config import PretrainConfig, TaskSpec
 
-NAME = "builtin:generalist"
-
 # reasoning-gym types, with configs small enough for a 256-wide model of 4 layers
 REASONING: dict[str, dict[str, Any]] = {
     "gcd": {"min_value": 2, "max_value": 60},
@@ -33,10 +31,13 @@ REASONING: dict[str, dict[str, Any]] = {
     "number_sequence": {"min_terms": 4, "max_terms": 5, "min_value": -20, "max_value": 20, "max_complexity": 1},
 }
 
+# code kinds, one family each
+CODE: dict[str, str] = {"filter": "at_least", "number": "range_sum", "string": "pad_left"}
+
 # domain groups, as bench/joint.py trains them alone
 GROUPS: dict[str, list[str]] = {
     "arithmetic": ["add", "sub", "mul"],
-    "code": ["code:filter", "code:number", "code:string"],
+    "code": [f"code:{kind}" for kind in CODE],
     "reasoning": [f"rg:{rg_type}" for rg_type in REASONING],
 }
 
@@ -44,8 +45,7 @@ GROUPS: dict[str, list[str]] = {
 def domains() -> list[TaskSpec]:
     """The generalist's domains as task specs, with their options for training and evaluation."""
     specs = [TaskSpec(name=op, options={"digits": [2]}) for op in GROUPS["arithmetic"]]
-    specs += [TaskSpec(name=f"code:{kind}", options={"families": [family]})
-              for kind, family in (("filter", "at_least"), ("number", "range_sum"), ("string", "pad_left"))]
+    specs += [TaskSpec(name=f"code:{kind}", options={"families": [family]}) for kind, family in CODE.items()]
     specs += [TaskSpec(name=f"rg:{rg_type}", options={"style": "raw", "config": dict(config)})
               for rg_type, config in REASONING.items()]
     return specs

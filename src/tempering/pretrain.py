@@ -47,6 +47,10 @@ def cache_key(config: PretrainConfig) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+PRETRAINED_BUILTINS = ("builtin:tiny", "builtin:generalist")
+"""The built-in models made by pre-training here (the rest are converted or loaded)."""
+
+
 def builtin_pretrain(path: str, pretrain: PretrainConfig) -> PretrainConfig:
     """The pre-training behind a built-in model: the config's ``pretrain`` section for
     builtin:tiny, the fixed recipe for builtin:generalist (``tempering.generalist``)."""
@@ -70,13 +74,14 @@ def corpus(config: PretrainConfig) -> Iterator[str]:
         if not hasattr(task, "corpus_document"):
             raise ValueError(f"task {task.name!r} cannot write pre-training documents")
     weights = [spec.weight for spec in config.tasks]
-    if not sum(weights) > 0:
+    total = sum(weights)
+    if not total > 0:
         raise ValueError("pretrain.tasks: every weight is 0, so the corpus has no documents")
     credit, written = [0.0] * len(tasks), [0] * len(tasks)
     while True:
         credit = [c + w for c, w in zip(credit, weights)]
         pick = max(range(len(tasks)), key=credit.__getitem__)  # the first of equals
-        credit[pick] -= sum(weights)
+        credit[pick] -= total
         yield tasks[pick].corpus_document(written[pick], config.wrong_share, config.tool_share)
         written[pick] += 1
 

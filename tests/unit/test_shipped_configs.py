@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from tempering.build import build_tasks
-from tempering.pretrain import builtin_pretrain
 from tempering.config import builtin_config, load_config
 from tempering.models.tiny import build_tokenizer
+from tempering.pretrain import PRETRAINED_BUILTINS, builtin_pretrain
 from tempering.rollout.prompts import prompt_limit
 
 DRAWS = 2000
@@ -22,7 +22,7 @@ CONFIGS = sorted(p.stem for p in builtin_config("quickstart").parent.glob("*.yam
 @pytest.mark.parametrize("name", CONFIGS)
 def test_a_shipped_config_for_the_tiny_model_never_draws_a_prompt_over_its_context(name):
     config = load_config(builtin_config(name))
-    if config.model.path not in ("builtin:tiny", "builtin:generalist"):
+    if config.model.path not in PRETRAINED_BUILTINS:
         pytest.skip(f"{name} does not train the built-in tiny model or the generalist")
     tokenizer = build_tokenizer()
     pretrain = builtin_pretrain(config.model.path, config.pretrain)

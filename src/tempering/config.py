@@ -76,7 +76,7 @@ class PretrainConfig(Strict):
     batch_docs: int = Field(128, ge=1, description="documents per optimizer step")
     lr: float = Field(2e-3, gt=0, description="peak learning rate")
     warmup_steps: int = Field(30, ge=0, description="linear warm-up steps; 0 = none")
-    bf16: bool = Field(True, description="bfloat16 autocast for the forward pass")
+    bf16: bool = Field(True, description="bfloat16 autocast for the forward pass where this CPU computes bf16 natively (AVX512-BF16, AMX, Arm's bf16); float32 elsewhere, where bf16 would be emulated and about 10x slower (the model is then cached as bf16: false)")
     seed: int = Field(0, description="seed for initialisation and the corpus")
 
 

@@ -51,11 +51,20 @@ def domains() -> list[TaskSpec]:
     return specs
 
 
+CODE_WRONG_SHARE = 0.9
+"""Share of the odd-``k`` code documents written with the bug. At the corpus's 0.6 (0.3 of a
+family's documents) the model wrote the right form where ``k`` is odd too and two families
+started at 77% and 100%; near 1 the bug stays the likelier form there, and the tenth written
+right keeps the right form within reach of sampling."""
+
+
 def corpus_tasks() -> list[TaskSpec]:
     """:func:`domains` as the corpus writes them: a program gets twice a sum's documents, and
-    its bug only where the parameter ``k`` is odd (a bug that breaks every hidden test would
-    otherwise be the greedy answer on every problem or on none)."""
-    return [spec.model_copy(update={"weight": 2.0, "options": {**spec.options, "corpus_mistakes": "odd"}})
+    its bug only where the parameter ``k`` is odd, there in :data:`CODE_WRONG_SHARE` of them (a
+    bug that breaks every hidden test would otherwise be the greedy answer on every problem or
+    on none)."""
+    code_options = {"corpus_mistakes": "odd", "corpus_wrong_share": CODE_WRONG_SHARE}
+    return [spec.model_copy(update={"weight": 2.0, "options": {**spec.options, **code_options}})
             if spec.name.startswith("code:") else spec for spec in domains()]
 
 

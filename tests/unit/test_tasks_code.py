@@ -119,6 +119,27 @@ def test_corpus_mistakes_odd_puts_bugs_only_where_k_is_odd():
         build_task("code:filter", seed=0, corpus_mistakes="even")
 
 
+def test_corpus_wrong_share_replaces_the_corpus_share_for_this_task_alone():
+    """The task's own share decides, whatever the corpus passes (the generalist writes its code
+    families' bugs on 0.9 of the odd-k documents while the corpus's share is 0.6)."""
+    def wrong_shares(task, corpus_share):
+        wrong = {0: 0, 1: 0}
+        for index in range(600):
+            problem = task.train_problem(index)
+            if task.corpus_document(index, corpus_share)[len(problem.prompt):] != task.solution(problem):
+                wrong[problem.meta["params"]["k"] % 2] += 1
+        odd = sum(task.train_problem(i).meta["params"]["k"] % 2 for i in range(600))
+        return wrong[0], wrong[1] / odd
+
+    own = build_task("code:filter", seed=0, families=["at_least"], corpus_mistakes="odd", corpus_wrong_share=0.9)
+    assert wrong_shares(own, 0.6)[0] == 0 and 0.84 < wrong_shares(own, 0.6)[1] < 0.96
+    assert wrong_shares(own, 0.0) == wrong_shares(own, 0.6)
+    plain = build_task("code:filter", seed=0, families=["at_least"], corpus_mistakes="odd")
+    assert 0.52 < wrong_shares(plain, 0.6)[1] < 0.68
+    with pytest.raises(ValueError, match="corpus_wrong_share must be between 0 and 1"):
+        build_task("code:filter", seed=0, corpus_wrong_share=1.5)
+
+
 def test_a_training_mixture_of_code_tasks_updates_without_a_curriculum():
     """The code task's drawn levels are not a curriculum's level count: a mixture's update
     (every step of a run) neither fails on them nor reports a level."""

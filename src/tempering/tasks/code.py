@@ -74,6 +74,11 @@ class CodeTask(StreamState):
     those whose parameter ``k`` is ``odd``, so that a model trained on them is right on the
     rest (as the arithmetic tasks' missing carry shows only on sums that carry) and starts part
     right, with something left for RL to fix; it changes no training or held-out problem.
+    ``corpus_wrong_share``: the share of those documents written with a bug, in place of the
+    corpus's ``wrong_share`` (null: the corpus's). A bug breaks every hidden test, so greedy
+    decoding takes whichever form the model finds likelier: at the corpus's 0.6 on odd ``k``
+    alone (0.3 of all documents) a model that half learns the parity writes the right form on
+    every problem, and a share near 1 keeps the bug the likelier form where ``k`` is odd.
     """
 
     corpus_version = 2
@@ -82,11 +87,15 @@ class CodeTask(StreamState):
 
     def __init__(self, name: str, seed: int, kinds: list[str] | None = None, families: list[str] | None = None,
                  levels: list[int] | None = None, style: str = "raw", tests: int = 10, partial: bool = False,
-                 domain: str = "", rewards: dict[str, float] | None = None, corpus_mistakes: str = "any"):
+                 domain: str = "", rewards: dict[str, float] | None = None, corpus_mistakes: str = "any",
+                 corpus_wrong_share: float | None = None):
         kinds = list(kinds or KINDS)
         if corpus_mistakes not in ("any", "odd"):
             raise ValueError(f"corpus_mistakes must be 'any' or 'odd', got {corpus_mistakes!r}")
         self.corpus_mistakes = corpus_mistakes
+        if corpus_wrong_share is not None and not 0 <= corpus_wrong_share <= 1:
+            raise ValueError(f"corpus_wrong_share must be between 0 and 1 (or null), got {corpus_wrong_share!r}")
+        self.corpus_wrong_share = corpus_wrong_share
         if unknown := sorted(set(kinds) - set(KINDS)):
             raise ValueError(f"unknown code kinds {unknown}; known: {', '.join(KINDS)}")
         chosen = [f for f in FAMILIES if f.kind in kinds]
@@ -203,13 +212,15 @@ class CodeTask(StreamState):
 
     def corpus_document(self, index: int, wrong_share: float, tool_share: float = 0.0) -> str:
         """A pre-training document: a raw prompt and its body, one of the family's bugs with
-        probability ``wrong_share`` (families without bugs are always right; with
-        ``corpus_mistakes: odd``, only where the parameter ``k`` is odd)."""
+        probability ``wrong_share`` (or the task's ``corpus_wrong_share``; families without bugs
+        are always right; with ``corpus_mistakes: odd``, only where the parameter ``k`` is odd)."""
         if self.style != "raw":
             raise ValueError(f"{self.name}: pre-training documents are written in style 'raw', not {self.style!r}")
         problem = self.train_problem(index)
         rng = random.Random(f"corpus:{self.seed}:{self.name}:{index}")
         family = next(f for f in self.families if f.name == problem.meta["family"])
+        if self.corpus_wrong_share is not None:
+            wrong_share = self.corpus_wrong_share
         buggy = bool(family.bugs) and rng.random() < wrong_share
         if self.corpus_mistakes == "odd":
             if "k" not in problem.meta["params"]:

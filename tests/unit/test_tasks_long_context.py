@@ -5,10 +5,12 @@ import re
 
 import pytest
 
-from tempering.build import build_tasks
-from tempering.config import ConfigError, load_config
+from tempering.build import build_tasks, scheduler_settings
+from tempering.config import ConfigError, SchedulerConfig, load_config
 from tempering.rewards import score
+from tempering.scheduler import StaticMixture
 from tempering.tasks import build_task
+from tempering.types import Group, Rollout
 
 KINDS = [("retrieval", {}), ("multihop", {"hops": 3}), ("consistency", {"parts": 4}),
          ("retrieval", {"value": "span", "updates": 2, "near_misses": 2}),
@@ -196,3 +198,30 @@ def test_a_bad_option_in_a_config_names_the_task_entry():
                               "cite: quote, length_tokens: 256}, rewards: {consistency: 1.0}}]"])
     task = build_tasks(good)[0]
     assert task.kind == "consistency" and task.rewards == {"consistency": 1.0}
+
+
+def _step(mixture, window: int) -> dict:
+    """One step of a reader that answers right when the prompt fits its ``window`` characters."""
+    groups = []
+    for problem in mixture.next_problems(4):
+        text = f"answer: {problem.answer}" if len(problem.prompt) <= window else "answer: 0"
+        x = score(problem, text, {"exact_match": 1.0})[0]
+        groups.append(Group(problem, [Rollout(problem, [], [], [], text, "stop", 0, reward=x,
+                                              reward_components={"exact_match": x}) for _ in range(4)]))
+    mixture.observe(groups)
+    return mixture.update()
+
+
+def test_the_scheduler_raises_the_length_while_success_passes_the_threshold_and_resumes_there():
+    settings = scheduler_settings(SchedulerConfig(promote_at=0.8, min_samples=16))
+    build = lambda: build_task("long_context", seed=0, lengths=[128, 256, 512, 1024], chars_per_token=1.0)  # noqa: E731
+    task = build()
+    mixture = StaticMixture([task], [1.0], seed=0, settings=settings)
+    levels = [_step(mixture, window=300)["domain/long_context/level"] for _ in range(6)]
+    assert levels == [1, 2, 2, 2, 2, 2]  # 128 and 256 characters fit the reader's window, 512 does not
+    assert task.length_tokens == 512 and all(400 < len(p.prompt) <= 512 for p in task.eval_problems(4))
+    state = json.loads(json.dumps(mixture.state_dict()))
+    resumed_task = build()
+    resumed = StaticMixture([resumed_task], [1.0], seed=0, settings=settings)
+    resumed.load_state_dict(state)
+    assert resumed_task.length_tokens == 512 and resumed.next_problems(3) == mixture.next_problems(3)

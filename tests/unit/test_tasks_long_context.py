@@ -10,6 +10,7 @@ from tempering.config import ConfigError, SchedulerConfig, load_config
 from tempering.rewards import score
 from tempering.scheduler import StaticMixture
 from tempering.tasks import build_task
+from tempering.tasks.long_context_facts import only_latest_totals
 from tempering.types import Group, Rollout
 
 KINDS = [("retrieval", {}), ("multihop", {"hops": 3}), ("consistency", {"parts": 4}),
@@ -120,25 +121,30 @@ def test_a_span_answer_is_three_words_graded_after_normalisation():
     assert score(problem, "answer: " + " ".join(problem.answer.split()[:2]), task.rewards)[0] == 0.0
 
 
-def _total_by(prompt: str, name: str, latest: bool, loose: bool) -> int:
-    """The total a reader computes: at latest or first counts, the name read exactly or loosely."""
+def _histories(prompt: str, name: str, loose: bool) -> dict[str, list[int]]:
+    """Each delivery's counts in document order, the name read exactly or loosely (any digits)."""
     who = re.escape(name[:3]) + r"\d{3}" if loose else re.escape(name)
-    counts = {}
-    for match in re.finditer(rf"({who}) received a delivery of (\d+) boxes labelled (#\d+)\.", prompt):
-        counts[match.group(3)] = int(match.group(2))
-    for match in re.finditer(rf"The delivery to {who} labelled (#\d+) was recounted at (\d+) boxes\.", prompt):
-        counts[match.group(1)] = int(match.group(2)) if latest else counts[match.group(1)]
-    return sum(counts.values())
+    found = [(m.start(), m.group(2), int(m.group(1)))
+             for m in re.finditer(rf"{who} received a delivery of (\d+) boxes labelled (#\d+)\.", prompt)]
+    found += [(m.start(), m.group(1), int(m.group(2)))
+              for m in re.finditer(rf"The delivery to {who} labelled (#\d+) was recounted at (\d+) boxes\.", prompt)]
+    histories: dict[str, list[int]] = {}
+    for _, label, count in sorted(found):
+        histories.setdefault(label, []).append(count)
+    return histories
 
 
-def test_a_consistent_total_needs_every_latest_count_and_the_exact_name():
-    task = build_task("long_context", seed=0, kind="consistency", parts=3, updates=3, near_misses=2, length_tokens=1024)
+@pytest.mark.parametrize("parts, updates", [(3, 3), (8, 8)])
+def test_a_consistent_total_needs_every_latest_count_and_the_exact_name(parts, updates):
+    task = build_task("long_context", seed=0, kind="consistency", parts=parts, updates=updates, near_misses=2,
+                      length_tokens=1024)
     for index in range(10):
         problem = task.train_problem(index)
         name = problem.id.split(":")[0]
-        assert _total_by(problem.prompt, name, latest=True, loose=False) == int(problem.answer)
-        assert _total_by(problem.prompt, name, latest=False, loose=False) != int(problem.answer)
-        assert _total_by(problem.prompt, name, latest=True, loose=True) != int(problem.answer)
+        histories = list(_histories(problem.prompt, name, loose=False).values())
+        assert sum(h[-1] for h in histories) == int(problem.answer) and sum(h[0] for h in histories) != int(problem.answer)
+        assert only_latest_totals(histories)  # no mix of stale and latest counts reaches the answer either
+        assert sum(h[-1] for h in _histories(problem.prompt, name, loose=True).values()) != int(problem.answer)
         assert re.search(rf"{re.escape(name)} sent out \d+ boxes", problem.prompt)
 
 
@@ -177,6 +183,7 @@ def test_a_length_curriculum_draws_at_its_level_and_resumes_there():
     ({"kind": "consistency", "value": "span"}, "kind 'consistency' answers a total: value must be 'number'"),
     ({"near_misses": -1}, "near_misses and updates must be 0 or more"),
     ({"kind": "consistency", "parts": 0}, "parts must be at least 1"),
+    ({"kind": "consistency", "parts": 10, "updates": 7}, r"parts \+ updates must be at most 16 .* got 10 \+ 7"),
     ({"cite": "footnote"}, "cite must be one of 'none', 'quote', 'line'"),
     ({"lengths": [512, 256]}, r"lengths must rise from one level to the next, got \[512, 256\]"),
     ({"lengths": [16, 256]}, "lengths must be at least 32 tokens each"),

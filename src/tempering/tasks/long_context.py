@@ -47,7 +47,7 @@ import zlib
 from typing import Any, Optional
 
 from tempering.tasks.base import StreamState
-from tempering.tasks.long_context_facts import KINDS, ORDERS, VALUES, Facts, Spec, interleave
+from tempering.tasks.long_context_facts import KINDS, MAX_DELIVERY_COUNTS, ORDERS, VALUES, Facts, Spec, interleave
 from tempering.types import Problem, domain_of
 
 EVAL_EVERY = 8
@@ -95,6 +95,9 @@ def _check_spec(kind: str, spec: Spec, cite: str, style: str) -> None:
         (1 <= spec.parts and spec.parts + spec.updates + spec.near_misses <= 60,
          f"parts must be at least 1, and parts + updates + near_misses at most 60, got {spec.parts}, "
          f"{spec.updates} and {spec.near_misses}"),
+        (kind != "consistency" or spec.parts + spec.updates <= MAX_DELIVERY_COUNTS,
+         f"kind 'consistency': parts + updates must be at most {MAX_DELIVERY_COUNTS} (beyond, stale counts "
+         f"often add up to the latest total), got {spec.parts} + {spec.updates}"),
         (cite in CITES, f"cite must be one of {', '.join(map(repr, CITES))}, got {cite!r}"),
         (style in ("raw", "chat"), f"style must be 'raw' or 'chat', got {style!r}"),
     ]

@@ -186,23 +186,61 @@ def multihop(rng: random.Random, spec: Spec) -> Facts:
     return facts
 
 
+MAX_DELIVERY_COUNTS = 16
+"""For ``consistency``: the most ``parts + updates``; beyond it a stale reading reaching the
+latest total becomes the rule."""
+TRIES = 200
+
+
+def only_latest_totals(histories: list[list[int]]) -> bool:
+    """Whether reading every part at its latest count is the only way to reach the latest total:
+    no mix of stale and latest counts adds up to it.
+
+    >>> only_latest_totals([[20, 35], [60, 50]]), only_latest_totals([[20, 35], [60, 45]])
+    (True, False)
+    """
+    reachable = {(0, True)}  # (total so far, whether every part so far was read at its latest count)
+    for history in histories:
+        reachable = {(total + count, latest and count == history[-1]) for total, latest in reachable for count in history}
+    answer = sum(history[-1] for history in histories)
+    return (answer, False) not in reachable
+
+
+def _deliveries(rng: random.Random, spec: Spec, labels: set[str]) -> list[tuple[str, list[int]]]:
+    """``parts`` labels with their counts in time order (``updates`` recounts spread among
+    them), drawn again until no stale reading gives the latest total. With ``parts + updates``
+    at most :data:`MAX_DELIVERY_COUNTS` a draw passes with probability above 0.4 (measured),
+    so :data:`TRIES` draws never all fail in practice."""
+    for _ in range(TRIES):
+        counts: set[str] = set()
+        parts = [(fresh(rng, lambda r: f"#{r.randint(100, 999)}", labels), [int(fresh(rng, _count, counts))])
+                 for _ in range(spec.parts)]
+        for _ in range(spec.updates):
+            parts[rng.randrange(len(parts))][1].append(int(fresh(rng, _count, counts)))
+        if only_latest_totals([history for _, history in parts]):
+            return parts
+        labels.difference_update(label for label, _ in parts)
+    raise ValueError(f"no deliveries in {TRIES} draws whose total only the latest counts reach; lower parts or updates")
+
+
+def _count(rng: random.Random) -> str:
+    return str(rng.randint(11, 99))
+
+
 def consistency(rng: random.Random, spec: Spec) -> Facts:
-    holder, counts, labels = name(rng), set(), set()
-    draw_count, draw_label = (lambda r: str(r.randint(11, 99))), (lambda r: f"#{r.randint(100, 999)}")
-    parts = [[(fresh(rng, draw_label, labels), fresh(rng, draw_count, counts))] for _ in range(spec.parts)]
-    for _ in range(spec.updates):
-        history = parts[rng.randrange(len(parts))]
-        history.append((history[0][0], fresh(rng, draw_count, counts)))
+    holder, labels = name(rng), set()
+    parts = _deliveries(rng, spec, labels)
     sequences = []
-    for (label, count), *changes in parts:
+    for label, (count, *recounts) in parts:
         sequences.append([f"{holder} received a delivery of {count} boxes labelled {label}."]
-                         + [f"The delivery to {holder} labelled {label} was recounted at {n} boxes." for _, n in changes])
+                         + [f"The delivery to {holder} labelled {label} was recounted at {n} boxes." for n in recounts])
     question = f"How many boxes has {holder} received in all, counting each delivery at its latest count?"
-    facts = Facts(sequences, question, holder, str(sum(int(history[-1][1]) for history in parts)))
+    facts = Facts(sequences, question, holder, str(sum(history[-1] for _, history in parts)))
     facts.evidence = {statements[-1] for statements in sequences}
     facts.decoys = {s for statements in sequences for s in statements[:-1]}
+    counts = {str(n) for _, history in parts for n in history}
     for i in range(spec.near_misses):
-        label, count = fresh(rng, draw_label, labels), fresh(rng, draw_count, counts)
+        label, count = fresh(rng, lambda r: f"#{r.randint(100, 999)}", labels), fresh(rng, _count, counts)
         who, verb = (holder, "sent out") if i % 2 == 0 else (near_name(rng, holder), "received a delivery of")
         sequences.append([f"{who} {verb} {count} boxes labelled {label}."])
         facts.decoys.add(sequences[-1][0])

@@ -93,3 +93,22 @@ def test_options_are_checked_when_the_reward_is_built():
     text = _cite(problem, problem.meta["evidence"])
     rollout = Rollout(problem, [], [0], [0.0], text, "stop", 0)
     assert reward.score_batch([problem], [rollout])[0].score == 1.0
+
+
+def test_a_rewarder_pays_grounded_answers_more_and_logs_each_part():
+    from tempering.rewards import Rewarder, TaskRewards
+    from tempering.types import Group
+
+    task = build_task("long_context", seed=0, kind="consistency", updates=2, near_misses=2, cite="quote",
+                      length_tokens=1024)
+    task.rewards = {"consistency": 1.0}
+    rewarder = Rewarder([TaskRewards(task.name, task.rewards, task.metric, task.domain)],
+                        options={"consistency": {"combine": "mix", "weight": 0.5}})
+    problem = task.train_problem(0)
+    texts = [_cite(problem, problem.meta["evidence"]), f"answer: {problem.answer}",
+             _cite(problem, problem.meta["decoys"]), "answer: 1"]
+    group = Group(problem, [Rollout(problem, [], [0], [0.0], t, "stop", 0) for t in texts])
+    record = rewarder.score([group])
+    assert [r.reward for r in group.rollouts] == [1.0, 0.5, 0.5, 0.0]
+    assert [r.reward_components["exact_match"] for r in group.rollouts] == [1.0, 1.0, 1.0, 0.0]
+    assert record["reward/consistency/exact"] == 0.25 and record["reward/consistency/decoys"] == 0.25

@@ -39,11 +39,13 @@ def test_a_multihop_chain_leads_from_the_asked_name_to_the_answer():
     assert f"The code of {_follow_chain(problem.prompt, 3)} is {problem.answer}." in problem.prompt
 
 
-def test_a_tokenizer_measures_the_length(tiny_policy):
+@pytest.mark.parametrize("length, options, slack", [(200, {}, 70),
+                                                   (1000, {"kind": "consistency", "cite": "line", "updates": 1}, 90)])
+def test_a_tokenizer_measures_the_length(tiny_policy, length, options, slack):
     _, tokenizer = tiny_policy
     path = tokenizer.name_or_path
-    problem = build_task("long_context", seed=0, length_tokens=200, tokenizer=path).train_problem(0)
-    assert 200 - 70 <= len(tokenizer(problem.prompt, add_special_tokens=False)["input_ids"]) <= 200  # within a sentence
+    problem = build_task("long_context", seed=0, length_tokens=length, tokenizer=path, **options).train_problem(0)
+    assert length - slack <= len(tokenizer(problem.prompt, add_special_tokens=False)["input_ids"]) <= length  # a line
 
 
 @pytest.mark.parametrize("kind, options", KINDS)

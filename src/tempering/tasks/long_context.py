@@ -107,6 +107,9 @@ def _check_spec(kind: str, spec: Spec, cite: str, style: str) -> None:
 
 
 class LongContextTask(StreamState):
+    """Problems of one ``kind`` over documents of ``length_tokens`` (or the current level of
+    ``lengths``); the options are the module docstring's, checked when the task is built."""
+
     def __init__(self, name: str, seed: int, kind: str = "retrieval", length_tokens: Optional[int] = None,
                  lengths: Optional[list[int]] = None, hops: int = 2, near_misses: int = 0, updates: int = 0,
                  order: str = "random", value: str = "number", parts: int = 3, cite: str = "none",

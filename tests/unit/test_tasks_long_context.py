@@ -144,7 +144,8 @@ def test_a_consistent_total_needs_every_latest_count_and_the_exact_name(parts, u
         problem = task.train_problem(index)
         name = problem.id.split(":")[0]
         histories = list(_histories(problem.prompt, name, loose=False).values())
-        assert sum(h[-1] for h in histories) == int(problem.answer) and sum(h[0] for h in histories) != int(problem.answer)
+        assert sum(h[-1] for h in histories) == int(problem.answer)
+        assert sum(h[0] for h in histories) != int(problem.answer)
         assert only_latest_totals(histories)  # no mix of stale and latest counts reaches the answer either
         assert sum(h[-1] for h in _histories(problem.prompt, name, loose=True).values()) != int(problem.answer)
         assert re.search(rf"{re.escape(name)} sent out \d+ boxes", problem.prompt)

@@ -99,7 +99,8 @@ def near_name(rng: random.Random, original: str) -> str:
     1
     """
     position = rng.randrange(len(original) - 3, len(original))
-    digit = rng.choice([d for d in string.digits if d != original[position] and (position > len(original) - 3 or d != "0")])
+    leading = position == len(original) - 3  # the number's first digit is never 0
+    digit = rng.choice([d for d in string.digits if d != original[position] and not (leading and d == "0")])
     return original[:position] + digit + original[position + 1:]
 
 
@@ -201,7 +202,8 @@ def only_latest_totals(histories: list[list[int]]) -> bool:
     """
     reachable = {(0, True)}  # (total so far, whether every part so far was read at its latest count)
     for history in histories:
-        reachable = {(total + count, latest and count == history[-1]) for total, latest in reachable for count in history}
+        reachable = {(total + count, latest and count == history[-1])
+                     for total, latest in reachable for count in history}
     answer = sum(history[-1] for history in histories)
     return (answer, False) not in reachable
 

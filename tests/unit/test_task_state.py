@@ -35,7 +35,7 @@ def test_arithmetic_streams_continue(name):
     _resume_matches(lambda: build_task(name, seed=3, digits=[2, 3]))
 
 
-@pytest.mark.parametrize("kind", ["retrieval", "multihop"])
+@pytest.mark.parametrize("kind", ["retrieval", "multihop", "consistency"])
 def test_long_context_streams_continue(kind):
     _resume_matches(lambda: build_task("long_context", seed=1, kind=kind, length_tokens=128))
 

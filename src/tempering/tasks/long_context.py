@@ -1,46 +1,67 @@
-"""Long-context tasks over generated documents: find one fact, or follow a chain of them.
+"""Long-context tasks over generated documents: find a fact, follow a chain, or add up a quantity.
 
-``name: long_context`` with ``options: {kind: retrieval | multihop, length_tokens: 4096}``.
-A document is filler sentences of random words with the facts the question needs placed at
-random depths:
+``name: long_context`` with ``options: {kind: retrieval | multihop | consistency,
+length_tokens: 4096}``. A document is filler sentences of random words with the statements the
+question needs placed at random depths (:mod:`tempering.tasks.long_context_facts` draws them):
 
-- ``retrieval``: one fact, ``The code of {name} is {number}.``; the question asks for the code;
-- ``multihop``: a chain of ``hops`` facts, ``{a} keeps the key of {b}.`` ... and the last
-  holder's code; the question asks for the code of whoever holds the key of the first name,
-  so the answer needs every link, wherever each one sits in the document.
+- ``retrieval``: one value, ``The code of {name} is {value}.``; the question asks for it;
+- ``multihop``: a chain of ``hops`` links, ``{b} keeps the key of {a}.``, and the last holder's
+  value; the question asks for the value of whoever holds the key of the first name, so the
+  answer needs every link, in whatever ``order`` the document states them;
+- ``consistency``: ``parts`` deliveries to one name, some recounted later; the answer is the
+  total at the latest counts, so it must agree with several places of the document at once.
 
-Names and codes are random, so nothing can be answered from memory, and the answer is one
-number, graded by ``exact_match`` on the ``answer:`` line.
+Harder options: ``updates`` (a value changed later in the document: the latest statement
+holds, the earlier ones stay as stale values), ``near_misses`` (decoys that nearly match: the
+same name with another field, a name one character away), ``order`` (a multihop chain stated
+``chain``-wise, ``reversed`` or at ``random``), ``value: span`` (the answer is three words,
+graded by ``match`` after normalisation, instead of a four-digit number graded by
+``exact_match``).
 
-Length is set in tokens: with ``tokenizer`` (a path or hub id) documents are measured with it
-and trimmed to fit; without one, ``chars_per_token`` (4 suits most BPE tokenizers; 1 the
-built-in character-level model) converts the target to characters. A prompt is at most
-``length_tokens`` long and falls short by less than one filler sentence (5-11 words). The
-built-in tiny model handles 256 positions, so lengths beyond that are for real models.
+Citations: ``cite: quote`` asks the answer to give each statement it used on a ``cite:`` line,
+quoted exactly; ``cite: line`` numbers the document's sentences one per line and asks for the
+numbers. Every problem carries what the ``consistency`` reward checks them against:
+``meta["sentences"]`` (the document, sentence by sentence), ``meta["evidence"]`` and
+``meta["decoys"]`` (indices into it of the statements the answer rests on, and of the near
+misses and stale values).
 
-The held-out split is a fixed hash partition of (kind, first name, code): one problem in
+Names, values and placements are random, so nothing can be answered from memory. Length is set
+in tokens: with ``tokenizer`` (a path or hub id) documents are measured with it and trimmed to
+fit; without one, ``chars_per_token`` (4 suits most BPE tokenizers; 1 the built-in
+character-level model) converts the target to characters. A prompt is at most
+``length_tokens`` long and falls short by less than one filler sentence (5-11 words).
+``lengths`` (ascending) makes the task a curriculum over lengths: level ``i`` draws at
+``lengths[i]``, and the scheduler raises the level as success passes ``promote_at``.
+
+The held-out split is a fixed hash partition of (kind, asked name, answer): one problem in
 ``EVAL_EVERY`` is evaluation-only, so training and evaluation never share a question.
 
-Not done here: natural-language documents, distractor facts that nearly match, answers that
-are spans of text rather than numbers.
+Not done here: natural-language documents, statements that contradict each other without
+saying which is later.
 """
 
 from __future__ import annotations
 
 import random
-import string
 import zlib
-from typing import Any
+from typing import Any, Optional
 
 from tempering.tasks.base import StreamState
+from tempering.tasks.long_context_facts import KINDS, MAX_DELIVERY_COUNTS, ORDERS, VALUES, Facts, Spec, interleave
 from tempering.types import Problem, domain_of
 
 EVAL_EVERY = 8
+MIN_LENGTH = 32
 WORDS = ["the", "river", "stone", "light", "garden", "paper", "window", "silver", "morning", "quiet", "market", "letter", "bridge", "orange", "winter", "cloud", "engine", "forest", "violet", "harbor", "candle", "meadow", "signal"]
-
-
-def _name(rng: random.Random) -> str:
-    return "".join(rng.choice(string.ascii_uppercase) for _ in range(2)) + "-" + str(rng.randint(100, 999))
+ANSWER_ASK = "End with a line 'answer: X'."
+CITES = {"none": ANSWER_ASK,
+         "quote": "Before the answer, write each statement you used on its own line as cite: \"<the statement, "
+                  "copied exactly>\". " + ANSWER_ASK,
+         "line": "Before the answer, write the number of each line you used on its own line as cite: N. " + ANSWER_ASK}
+"""What the prompt asks for, by ``cite``: the answer line alone, or citation lines before it."""
+LATEST_HOLDS = "When a value is changed or recounted later in the document, the latest statement holds."
+METRICS = {"number": "exact_match", "span": "match"}
+"""The reward that grades each kind of value: a number exactly, a span after normalisation."""
 
 
 def _filler(rng: random.Random) -> str:
@@ -48,78 +69,164 @@ def _filler(rng: random.Random) -> str:
     return " ".join(words).capitalize() + "."
 
 
+def _check_lengths(length_tokens: Optional[int], lengths: Optional[list[int]]) -> list[int]:
+    """The lengths the task draws at (one, or a curriculum's ascending list), checked."""
+    if length_tokens is not None and lengths is not None:
+        raise ValueError("give length_tokens (one length) or lengths (a curriculum of them), not both")
+    chosen = lengths if lengths is not None else [1024 if length_tokens is None else length_tokens]
+    name = "lengths" if lengths is not None else "length_tokens"
+    if not chosen or any(n < MIN_LENGTH for n in chosen):
+        raise ValueError(f"{name} must be at least {MIN_LENGTH} tokens each, got {chosen}")
+    if any(a >= b for a, b in zip(chosen, chosen[1:])):
+        raise ValueError(f"lengths must rise from one level to the next, got {chosen}")
+    return list(chosen)
+
+
+def _check_spec(kind: str, spec: Spec, cite: str, style: str) -> None:
+    checks = [
+        (kind in KINDS, f"kind must be one of {', '.join(repr(k) for k in KINDS)}, got {kind!r}"),
+        (spec.hops >= 1, f"hops (links in a multihop chain) must be at least 1, got {spec.hops}"),
+        (spec.near_misses >= 0 and spec.updates >= 0,
+         f"near_misses and updates must be 0 or more, got {spec.near_misses} and {spec.updates}"),
+        (spec.order in ORDERS, f"order must be one of {', '.join(map(repr, ORDERS))}, got {spec.order!r}"),
+        (spec.order == "random" or kind == "multihop",
+         f"order {spec.order!r} orders a chain: it needs kind 'multihop'"),
+        (spec.value in VALUES, f"value must be 'number' or 'span', got {spec.value!r}"),
+        (spec.value == "number" or kind != "consistency", "kind 'consistency' answers a total: value must be 'number'"),
+        (1 <= spec.parts and spec.parts + spec.updates + spec.near_misses <= 60,
+         f"parts must be at least 1, and parts + updates + near_misses at most 60, got {spec.parts}, "
+         f"{spec.updates} and {spec.near_misses}"),
+        (kind != "consistency" or spec.parts + spec.updates <= MAX_DELIVERY_COUNTS,
+         f"kind 'consistency': parts + updates must be at most {MAX_DELIVERY_COUNTS} (beyond, stale counts "
+         f"often add up to the latest total), got {spec.parts} + {spec.updates}"),
+        (cite in CITES, f"cite must be one of {', '.join(map(repr, CITES))}, got {cite!r}"),
+        (style in ("raw", "chat"), f"style must be 'raw' or 'chat', got {style!r}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
 class LongContextTask(StreamState):
-    def __init__(self, name: str, seed: int, kind: str = "retrieval", length_tokens: int = 1024, hops: int = 2,
-                 tokenizer: str | None = None, chars_per_token: float = 4.0, style: str = "raw",
-                 domain: str = "", rewards: dict[str, float] | None = None):
-        if kind not in ("retrieval", "multihop"):
-            raise ValueError(f"kind must be 'retrieval' or 'multihop', got {kind!r}")
-        if length_tokens < 32:
-            raise ValueError(f"length_tokens must be at least 32, got {length_tokens}")
-        if hops < 1:
-            raise ValueError(f"hops (links in a multihop chain) must be at least 1, got {hops}")
-        if style not in ("raw", "chat"):
-            raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
-        self.name, self.seed, self.kind, self.style = name, seed, kind, style
-        self.length_tokens, self.hops, self.chars_per_token = length_tokens, hops, chars_per_token
+    """Problems of one ``kind`` over documents of ``length_tokens`` (or the current level of
+    ``lengths``); the options are the module docstring's, checked when the task is built."""
+
+    def __init__(self, name: str, seed: int, kind: str = "retrieval", length_tokens: Optional[int] = None,
+                 lengths: Optional[list[int]] = None, hops: int = 2, near_misses: int = 0, updates: int = 0,
+                 order: str = "random", value: str = "number", parts: int = 3, cite: str = "none",
+                 tokenizer: Optional[str] = None, chars_per_token: float = 4.0, style: str = "raw",
+                 domain: str = "", rewards: Optional[dict[str, float]] = None):
+        self.spec = Spec(hops=hops, near_misses=near_misses, updates=updates, order=order, value=value, parts=parts)
+        _check_spec(kind, self.spec, cite, style)
+        if chars_per_token <= 0:
+            raise ValueError(f"chars_per_token must be above 0, got {chars_per_token}")
+        self.lengths = _check_lengths(length_tokens, lengths)
+        self.name, self.seed, self.kind, self.style, self.cite = name, seed, kind, style, cite
+        self.hops, self.chars_per_token = hops, chars_per_token
+        self.levels = len(self.lengths) if lengths is not None else 0
+        """Curriculum levels for the scheduler (0 = no curriculum): one per entry of ``lengths``."""
+        self.level = 0
         self.domain = domain_of(name, domain)
-        self.rewards = dict(rewards or {"exact_match": 1.0})
-        self.metric = "exact_match"
+        self.metric = METRICS[value]
+        self.rewards = dict(rewards or {self.metric: 1.0})
         self._tokenizer = None
         if tokenizer:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self._check_fits()
 
-    def _tokens(self, text: str) -> int:
+    @property
+    def level(self) -> int:
+        return self._level
+
+    @level.setter
+    def level(self, value: int) -> None:
+        """The scheduler's curriculum step: the level's length is the length drawn from now on."""
+        if not 0 <= value < len(self.lengths):
+            raise ValueError(f"{self.name}: level {value} is not one of the {len(self.lengths)} lengths {self.lengths}")
+        self._level = value
+        self.length_tokens = self.lengths[value]
+
+    def _tokens(self, text: str) -> float:
         if self._tokenizer is None:
-            return int(len(text) / self.chars_per_token)
+            return len(text) / self.chars_per_token
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _facts(self, rng: random.Random) -> tuple[list[str], str, str, int]:
-        """The facts to hide, the question, the first name (for the split) and the answer."""
-        code = rng.randint(1000, 9999)
-        if self.kind == "retrieval":
-            first = _name(rng)
-            return [f"The code of {first} is {code}."], f"What is the code of {first}?", first, code
-        names = [_name(rng) for _ in range(self.hops + 1)]
-        facts = [f"{a} keeps the key of {b}." for a, b in zip(names[1:], names)]
-        facts.append(f"The code of {names[-1]} is {code}.")
-        rng.shuffle(facts)
-        return facts, f"What is the code of whoever keeps the key of {names[0]}?", names[0], code
+    def _check_fits(self) -> None:
+        """Refuse, when built, a shortest length that the statements alone would fill."""
+        facts = KINDS[self.kind](random.Random(0), self.spec)
+        needed = self._tokens(self._framing(facts.question) + " ".join(s for q in facts.sequences for s in q))
+        if needed > self.lengths[0]:
+            raise ValueError(f"length_tokens={self.lengths[0]} is too short: the question and its statements alone "
+                             f"take about {needed} tokens; raise it, or lower hops, parts, near_misses or updates")
 
-    def _document(self, rng: random.Random, facts: list[str], question: str) -> str:
-        budget = self.length_tokens - self._tokens(question + "\nQuestion: \nanswer: 0000") - sum(map(self._tokens, facts))
-        sentences: list[str] = []
-        used = 0
-        while used < budget:
-            sentences.append(_filler(rng))
-            used += self._tokens(sentences[-1]) + 1  # + the joining space
-        if self._tokenizer is not None:  # word-piece counts are not additive: trim to the measured length
-            while sentences and self._tokens(" ".join(sentences + facts) + question) > self.length_tokens - 8:
-                sentences.pop()
-        for fact in facts:
-            sentences.insert(rng.randint(0, len(sentences)), fact)
+    def _framing(self, question: str) -> str:
+        """What a prompt holds besides the document."""
+        note = f"{LATEST_HOLDS}\n" if self.spec.updates else ""
+        asks = CITES[self.cite] if self.cite != "none" or self.style == "chat" else ""
+        return f"\n{note}Question: {question}\n{asks}"
+
+    def _render(self, sentences: list[str]) -> str:
+        if self.cite == "line":
+            return "\n".join(f"[{i}] {s}" for i, s in enumerate(sentences, 1))
         return " ".join(sentences)
 
-    def _is_eval(self, first: str, code: int) -> bool:
-        return zlib.crc32(f"{self.kind}:{first}:{code}".encode()) % EVAL_EVERY == 0
+    def _cost(self, sentence: str, number: int) -> float:
+        """A sentence's tokens in the document, with its line number and the space or line break after it."""
+        return self._tokens((f"[{number}] " if self.cite == "line" else "") + sentence + " ")
+
+    def _document(self, rng: random.Random, statements: list[str], framing: str) -> list[str]:
+        """The document's sentences: filler up to the length, ``statements`` at random depths
+        in the order given."""
+        budget = self.length_tokens - self._tokens(framing + "answer: 0000")
+        budget -= sum(self._cost(s, len(statements)) for s in statements)
+        sentences: list[str] = []
+        used = 0.0
+        while used < budget:
+            sentences.append(_filler(rng))
+            used += self._cost(sentences[-1], len(sentences))
+        # the sum overshoots by up to a sentence, and word-piece counts are not additive: trim to the measured length
+        limit = self.length_tokens - (8 if self._tokenizer is not None else 0)
+        while sentences and self._tokens(self._render(sentences + statements) + framing) > limit:
+            sentences.pop()
+        slots = set(rng.sample(range(len(sentences) + len(statements)), len(statements)))
+        filler, placed = iter(sentences), iter(statements)
+        return [next(placed) if i in slots else next(filler) for i in range(len(sentences) + len(statements))]
+
+    def _is_eval(self, first: str, answer: str) -> bool:
+        return zlib.crc32(f"{self.kind}:{first}:{answer}".encode()) % EVAL_EVERY == 0
 
     def _draw(self, rng: random.Random, want_eval: bool) -> Problem:
         while True:
-            facts, question, first, code = self._facts(rng)
-            if self._is_eval(first, code) == want_eval:
+            facts: Facts = KINDS[self.kind](rng, self.spec)
+            if self._is_eval(facts.first, facts.answer) == want_eval:
                 break
-        document = self._document(rng, facts, question)
-        text = f"{document}\nQuestion: {question}\n"
-        prompt: Any = text if self.style == "raw" else [{"role": "user", "content": text + "End with a line 'answer: N'."}]
-        return Problem(task=self.name, id=f"{first}:{code}", prompt=prompt, answer=str(code), domain=self.domain,
-                       meta={"facts": facts})
+        framing = self._framing(facts.question)
+        statements = interleave(rng, facts.sequences)
+        sentences = self._document(rng, statements, framing)
+        text = self._render(sentences) + framing
+        prompt: Any = text if self.style == "raw" else [{"role": "user", "content": text}]
+        meta = {"facts": statements, "sentences": sentences, "cite": self.cite, "length_tokens": self.length_tokens,
+                "evidence": [i for i, s in enumerate(sentences) if s in facts.evidence],
+                "decoys": [i for i, s in enumerate(sentences) if s in facts.decoys]}
+        return Problem(task=self.name, id=f"{facts.first}:{facts.answer}", prompt=prompt, answer=facts.answer,
+                       domain=self.domain, meta=meta)
 
     def train_problem(self, index: int) -> Problem:
         self._served(index)
         return self._draw(random.Random(f"{self.seed}:{self.name}:{index}"), want_eval=False)
 
     def eval_problems(self, n: int) -> list[Problem]:
+        """``n`` held-out problems at the current length (a curriculum's level sets it)."""
         rng = random.Random(f"eval:{self.name}:{self.kind}:{self.length_tokens}")
         return [self._draw(rng, want_eval=True) for _ in range(n)]
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"level": self.level, "lengths": self.lengths}
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        if state.get("lengths", self.lengths) != self.lengths:
+            raise ValueError(f"{self.name}: the saved stream drew at lengths {state['lengths']}, this task at "
+                             f"{self.lengths}; resume with the run's own lengths")
+        self.level = int(state.get("level", 0))

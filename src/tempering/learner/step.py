@@ -178,7 +178,8 @@ class Learner:
             optimizer.add_param_group({"params": self.critic.parameters()})
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         self.reference: Optional[Any] = None
-        if settings.kl_coef > 0 or needs_reference(settings.loss):  # with LoRA, the base under the adapters
+        # a KL term's or a preference loss's; with LoRA, the base under the adapters is the initial policy
+        if settings.kl_coef > 0 or needs_reference(settings.loss):
             self.reference = model if is_adapted(model) else copy.deepcopy(model).eval().requires_grad_(False)
         self.kl = KLCoefficient(settings.kl_coef, settings.kl_target, settings.kl_horizon)
         self._reward_kl: Optional[float] = None

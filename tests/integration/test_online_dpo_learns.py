@@ -7,7 +7,9 @@ The reward is ``test_rl_learns``'s ``answer: N`` line with an even N, which the 
 earns about two times in five to begin with. The swapped control plugs in the pairs of
 ``best_worst`` with their signs reversed, through ``algorithm.advantage: module:function`` (the
 route a user's own pair marking takes), so the only difference from the real run is which
-rollout of each pair is preferred.
+rollout of each pair is preferred. Measured on an AMD EPYC (2 shared cores): the mean reward of
+the last 6 of 40 steps was 0.52 above the first 6's, the swapped run's 0.23 below (it unlearns
+the even answers), against a margin of 0.3.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def test_online_dpo_lifts_mean_reward_and_swapped_pairs_do_not(tiny_model_dir, t
     check_lift([r["reward"] for r in records], learns, LIFT, head=6, tail=6)
 
 
-@pytest.mark.slow  # three processes of temper train: about a minute alone, several on a loaded machine
+@pytest.mark.slow  # three processes of temper train: 232 s on 2 cores shared with other jobs
 def test_a_killed_online_dpo_run_resumes_bitwise_with_its_reference(tmp_path: Path, tiny_model_dir: Path):
     args = ["steps=6", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",
             "rollout.max_new_tokens=24", "eval.problems_per_task=4", "eval.max_new_tokens=24",

@@ -27,6 +27,7 @@ import torch
 from tempering import checkpoint
 from tempering.algorithms import ADVANTAGES, AGGREGATIONS, LOSSES
 from tempering.algorithms.advantages import needs_teacher, needs_values
+from tempering.algorithms.losses import needs_reference, paired, required_advantage
 from tempering.config import ConfigError, EnvSpec, PretrainConfig, TrainConfig
 from tempering.envs.agent import AGENT_ENV, AgentSettings, agent_settings, with_agents
 from tempering.envs.base import check_env
@@ -244,7 +245,24 @@ def resolve_algorithm(config: TrainConfig) -> dict:
     if ac.teacher.path is not None and not needs_teacher(found["advantage"]):
         raise ConfigError(f"algorithm.teacher.path is set but algorithm.advantage={ac.advantage} uses no teacher; "
                           "set algorithm.advantage=distill, or algorithm.teacher.path=null")
+    check_paired_loss(config, found["loss"])
     return found
+
+
+def check_paired_loss(config: TrainConfig, loss: Any) -> None:
+    """Refuse a loss with a built-in estimator other than its own (``register_loss(advantage=...)``;
+    a ``module:function`` plug-in is taken to mark what the loss reads its own way), and a paired
+    loss (``online_dpo``) with random mini-batches, which would split a group's rows (several
+    learner processes would too: :func:`check_parallel`)."""
+    ac, wanted = config.algorithm, required_advantage(loss)
+    if wanted is not None and ac.advantage != wanted and ":" not in ac.advantage:
+        raise ConfigError(f"algorithm.loss={ac.loss} trains on what algorithm.advantage={wanted} marks (each group's "
+                          f"best and worst rollout), not on algorithm.advantage={ac.advantage}; "
+                          f"set algorithm.advantage={wanted}")
+    if paired(loss) and config.learner.mini_batches > 1:
+        raise ConfigError(f"learner.mini_batches={config.learner.mini_batches}: algorithm.loss={ac.loss} pairs the "
+                          "rollouts of a group, which random mini-batches would split; set learner.mini_batches=1 "
+                          "(learner.ppo_epochs may still be above 1)")
 
 
 def load_teacher(config: TrainConfig, tokenizer, progress: bool) -> Any:
@@ -297,7 +315,8 @@ def frozen_parameters(model, config: TrainConfig, critic: bool, teacher: Any = N
     """Parameters of the frozen models a learner step holds beside the policy: a reference copy
     (none with LoRA, whose reference is the policy with its adapters off), a critic model, a teacher."""
     ac = config.algorithm
-    copies = int(ac.kl_coef > 0 and config.model.lora is None) + int(critic and ac.critic == "model")
+    reference = ac.kl_coef > 0 or needs_reference(resolve(LOSSES, ac.loss, "loss"))
+    copies = int(reference and config.model.lora is None) + int(critic and ac.critic == "model")
     return copies * parameter_count(model) + (parameter_count(teacher) if teacher is not None else 0)
 
 
@@ -325,7 +344,7 @@ def learner_settings(config: TrainConfig, algorithm: dict, token_budget: int) ->
         logprob_chunk=lc.logprob_chunk, gradient_checkpointing=lc.gradient_checkpointing,
         grad_clip=lc.grad_clip, bf16=lc.bf16, off_policy=config.pipeline.off_policy, is_cap=config.pipeline.is_cap,
         mismatch_correction=config.pipeline.mismatch_correction, mismatch_low=config.pipeline.mismatch_low,
-        mismatch_high=config.pipeline.mismatch_high,
+        mismatch_high=config.pipeline.mismatch_high, dpo_beta=ac.dpo_beta,
         skip_zero_advantage=lc.skip_zero_advantage, share_prompts=lc.share_prompts,
         merge_duplicates=lc.merge_duplicates,
     )
@@ -354,7 +373,11 @@ def check_parallel(config: TrainConfig, settings: LearnerSettings) -> None:
     through the policy on one rank alone or more often than the idle passes match, and under
     FSDP every policy pass waits for every rank; LoRA adapters would be checkpointed as one
     rank's shards; a rank holds a shard of the gradient, not the whole that ``grad_share_every`` and
-    ``grad_balance_rate`` measure."""
+    ``grad_balance_rate`` measure. Under either, a paired loss (``online_dpo``) is refused: each
+    rank takes a share of the rows, which splits groups."""
+    if paired(settings.loss):
+        raise ConfigError(f"algorithm.loss={config.algorithm.loss} pairs the rollouts of a group, which several "
+                          "learner processes would split between them; run it in one process (without torchrun)")
     if config.learner.parallel != "fsdp":
         return
     if config.model.lora is not None:

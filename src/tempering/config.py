@@ -184,13 +184,14 @@ class AlgorithmConfig(Strict):
     filtering. Names are looked up in the registries of ``tempering.algorithms``.
     """
 
-    advantage: str = Field("grpo", description="advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae (a critic is built), distill (on-policy distillation from algorithm.teacher), or module:function")
-    loss: str = Field("ppo_clip", description="policy loss: ppo_clip, dual_clip, gspo, cispo, reinforce, or module:function")
+    advantage: str = Field("grpo", description="advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae (a critic is built), distill (on-policy distillation from algorithm.teacher), best_worst (+1 on each group's best rollout, -1 on its worst: the pairs of loss online_dpo), or module:function")
+    loss: str = Field("ppo_clip", description="policy loss: ppo_clip, dual_clip, gspo, cispo, reinforce, online_dpo (DPO on each group's best and worst rollout against the frozen initial policy; needs advantage: best_worst), or module:function")
     aggregation: str = Field("token_mean", description="how token losses become one number: token_mean, seq_mean_token_mean, seq_mean_token_sum, token_sum_norm, or module:function")
     norm_length: int = Field(0, ge=0, description="token_sum_norm's divisor per sequence, in tokens; 0 = rollout.max_new_tokens")
     clip_low: float = Field(0.2, ge=0, le=1, description="ratio clip below 1 (1 - clip_low), for ppo_clip, dual_clip, gspo, cispo")
     clip_high: float = Field(0.2, ge=0, description="ratio clip above 1 (1 + clip_high); above clip_low is DAPO's clip-higher")
     dual_clip: float = Field(3.0, gt=1, description="dual_clip's bound c: with a negative advantage the loss is at most -A * c")
+    dpo_beta: float = Field(0.1, gt=0, description="online_dpo's beta: the scale of its log-ratio margin, how far from the frozen initial policy the pairs may pull it (larger = stays closer)")
     entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus subtracted from the loss; 0 = none")
     kl_coef: float = Field(0.0, ge=0, description="weight of KL to the frozen initial policy; 0 = no reference model")
     kl_estimator: Literal["k1", "k2", "k3", "abs", "k1+", "k3+"] = Field("k3", description="KL estimator per token, with delta = log p_ref - log p: k1 = -delta, k2 = delta^2 / 2, k3 = e^delta - delta - 1, abs = |delta|; k1+ and k3+ have the value of k1 or k3 and the gradient of k2 (unbiased as a loss term)")

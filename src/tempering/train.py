@@ -74,6 +74,7 @@ def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner
     rollouts = [r for g in groups for r in g.rollouts]
     batch = collate(rollouts, pad_id)
     group_B = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts])
+    batch.group_B = group_B
     rewards_B = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
     values_BT = learner.values(batch) if learner is not None else None
     penalty_BT = learner.reward_penalty(batch) if learner is not None else None

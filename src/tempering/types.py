@@ -210,6 +210,8 @@ class Batch:
     """Per-row multiplier of the policy loss (per-domain balance); None = 1."""
     prompt_lengths_B: Optional[torch.Tensor] = None
     """Tokens of each row's prompt, so that rows with the same prompt can share its forward pass."""
+    group_B: Optional[torch.Tensor] = None
+    """Index of each row's group in the step's batch, for a loss that pairs a group's rows."""
 
     @property
     def num_tokens(self) -> int:
@@ -240,6 +242,7 @@ class Batch:
             prox_logprobs_BT=None if self.prox_logprobs_BT is None else self.prox_logprobs_BT[rows, :width],
             weights_B=None if self.weights_B is None else self.weights_B[rows],
             prompt_lengths_B=None if self.prompt_lengths_B is None else self.prompt_lengths_B[rows],
+            group_B=None if self.group_B is None else self.group_B[rows],
         )
 
 

@@ -14,7 +14,7 @@ def _settings(**fields) -> ObjectiveSettings:
         "loss": LOSSES["ppo_clip"], "aggregation": AGGREGATIONS["token_mean"], "clip_low": 0.2, "clip_high": 0.2,
         "dual_clip": 3.0, "norm_length": 1, "entropy_coef": 0.0, "kl_estimator": "k1", "kl_clamp": 0.0,
         "value_coef": 0.5, "value_clip": 0.2, "off_policy": "none", "is_cap": 2.0, "mismatch_correction": "none",
-        "mismatch_low": 0.8, "mismatch_high": 1.25, **fields})
+        "mismatch_low": 0.8, "mismatch_high": 1.25, "dpo_beta": 0.1, **fields})
 
 
 def _inputs(**fields) -> ObjectiveInputs:

@@ -12,6 +12,7 @@ Not here: running a model (``tempering.learner.forward``, the critic's value hea
 from tempering.algorithms.advantages import ADVANTAGES, AdvantageInputs, register_advantage
 from tempering.algorithms.kl import KL_ESTIMATORS, kl_estimate
 from tempering.algorithms.losses import AGGREGATIONS, LOSSES, LossInputs, register_aggregation, register_loss
+from tempering.algorithms import online_dpo  # noqa: F401  (registers best_worst and online_dpo)
 
 __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "AdvantageInputs", "KL_ESTIMATORS", "LOSSES", "LossInputs",

@@ -20,7 +20,7 @@ range, so only tokens the clip already stops are affected.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -41,6 +41,12 @@ class LossInputs:
     """Ratio clip above 1: ``1 + clip_high``; larger than clip_low is DAPO's clip-higher."""
     dual_clip: float = 3.0
     """Dual clip's bound c > 1: with a negative advantage the loss is at most ``-A * c``."""
+    ref_logprobs_BT: Optional[torch.Tensor] = None
+    """The reference policy's log-probs, for a loss registered with ``reference=True``; else None."""
+    group_B: Optional[torch.Tensor] = None
+    """Each row's group (its problem), for a loss registered with ``paired=True``; else None."""
+    beta: float = 0.1
+    """A preference loss's ``beta``: how far from the reference the policy may move (online_dpo)."""
 
 
 LOG_RATIO_LIMIT = 20.0
@@ -53,16 +59,37 @@ LOSSES: dict[str, LossFn] = {}
 AGGREGATIONS: dict[str, AggregationFn] = {}
 
 
-def register_loss(name: str, zero_at_zero_advantage: bool = False) -> Callable[[LossFn], LossFn]:
+def register_loss(name: str, zero_at_zero_advantage: bool = False, paired: bool = False, reference: bool = False,
+                  advantage: Optional[str] = None) -> Callable[[LossFn], LossFn]:
     """Register a loss. ``zero_at_zero_advantage`` declares that a row whose advantages are
     all 0 has loss 0 and gradient 0 whatever its log-probs, so the learner may leave it out
     of the forward pass (see ``tempering.learner.step``); plug-ins that do not say so are always
-    computed in full."""
-    return lambda fn: add(LOSSES, "loss", name, fn, zero_at_zero_advantage=zero_at_zero_advantage)
+    computed in full. ``paired``: a row's loss depends on the other rows of its group
+    (``LossInputs.group_B``), so the learner keeps a group's rows in one micro-batch and never
+    merges rows. ``reference``: it reads the reference policy's log-probs, so the learner holds
+    one whatever the KL coefficient. ``advantage``: the one estimator whose advantages it reads
+    (the loop uses it in place of ``algorithm.advantage``)."""
+    return lambda fn: add(LOSSES, "loss", name, fn, zero_at_zero_advantage=zero_at_zero_advantage, paired=paired,
+                          reference=reference, advantage=advantage)
 
 
 def zero_at_zero_advantage(loss: LossFn) -> bool:
     return bool(getattr(loss, "zero_at_zero_advantage", False))
+
+
+def paired(loss: LossFn) -> bool:
+    """Whether the loss couples a group's rows (see :func:`register_loss`)."""
+    return bool(getattr(loss, "paired", False))
+
+
+def needs_reference(loss: LossFn) -> bool:
+    """Whether the loss reads the reference policy's log-probs (see :func:`register_loss`)."""
+    return bool(getattr(loss, "reference", False))
+
+
+def required_advantage(loss: LossFn) -> Optional[str]:
+    """The estimator the loss needs, or None when any will do (see :func:`register_loss`)."""
+    return getattr(loss, "advantage", None)
 
 
 def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:

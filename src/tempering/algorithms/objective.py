@@ -19,7 +19,9 @@ truncated at ``is_cap`` for ``off_policy="tis"`` and left whole for ``"decoupled
 ``mismatch_correction`` (a sampler that is not the learner), that variant of
 ``tempering.algorithms.correction`` in its place. Each term is present when its inputs are: no
 proximal log-probs, no correction; no ``weights_B``, every row weighs 1; no reference
-log-probs, no KL term; no values, no value loss.
+log-probs or a KL coefficient of 0, no KL term; no values, no value loss. The policy loss sees
+the reference's log-probs, each row's group and ``dpo_beta`` too (a preference loss such as
+``online_dpo`` reads them; the others ignore them).
 
 Not here: running the policy, the reference or the critic (``tempering.learner``), deciding
 when a proximal policy is needed (the learner's: for stale rollouts, and for every batch with
@@ -68,6 +70,8 @@ class ObjectiveSettings:
     mismatch_low: float
     mismatch_high: float
     """The band of ``pi_prox / pi_sampler`` that correction keeps (truncates at ``mismatch_high``)."""
+    dpo_beta: float
+    """A preference loss's ``beta`` (``online_dpo``)."""
 
 
 @dataclass
@@ -87,9 +91,11 @@ class ObjectiveInputs:
     """The proximal policy's log-probs (off-policy correction); None: ratios against the sampler's."""
     weights_B: Optional[torch.Tensor] = None
     ref_logprobs_BT: Optional[torch.Tensor] = None
-    """The reference policy's log-probs, for the KL term in the loss; None: no KL term."""
+    """The reference policy's log-probs, for the KL term and a loss that reads them; None: no KL term."""
     kl_coef: float = 0.0
-    """The KL term's coefficient now (it may adapt from step to step)."""
+    """The KL term's coefficient now (it may adapt from step to step); 0 = no KL term."""
+    group_B: Optional[torch.Tensor] = None
+    """Each row's group, for a loss that pairs a group's rows (``online_dpo``)."""
     values_BT: Optional[torch.Tensor] = None
     """The critic's values (with gradient); None: no value loss."""
     old_values_BT: Optional[torch.Tensor] = None
@@ -117,7 +123,8 @@ def objective(x: ObjectiveInputs, s: ObjectiveSettings) -> tuple[torch.Tensor, d
     anchor_BT = x.sampler_logprobs_BT if x.prox_logprobs_BT is None else x.prox_logprobs_BT
     loss_BT, metrics = s.loss(LossInputs(
         logprobs_BT=x.logprobs_BT, old_logprobs_BT=anchor_BT, advantages_BT=x.advantages_BT, mask_BT=mask_BT,
-        clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip))
+        clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip, ref_logprobs_BT=x.ref_logprobs_BT,
+        group_B=x.group_B, beta=s.dpo_beta))
     if x.prox_logprobs_BT is not None:
         behaviour_BT, weighted = behaviour_weight(x.prox_logprobs_BT, x.sampler_logprobs_BT, mask_BT, s)
         loss_BT = loss_BT * behaviour_BT
@@ -126,7 +133,7 @@ def objective(x: ObjectiveInputs, s: ObjectiveSettings) -> tuple[torch.Tensor, d
         loss_BT = loss_BT * x.weights_B[:, None]
     if s.entropy_coef > 0:
         loss_BT = loss_BT - s.entropy_coef * x.entropy_BT
-    if x.ref_logprobs_BT is not None:
+    if x.ref_logprobs_BT is not None and x.kl_coef > 0:
         kl_BT = kl_estimate(x.logprobs_BT, x.ref_logprobs_BT, s.kl_estimator, s.kl_clamp)
         loss_BT = loss_BT + x.kl_coef * kl_BT
         metrics["kl"] = masked_mean(kl_BT.detach(), mask_BT)

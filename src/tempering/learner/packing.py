@@ -118,6 +118,33 @@ def plan_micro_batches(lengths: list[int], token_budget: int, packing: bool, max
     return micro_batches
 
 
+def plan_group_micro_batches(group_of: list[int], lengths: list[int], token_budget: int,
+                             max_rows: int) -> list[list[int]]:
+    """Row indices of each micro-batch, never splitting a group: whole groups in order of
+    first appearance, as many as fit ``max_rows`` rows (without a budget) or ``token_budget``
+    tokens of rows x the longest (with one: the padded cost, which the layout the learner
+    picks never exceeds). A group that does not fit alone gets a micro-batch of its own.
+
+    >>> plan_group_micro_batches([0, 0, 1, 1, 2, 2], [3, 4, 5, 2, 3, 3], 0, 4)
+    [[0, 1, 2, 3], [4, 5]]
+    >>> plan_group_micro_batches([0, 0, 1, 1, 2, 2], [3, 4, 5, 2, 3, 3], 12, 64)
+    [[0, 1], [2, 3], [4, 5]]
+    """
+    members: dict[int, list[int]] = {}
+    for row, group in enumerate(group_of):
+        members.setdefault(group, []).append(row)
+    plans: list[list[int]] = []
+    for rows in members.values():
+        joined = (plans[-1] if plans else []) + rows
+        fits = (len(joined) * max(lengths[r] for r in joined) <= token_budget if token_budget > 0
+                else len(joined) <= max_rows)
+        if plans and fits:
+            plans[-1] = joined
+        else:
+            plans.append(list(rows))
+    return plans
+
+
 def distinct_prompts(input_ids_BT: torch.Tensor, prompt_lengths_B: torch.Tensor) -> tuple[list[tuple], list[int]]:
     """The distinct prompts of right-padded rows (their first ``prompt_lengths_B`` tokens), in
     order of first appearance, and which of them each row has."""

@@ -12,8 +12,9 @@ proved so by a test that compares against computing everything:
 - **merge** (``tests/unit/test_merge_rows.py``): identical rows are computed once, weighted by
   their count, under the same condition;
 - **micro-batches** (``tests/unit/test_packing.py``): runs of ``micro_batch_size`` rows, or at
-  most ``token_budget`` tokens each, keeping a prompt's rows together when they can share it
-  (``tempering.learner.packing``);
+  most ``token_budget`` tokens each, keeping a prompt's rows together when they can share it,
+  and a group's rows together when the loss pairs them (``keep_groups``;
+  ``tempering.learner.packing``);
 - **layout** of each micro-batch (``tests/unit/test_packing.py``,
   ``tests/unit/test_shared_prompts.py``): padded rows, packed rows, or shared prompts when
   that computes fewer tokens than the padded or packed rows
@@ -31,8 +32,8 @@ from typing import Optional
 
 import torch
 
-from tempering.learner.packing import (distinct_prompts, first_fit_decreasing, plan_micro_batches,
-                                       plan_shared_micro_batches)
+from tempering.learner.packing import (distinct_prompts, first_fit_decreasing, plan_group_micro_batches,
+                                       plan_micro_batches, plan_shared_micro_batches)
 from tempering.types import Batch
 
 
@@ -60,6 +61,8 @@ class PlanChoices:
     micro_batch_size: int
     chunk: int
     """Tokens of logits at a time; 0 = the model's whole logits at once."""
+    keep_groups: bool = False
+    """A group's rows (``Batch.group_B``) share one micro-batch (the loss pairs them)."""
 
 
 @dataclass(frozen=True)
@@ -144,16 +147,19 @@ def _merge_duplicates(batch: Batch, kept: list[int]) -> list[int]:
 
 
 def _micro_batches(batch: Batch, rows: list[int], choices: PlanChoices) -> list[MicroBatch]:
-    """The computed rows cut into micro-batches (``tempering.learner.packing``; with a token budget and
-    prompts to share, ``plan_shared_micro_batches``, so that a prompt's rows stay together),
-    each with its layout."""
+    """The computed rows cut into micro-batches (``tempering.learner.packing``; with ``keep_groups``,
+    ``plan_group_micro_batches``; with a token budget and prompts to share,
+    ``plan_shared_micro_batches``, so that a prompt's rows stay together), each with its layout."""
     lengths = batch.attention_mask_BT[rows].sum(dim=1).tolist()
     prompt_of = prompt_lengths = None
     if choices.share_prompts and batch.prompt_lengths_B is not None:
         _, prompt_of_B = distinct_prompts(batch.input_ids_BT, batch.prompt_lengths_B)
         prompt_of = [prompt_of_B[row] for row in rows]
         prompt_lengths = batch.prompt_lengths_B[rows].tolist()
-    if choices.token_budget > 0 and prompt_of is not None and len(set(prompt_of)) < len(prompt_of):
+    if choices.keep_groups and batch.group_B is not None:
+        cuts = plan_group_micro_batches(batch.group_B[rows].tolist(), lengths, choices.token_budget,
+                                        choices.micro_batch_size)
+    elif choices.token_budget > 0 and prompt_of is not None and len(set(prompt_of)) < len(prompt_of):
         cuts = plan_shared_micro_batches(prompt_of, prompt_lengths, lengths, choices.token_budget)
     else:
         cuts = plan_micro_batches(lengths, choices.token_budget, choices.packing, choices.micro_batch_size)

@@ -75,7 +75,7 @@ from tempering import faults
 from tempering.algorithms import kl_estimate
 from tempering.algorithms.correction import CORRECTIONS
 from tempering.algorithms.kl import MISMATCH_KEYS, KLCoefficient, mismatch
-from tempering.algorithms.losses import masked_mean, zero_at_zero_advantage
+from tempering.algorithms.losses import masked_mean, needs_reference, paired, zero_at_zero_advantage
 from tempering.algorithms.objective import ObjectiveInputs, ObjectiveSettings, objective
 from tempering.learner.critic import Critic
 from tempering.learner.forward import can_share_prompts, forward_logprobs, plain_head
@@ -178,7 +178,8 @@ class Learner:
             optimizer.add_param_group({"params": self.critic.parameters()})
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         self.reference: Optional[Any] = None
-        if settings.kl_coef > 0:  # with LoRA, the base under the adapters is the initial policy
+        # a KL term's or a preference loss's; with LoRA, the base under the adapters is the initial policy
+        if settings.kl_coef > 0 or needs_reference(settings.loss):
             self.reference = model if is_adapted(model) else copy.deepcopy(model).eval().requires_grad_(False)
         self.kl = KLCoefficient(settings.kl_coef, settings.kl_target, settings.kl_horizon)
         self._reward_kl: Optional[float] = None
@@ -247,11 +248,12 @@ class Learner:
         for values every row needs; ``teacher`` lays the passes out as the teacher can run them."""
         s = self.settings
         alone = not every_row and self._rows_stand_alone()
+        pairs = paired(s.loss)  # a row's loss needs its group's other rows: never merged, never apart
         shares, chunk = self._teacher_passes if teacher else (self._shares_prompts, s.logprob_chunk)
         return plan_update(batch, PlanChoices(
-            skip_zero_advantage=s.skip_zero_advantage and alone, merge_duplicates=s.merge_duplicates and alone,
-            share_prompts=shares, packing=s.packing,
-            token_budget=s.token_budget, micro_batch_size=s.micro_batch_size, chunk=chunk))
+            skip_zero_advantage=s.skip_zero_advantage and alone,
+            merge_duplicates=s.merge_duplicates and alone and not pairs, share_prompts=shares, packing=s.packing,
+            token_budget=s.token_budget, micro_batch_size=s.micro_batch_size, chunk=chunk, keep_groups=pairs))
 
     def _logprobs(self, model: Any, micro: Batch, part: MicroBatch, **options: bool):
         """``forward_logprobs`` of ``model`` on the micro-batch's trained tokens, laid out as planned."""
@@ -260,7 +262,8 @@ class Learner:
                                 prompt_lengths_B=micro.prompt_lengths_B, **options)
 
     def _reference_logprobs(self, micro: Batch, part: MicroBatch) -> torch.Tensor:
-        """The KL reference's log-probs: the frozen copy, or this model with its adapters off."""
+        """The reference's log-probs (the KL term's, a preference loss's): the frozen copy, or this
+        model with its adapters off."""
         with adapters_off(self.reference):
             return self._logprobs(self.reference, micro, part).logprobs_BT
 
@@ -330,7 +333,7 @@ class Learner:
         if prox_from_forward:  # the step's one update: its weights are the proximal policy
             prox_BT = logprobs_BT.detach().float() * mask_BT
         ref_BT = values_BT = None
-        if self.reference is not None and not s.kl_in_reward:
+        if self.reference is not None and (not s.kl_in_reward or needs_reference(s.loss)):
             with torch.no_grad(), self._autocast():
                 ref_BT = self._reference_logprobs(micro, part)
         if self.critic is not None:
@@ -340,7 +343,8 @@ class Learner:
         loss, metrics = objective(ObjectiveInputs(
             logprobs_BT=logprobs_BT, sampler_logprobs_BT=micro.old_logprobs_BT, advantages_BT=micro.advantages_BT,
             mask_BT=mask_BT, entropy_BT=entropy_BT, batch_tokens=tokens, batch_sequences=sequences,
-            prox_logprobs_BT=prox_BT, weights_B=micro.weights_B, ref_logprobs_BT=ref_BT, kl_coef=self.kl.value,
+            prox_logprobs_BT=prox_BT, weights_B=micro.weights_B, ref_logprobs_BT=ref_BT,
+            kl_coef=0.0 if s.kl_in_reward else self.kl.value, group_B=micro.group_B,
             values_BT=values_BT, old_values_BT=micro.values_BT, returns_BT=micro.returns_BT), s)
         loss.backward()
         if measure:
@@ -351,10 +355,13 @@ class Learner:
         """Whether each row's part of the loss is its policy loss alone: a built-in loss (or a
         plug-in declared ``zero_at_zero_advantage``), no entropy bonus, KL term in the loss or
         critic. Aggregation sums rows' token losses with the whole batch's counts as
-        normalisers, so a row's contribution is then its own, whatever else is computed."""
+        normalisers, so a row's contribution is then its own, whatever else is computed. A
+        paired loss (``online_dpo``) that declares ``zero_at_zero_advantage`` qualifies for
+        skipping: a row without advantage is in no pair, so no other row's loss reads it (its
+        rows are never merged, see :meth:`plan`)."""
         s = self.settings
         return (zero_at_zero_advantage(s.loss) and s.entropy_coef == 0
-                and (self.reference is None or s.kl_in_reward) and self.critic is None)
+                and (s.kl_coef == 0 or s.kl_in_reward) and self.critic is None)
 
     def _update(self, batch: Batch, prox_from_forward: bool = False,
                 plan: Optional[UpdatePlan] = None, measure: bool = False) -> dict[str, float]:

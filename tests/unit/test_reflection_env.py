@@ -101,7 +101,7 @@ def test_a_raw_problem_hears_its_def_line_again_so_the_next_answer_is_a_body():
     right = env.step(f"    return [x for x in xs if x >= {k}]\n")
 
     assert text == f"Your code failed this test: assert at_least([{k}]) == [{k}] (returned []). Fix it.\ndef at_least(xs):"
-    assert right.done and right.info["passed"] == 1.0
+    assert right.done and right.info == {"rounds": 1.0, "passed": 1.0, "fixed": 1.0}
 
 
 @pytest.mark.parametrize("family", ["at_least", "pad_left", "max_or", "power", "max_field"])

@@ -77,15 +77,17 @@ class ReflectionEnv:
         shared_grader(grader or "code", self.grader_options)  # a bad name or option fails here, not mid-episode
         self._problem: Optional[Problem] = None
         self._grader: Optional[CodeReward] = None
+        self._turns = 0
 
     def reset(self, problem: Problem) -> Prompt:
         name = self.grader_name or ("humaneval" if "humaneval" in problem.meta else "code")
-        self._problem, self._grader = problem, shared_grader(name, self.grader_options)
+        self._problem, self._grader, self._turns = problem, shared_grader(name, self.grader_options), 0
         return problem.prompt
 
     def step(self, completion: str) -> Step:
         if self._problem is None or self._grader is None:
             raise RuntimeError("reflection: step() before reset()")
+        self._turns += 1
         problem, rewards = self._problem, ({"turn_penalty": -self.turn_penalty} if self.turn_penalty else {})
         code = self._grader.code_of(problem, completion)
         spec = self._grader.spec(problem, code or "")
@@ -101,7 +103,8 @@ class ReflectionEnv:
             return retry(f"Your code has a syntax error: {error}.")
         result = self._grader.sandbox().test(spec)
         if result.status == "passed":
-            return Step(None, rewards, done=True, info={"rounds": 1.0, "passed": 1.0})
+            fixed = {"fixed": 1.0} if self._turns > 1 else {}  # passed after feedback: a step's env/fixed is their share
+            return Step(None, rewards, done=True, info={"rounds": 1.0, "passed": 1.0, **fixed})
         if result.status == "error":  # a sandbox fault says nothing about the code: stop asking
             return Step(None, rewards, done=True, info={"rounds": 1.0, "passed": 0.0, "sandbox_errors": 1.0})
         return retry(failure_message(spec, result))

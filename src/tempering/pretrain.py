@@ -118,6 +118,15 @@ def document_batches(config: PretrainConfig, token_ids: Callable[[str], list[int
         yield input_ids_BT, labels_BT
 
 
+def document_ids(text: str, vocab: dict[str, int], tokenizer) -> list[int]:
+    """A document's ids for the character-level tiny tokenizer: begin, one id per character,
+    end. The end token's text inside a document (where a model turn ends in a reflection
+    transcript) becomes the end-of-sequence id, the one the sampler draws to end a turn."""
+    unk, eos = tokenizer.unk_token_id, tokenizer.eos_token_id
+    parts = [[vocab.get(c, unk) for c in part] for part in text.split(tokenizer.eos_token)]
+    return [tokenizer.bos_token_id] + [i for part in parts for i in (*part, eos)]
+
+
 def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threads: Optional[int] = None) -> dict:
     """Train a fresh tiny model; save model and tokenizer to ``out_dir``; return statistics.
 
@@ -133,10 +142,9 @@ def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threa
         eos_token_id=tokenizer.eos_token_id,
     )
     vocab = tokenizer.get_vocab()
-    unk, bos, eos = tokenizer.unk_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
 
     def token_ids(text: str) -> list[int]:
-        return [bos] + [vocab.get(c, unk) for c in text] + [eos]
+        return document_ids(text, vocab, tokenizer)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
     schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -36,12 +36,13 @@ from tempering.algorithms.advantages import AdvantageFn
 from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_penalty
 from tempering.build import Run, build_follower, build_run, saves_merged
 from tempering.config import AlgorithmConfig, ConfigError, TrainConfig
+from tempering.eval.sampled import greedy_by_round
 from tempering.faults import TrainingDiverged
 from tempering.learner.parallel import follow
 from tempering.learner.step import Learner, collate
 from tempering.pipeline import GraderOutage
 from tempering.reporting.live import LiveView
-from tempering.reporting.metrics import before_after_table
+from tempering.reporting.metrics import before_after_table, by_round_table
 from tempering.reporting.samples import SampleWriter
 from tempering.reporting.sinks import StepLog
 from tempering.scheduler import balance_grad_weights, cap_domain_tokens, domain_token_weights_B
@@ -189,11 +190,15 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                      "dropped_stale": counters.dropped_stale, "left_in_buffer": run.pipeline.buffered,
                      "worker_restarts": run.pipeline.restarts, "by_domain": run.pipeline.domain_counts()},
     }
+    if by_round := greedy_by_rounds(config, eval_before, eval_after):
+        summary["greedy_by_round"] = by_round
     run.folder.finish(summary)
     if run.learner.parallel is not None:
         run.learner.parallel.close()
     if progress:
         print(before_after_table(eval_before, eval_after))
+        if by_round:
+            print(by_round_table(by_round["before"], by_round["after"]))
         print(run.mixture.table())
         print(f"run folder: {run.run_dir}  ({summary['wall_s']:.0f} s)")
     return summary
@@ -271,6 +276,18 @@ def rebalanced(grad_weights: dict[str, float], shares: dict[str, float], tasks_B
     drawn = Counter(tasks_B)
     return balance_grad_weights(grad_weights, {t: shares[f"domain/{t}/grad_share"] for t in drawn},
                                 {t: n / len(tasks_B) for t, n in drawn.items()}, rate)
+
+
+def greedy_by_rounds(config: TrainConfig, eval_before: dict, eval_after: dict) -> dict:
+    """``{"before"|"after": {task: {"greedy[round<=r]": value}}}`` for the tasks played in an
+    environment of more than one turn (empty when none is): what feedback turns add."""
+    rounds = {spec.name: spec.env.max_turns for spec in config.tasks
+              if spec.env is not None and spec.env.max_turns > 1 and spec.name in eval_after["per_task"]}
+    if not rounds:
+        return {}
+    return {when: {name: {metric: entry["value"] for metric, entry in greedy_by_round(result, name, turns).items()}
+                   for name, turns in rounds.items()}
+            for when, result in (("before", eval_before), ("after", eval_after))}
 
 
 def save_checkpoint(run: Run, step: int, eval_before: dict, timings: dict) -> None:

@@ -89,6 +89,40 @@ def test_a_program_verdict_names_the_failing_assert():
     assert text.startswith("Your code failed the tests: assert f(3) == 9 (AssertionError).")
 
 
+def test_a_raw_problem_hears_its_def_line_again_so_the_next_answer_is_a_body():
+    from tempering.tasks import build_task
+
+    problem = build_task("code", seed=0, families=["at_least"]).train_problem(0)
+    env = make_env("reflection", {"grader_options": SANDBOX})
+    env.reset(problem)
+    k = problem.meta["params"]["k"]
+
+    text = _feedback(env.step(f"    return [x for x in xs if x > {k}]\n"))
+    right = env.step(f"    return [x for x in xs if x >= {k}]\n")
+
+    assert text == f"Your code failed this test: assert at_least([{k}]) == [{k}] (returned []). Fix it.\ndef at_least(xs):"
+    assert right.done and right.info == {"rounds": 1.0, "passed": 1.0, "fixed": 1.0}
+
+
+@pytest.mark.parametrize("family", ["at_least", "pad_left", "max_or", "power", "max_field"])
+def test_a_corpus_transcript_carries_the_feedback_the_environment_sends_for_its_first_attempt(family):
+    """The corpus runs its buggy attempt in-process; the environment runs it in the sandbox:
+    the feedback must be the same text, or pre-training teaches a turn the model never sees."""
+    from tempering.tasks import build_task
+    from tempering.tasks.code import TURN_END
+
+    task = build_task("code", seed=0, families=[family], corpus_reflections=1.0)
+    documents = [(task.train_problem(i), task.corpus_document(i, 0.5)) for i in range(12)]
+    transcripts = [(problem, document) for problem, document in documents if TURN_END in document]
+    assert len(transcripts) >= 6, f"only {len(transcripts)} of 12 {family} documents were reflection transcripts"
+    for problem, document in transcripts:
+        first, rest = document[len(problem.meta["code_prefix"]):].split(TURN_END)
+        env = make_env("reflection", {"grader_options": SANDBOX})
+        env.reset(problem)
+        sent = _feedback(env.step(first))
+        assert rest.startswith(sent + "\n"), (sent, rest)
+
+
 def test_turn_penalty_charges_every_turn():
     env = _env(turn_penalty=0.1)
     assert env.step("no code").rewards == {"turn_penalty": -0.1}

@@ -10,9 +10,10 @@ import pytest
 
 from tempering.build import build_tasks
 from tempering.config import builtin_config, load_config
-from tempering.pretrain import corpus
+from tempering.models.tiny import build_tokenizer
+from tempering.pretrain import corpus, document_ids
 from tempering.tasks import build_task
-from tempering.tasks.code import CodeTask
+from tempering.tasks.code import TURN_END, CodeTask
 from tempering.tasks.code_families import FAMILIES, FAMILY_BY_NAME, KINDS, reference, run_reference
 
 
@@ -176,3 +177,34 @@ def test_a_shipped_config_holds_out_dozens_of_distinct_functions_per_kind_never_
 
 def function_of(problem) -> tuple[str, str]:
     return problem.meta["family"], json.dumps(problem.meta["params"], sort_keys=True)
+
+
+def test_a_reflection_transcript_is_encoded_as_the_runner_builds_the_episode():
+    """Prompt, first turn ending in the end-of-sequence id the sampler draws, the feedback as
+    the runner encodes an observation without a chat template, the second turn."""
+
+    tokenizer = build_tokenizer()
+    task = build_task("code", seed=0, families=["at_least"], corpus_reflections=1.0)
+    index, document = next((i, d) for i, d in ((i, task.corpus_document(i, 0.6)) for i in range(20)) if TURN_END in d)
+    prompt = task.train_problem(index).prompt
+    first, rest = document[len(prompt):].split(TURN_END)
+    message, def_line, second = rest.split("\n", 2)  # the feedback ends with the def line again
+    feedback = f"{message}\n{def_line}"
+
+    def chars(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    episode = tokenizer(prompt)["input_ids"] + chars(first) + [tokenizer.eos_token_id] + chars(feedback + "\n") + chars(second)
+    assert document_ids(document, tokenizer.get_vocab(), tokenizer) == episode + [tokenizer.eos_token_id]
+    assert tokenizer.unk_token_id not in episode
+
+
+def test_corpus_reflections_changes_no_document_when_zero_and_is_refused_out_of_range():
+    plain = build_task("code", seed=0, families=["at_least", "pad_left"])
+    none = build_task("code", seed=0, families=["at_least", "pad_left"], corpus_reflections=0.0)
+    half = build_task("code", seed=0, families=["at_least", "pad_left"], corpus_reflections=0.5)
+
+    assert [plain.corpus_document(i, 0.6) for i in range(40)] == [none.corpus_document(i, 0.6) for i in range(40)]
+    assert 10 <= sum(TURN_END in half.corpus_document(i, 0.6) for i in range(40)) <= 30
+    with pytest.raises(ValueError, match="corpus_reflections"):
+        build_task("code", seed=0, corpus_reflections=1.5)

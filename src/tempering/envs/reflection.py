@@ -13,6 +13,13 @@ expected value (or input and expected output) with what came back, or the error'
 (a syntax error, an exception, a timeout), or that no code block was found. It never shows
 the other cases, the reference solution or the test source beyond the failing assert.
 
+For a raw problem (the built-in model's: ``code_prefix`` ends with the ``def`` line and the
+answer is the body, unfenced) the feedback ends with that ``def`` line again instead of asking
+for a fenced block, so the next answer is a body as the first was. :func:`feedback_for` writes
+the same turn for case results computed elsewhere: the ``code`` task's pre-training corpus runs
+its own (trusted) buggy programs in-process and writes reflection transcripts with it, so the
+model sees in pre-training exactly the text this environment sends.
+
 Not done here: feedback from several failing cases at once, hints beyond the test.
 """
 
@@ -21,11 +28,12 @@ from __future__ import annotations
 import atexit
 import re
 import threading
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from tempering.envs.base import Step
 from tempering.rewards.base import build_reward
-from tempering.rewards.code import CodeReward
+from tempering.rewards.code import CodeReward, problem_tests
 from tempering.sandbox.spec import CallCase, CaseResult, TestResult, TestSpec
 from tempering.types import Problem, Prompt
 
@@ -69,36 +77,59 @@ class ReflectionEnv:
         shared_grader(grader or "code", self.grader_options)  # a bad name or option fails here, not mid-episode
         self._problem: Optional[Problem] = None
         self._grader: Optional[CodeReward] = None
+        self._turns = 0
 
     def reset(self, problem: Problem) -> Prompt:
         name = self.grader_name or ("humaneval" if "humaneval" in problem.meta else "code")
-        self._problem, self._grader = problem, shared_grader(name, self.grader_options)
+        self._problem, self._grader, self._turns = problem, shared_grader(name, self.grader_options), 0
         return problem.prompt
 
     def step(self, completion: str) -> Step:
         if self._problem is None or self._grader is None:
             raise RuntimeError("reflection: step() before reset()")
-        rewards = {"turn_penalty": -self.turn_penalty} if self.turn_penalty else {}
-        code = self._grader.code_of(self._problem, completion)
-        spec = self._grader.spec(self._problem, code or "")
-        function = spec.tests.kind == "call" or "humaneval" in self._problem.meta
-        what = "the whole function" if function else "the whole program"
+        self._turns += 1
+        problem, rewards = self._problem, ({"turn_penalty": -self.turn_penalty} if self.turn_penalty else {})
+        code = self._grader.code_of(problem, completion)
+        spec = self._grader.spec(problem, code or "")
+
+        def retry(message: str) -> Step:
+            text = retry_text(problem, message, spec)
+            return Step([{"role": "user", "content": text}], rewards, done=False, info={"rounds": 1.0, "passed": 0.0})
+
         if code is None:
-            return _retry(f"No ```{spec.language} code block found in your answer.", what, spec.language, rewards)
+            return retry(f"No ```{spec.language} code block found in your answer.")
         error = _syntax_error(spec)
         if error:
-            return _retry(f"Your code has a syntax error: {error}.", what, spec.language, rewards)
+            return retry(f"Your code has a syntax error: {error}.")
         result = self._grader.sandbox().test(spec)
         if result.status == "passed":
-            return Step(None, rewards, done=True, info={"rounds": 1.0, "passed": 1.0})
+            fixed = {"fixed": 1.0} if self._turns > 1 else {}  # passed after feedback: a step's env/fixed is their share
+            return Step(None, rewards, done=True, info={"rounds": 1.0, "passed": 1.0, **fixed})
         if result.status == "error":  # a sandbox fault says nothing about the code: stop asking
             return Step(None, rewards, done=True, info={"rounds": 1.0, "passed": 0.0, "sandbox_errors": 1.0})
-        return _retry(failure_message(spec, result), what, spec.language, rewards)
+        return retry(failure_message(spec, result))
 
 
-def _retry(message: str, what: str, language: str, rewards: dict[str, float]) -> Step:
-    text = f"{message} Fix it; answer with {what} in a ```{language} block."
-    return Step([{"role": "user", "content": text}], rewards, done=False, info={"rounds": 1.0, "passed": 0.0})
+def retry_text(problem: Problem, message: str, spec: TestSpec) -> str:
+    """``message`` and what to do: for a raw problem, the prompt's ``def`` line to continue
+    after; else a request for the whole function (call tests, HumanEval) or program in a block."""
+    prefix = problem.meta.get("code_prefix", "")
+    if not problem.meta.get("code_fenced", True) and prefix.strip():
+        return f"{message} Fix it.\n{prefix.rstrip().splitlines()[-1]}"
+    function = spec.tests.kind == "call" or "humaneval" in problem.meta
+    what = "the whole function" if function else "the whole program"
+    return f"{message} Fix it; answer with {what} in a ```{spec.language} block."
+
+
+def feedback_for(problem: Problem, cases: Sequence[CaseResult]) -> Optional[str]:
+    """The user turn this environment sends after an answer to ``problem`` (call or stdio
+    tests, Python) whose cases came out as ``cases``, or None when every case passed. The
+    verdicts are the caller's: the corpus computes them for its own programs in-process."""
+    spec = TestSpec("python", "", problem_tests(problem))
+    result = TestResult.from_cases(cases)
+    if result.status == "passed":
+        return None
+    return retry_text(problem, failure_message(spec, result), spec)
 
 
 def _syntax_error(spec: TestSpec) -> str:

@@ -88,6 +88,34 @@ def before_after_table(before: dict, after: dict) -> str:
     return table
 
 
+def by_round_table(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> str:
+    """Held-out greedy accuracy by round (``greedy[round<=r]``, task -> metric -> value or
+    None), before and after training, with each task's last round minus its first: what
+    the feedback turns add.
+
+    >>> print(by_round_table({"code": {"greedy[round<=1]": 0.25, "greedy[round<=3]": 0.25}},
+    ...                      {"code": {"greedy[round<=1]": 0.25, "greedy[round<=3]": 0.5}}))
+    task  metric            before   after   change
+    code  greedy[round<=1]   25.0%   25.0%     +0.0
+    code  greedy[round<=3]   25.0%   50.0%    +25.0
+    code  last - first        +0.0   +25.0    +25.0
+    """
+    rows = [("task", "metric", "before", "after", "change")]
+    for task, metrics in before.items():
+        for metric, b in metrics.items():
+            a = after[task][metric]
+            rows.append((task, metric, _percent(b), _percent(a), "n/a" if a is None or b is None else f"{100 * (a - b):+.1f}"))
+        gaps = [_gap(list(values.values())) for values in (metrics, after[task])]
+        rows.append((task, "last - first", *("n/a" if g is None else f"{100 * g:+.1f}" for g in gaps),
+                     "n/a" if None in gaps else f"{100 * (gaps[1] - gaps[0]):+.1f}"))
+    widths = [max(len(r[i]) for r in rows) + 2 for i in range(2)]
+    return "\n".join(f"{r[0]:<{widths[0]}}{r[1]:<{widths[1]}}{r[2]:>6}{r[3]:>8}{r[4]:>9}".rstrip() for r in rows)
+
+
+def _gap(values: list) -> float | None:
+    return None if not values or values[0] is None or values[-1] is None else values[-1] - values[0]
+
+
 def _count(result: dict, key: str, name: str) -> int:
     """Problems counted under ``key`` (grader errors, truncated) for one task or (``mean``) all;
     results saved before these were counted have none."""

@@ -26,6 +26,14 @@ whose constants all hash outside that bucket holds out its lowest-hashed constan
 ``corpus_document`` writes a training problem with its solution for ``temper pretrain``; with
 probability ``wrong_share`` the solution is one of the family's classic bugs, so a model
 pre-trained on it knows the right program and the wrong one, as the arithmetic corpus does.
+With ``corpus_reflections``, that share of the documents are reflection episodes as the
+``reflection`` environment plays them for a raw problem: an attempt with one of the family's
+bugs, the turn's end (:data:`TURN_END`, the tokenizer's end-of-sequence), the environment's
+feedback on its first failing hidden case (computed here by running the trusted buggy body
+in-process), and a second attempt drawn as any answer is (right, or a bug with probability
+``wrong_share``), independent of the feedback. So the model learns the episode's form, and
+that an attempt may follow feedback, but not that the feedback says how to fix it: that is
+left for RL in the environment.
 
 Not done here: other languages, stdin/stdout programs, problems needing more than one function.
 """
@@ -38,13 +46,20 @@ import random
 import zlib
 from typing import Any
 
+from tempering.envs.reflection import feedback_for
 from tempering.registry import typed_options
+from tempering.rewards.code import problem_tests
+from tempering.sandbox.spec import CaseResult, values_match
 from tempering.tasks.base import StreamState, register_task
 from tempering.tasks.code_families import FAMILIES, KINDS, Family, Params, reference, run_reference
 from tempering.types import Problem, domain_of
 
 EVAL_EVERY = 4
 """One (family, constants) pair in EVAL_EVERY, by a stable hash, is held out for evaluation."""
+
+TURN_END = "<eos>"
+"""Where a model turn ends inside a corpus document: pre-training encodes it as the end-of-
+sequence token (``tempering.pretrain``), which is where the sampler ends a turn."""
 
 _ENUMERATE_DRAWS = 100
 """Draws per level used to find a family's constants when choosing its fallback held-out pair."""
@@ -79,6 +94,8 @@ class CodeTask(StreamState):
     decoding takes whichever form the model finds likelier: at the corpus's 0.6 on odd ``k``
     alone (0.3 of all documents) a model that half learns the parity writes the right form on
     every problem, and a share near 1 keeps the bug the likelier form where ``k`` is odd.
+    ``corpus_reflections``: the share of pre-training documents written as a two-attempt
+    reflection episode (see the module docstring); 0 = none.
     """
 
     corpus_version = 2
@@ -88,7 +105,7 @@ class CodeTask(StreamState):
     def __init__(self, name: str, seed: int, kinds: list[str] | None = None, families: list[str] | None = None,
                  levels: list[int] | None = None, style: str = "raw", tests: int = 10, partial: bool = False,
                  domain: str = "", rewards: dict[str, float] | None = None, corpus_mistakes: str = "any",
-                 corpus_wrong_share: float | None = None):
+                 corpus_wrong_share: float | None = None, corpus_reflections: float = 0.0):
         kinds = list(kinds or KINDS)
         if corpus_mistakes not in ("any", "odd"):
             raise ValueError(f"corpus_mistakes must be 'any' or 'odd', got {corpus_mistakes!r}")
@@ -96,6 +113,9 @@ class CodeTask(StreamState):
         if corpus_wrong_share is not None and not 0 <= corpus_wrong_share <= 1:
             raise ValueError(f"corpus_wrong_share must be between 0 and 1 (or null), got {corpus_wrong_share!r}")
         self.corpus_wrong_share = corpus_wrong_share
+        if not 0 <= corpus_reflections <= 1:
+            raise ValueError(f"corpus_reflections must be a share between 0 and 1, got {corpus_reflections!r}")
+        self.corpus_reflections = corpus_reflections
         if unknown := sorted(set(kinds) - set(KINDS)):
             raise ValueError(f"unknown code kinds {unknown}; known: {', '.join(KINDS)}")
         chosen = [f for f in FAMILIES if f.kind in kinds]
@@ -228,7 +248,29 @@ class CodeTask(StreamState):
                                  f"{family.name} does not have")
             buggy = buggy and problem.meta["params"]["k"] % 2 == 1
         bug = rng.randrange(len(family.bugs)) if buggy else 0
-        return problem.meta["code_prefix"] + self.solution(problem, buggy, bug)
+        document = problem.meta["code_prefix"] + self.solution(problem, buggy, bug)
+        if family.bugs and self.corpus_reflections and rng.random() < self.corpus_reflections:
+            first = rng.randrange(len(family.bugs))
+            feedback = feedback_for(problem, _case_results(family, problem, first))
+            if feedback is not None:  # a bug the hidden cases catch: an episode with a second turn
+                attempt = self.solution(problem, True, first)
+                document = f"{problem.meta['code_prefix']}{attempt}{TURN_END}{feedback}\n{self.solution(problem, buggy, bug)}"
+        return document
+
+
+def _case_results(family: Family, problem: Problem, bug: int) -> list[CaseResult]:
+    """The hidden cases' verdicts on the family's bug ``bug``, run in this process (our own
+    template, never model output), with the sandbox's comparison and wording."""
+    function, results = reference(family, problem.meta["params"], bug), []
+    for case in problem_tests(problem).cases:
+        try:
+            value = function(*json.loads(json.dumps(case.args)))
+        except Exception as err:  # noqa: BLE001 - a buggy body is expected to raise on some inputs
+            results.append(CaseResult("runtime_error", 0.0, f"{type(err).__name__}: {err}"))
+            continue
+        verdict = ("passed", "") if values_match(case, value) else ("wrong_answer", f"returned {repr(value)[:200]}")
+        results.append(CaseResult(verdict[0], 0.0, verdict[1]))
+    return results
 
 
 def build_code_task(name: str, seed: int, **options: Any) -> CodeTask:

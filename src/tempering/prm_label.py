@@ -205,6 +205,7 @@ def label_from_config(config: TrainConfig, model_path: Optional[str], out: Path,
     from tempering.eval.greedy import build_metrics, close_metrics
     from tempering.rollout.engines import build_sampler
 
+    settings.check()
     played = [spec.name for spec in config.tasks if spec.env is not None]
     if played:
         raise ConfigError(f"tasks {', '.join(played)}: played in an environment; step labels need tasks answered "

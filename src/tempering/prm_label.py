@@ -17,8 +17,9 @@ The output is JSONL: a header line with the settings, then one record per soluti
 
 Problems are labelled in order and written whole, so re-running the same command continues
 after the last complete problem (a torn last line from a killed run is cut off); each problem
-draws from its own seeded stream, so a resumed file equals an uninterrupted one. A file
-written with other settings is refused rather than mixed.
+draws from its own seeded stream, so a resumed file equals an uninterrupted one; a larger ``problems`` adds the
+problems after those labelled. A file written with other settings is refused rather than
+mixed.
 
 A continuation whose grader failed is left out of its step's labels and counted in
 ``grader_errors``; a step with no graded continuation gets ``null`` labels.
@@ -166,7 +167,7 @@ def label(sampler: Any, tasks: list[Task], metrics: dict[str, BatchReward], out:
     """Label ``settings.problems`` training problems of each task into ``out`` (continuing a
     file this function started); returns counts of what the file holds."""
     settings.check()
-    header = {"prm_labels": asdict(settings)}
+    header = {"prm_labels": {k: v for k, v in asdict(settings).items() if k != "problems"}}
     done = _read_done(out, header)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

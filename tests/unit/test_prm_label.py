@@ -97,6 +97,8 @@ def test_a_stopped_run_continues_to_the_same_file(tmp_path):
 def test_a_file_with_other_settings_or_not_labels_is_refused(tmp_path):
     out = tmp_path / "labels.jsonl"
     label(ScriptedSampler(), [OneProblemTask()], {"answer": AnswerGrader()}, out, SETTINGS)
+    more = LabelSettings(problems=4, solutions=2, continuations=2, max_new_tokens=32, model="scripted")
+    assert label(ScriptedSampler(), [OneProblemTask()], {"answer": AnswerGrader()}, out, more)["problems"] == 4
     other = LabelSettings(problems=3, solutions=2, continuations=3, model="scripted")
     with pytest.raises(ConfigError, match="written with other settings"):
         label(ScriptedSampler(), [OneProblemTask()], {"answer": AnswerGrader()}, out, other)

@@ -81,6 +81,22 @@ def test_the_saved_prm_scores_as_the_report_says(trained, labelled):
     assert [r.score for r in reward.score_batch(problems, rollouts)] == pytest.approx([min(v) for v in values])
 
 
+def test_best_of_k_by_the_prm_in_evaluation(trained, tiny_model_dir):
+    """``best_of@k[prm]`` beside pass@k: of one sample it is that sample (pass@1), of k it is
+    one of the k, so never above pass@k."""
+    from tempering.eval_model import run_evaluation, sampled_settings
+
+    out, _ = trained
+    pretrain = json.loads((tiny_model_dir / "pretrain.json").read_text())["config"]
+    config = TrainConfig.model_validate({"threads": 1, "pretrain": pretrain, "tasks": [{"name": "add"}],
+                                         "rewards": {"options": {"process_model": {"aggregation": "last"}}},
+                                         "eval": {"problems_per_task": 4, "max_new_tokens": 32}})
+    metrics = run_evaluation(config, None, sampled_settings(config, 3, [1, 3]), (False, {"prm": str(out)}))["metrics"]["add"]
+    assert metrics["best_of@1[prm]"]["value"] == pytest.approx(metrics["pass@1"]["value"], abs=1e-9)
+    assert metrics["best_of@3[prm]"]["value"] <= metrics["pass@3"]["value"] + 1e-9
+    assert metrics["best_of@3[prm]"]["problems"] == 4
+
+
 def test_the_commands_refuse_a_bad_file_or_option_with_exit_2(tmp_path, capsys):
     bad = tmp_path / "labels.jsonl"
     bad.write_text('{"steps": ["1+1=2"], "hard": [1]}\n')

@@ -86,8 +86,9 @@ def evaluate(model: Optional[str] = None, config: ConfigSource = None, overrides
     config's tasks, as names (``["add", "rg:leg_counting"]``) or task entries (``{"name":
     "dataset", "options": {...}}``). ``best_of`` adds best-of-k for each k: ``"verifier"`` (the
     sample the task's own grader scores best, an oracle) and ``"rm:PATH"`` (the sample a reward
-    model scores best, as ``temper rm train`` saves one), as ``best_of@k[verifier]`` and
-    ``best_of@k[rm]``. A task run in an environment also gets ``greedy[round<=r]`` and
+    model scores best, as ``temper rm train`` saves one) and ``"prm:PATH"`` (a process reward
+    model, as ``temper prm train`` saves one), as ``best_of@k[verifier]``, ``best_of@k[rm]`` and
+    ``best_of@k[prm]``. A task run in an environment also gets ``greedy[round<=r]`` and
     ``pass@k[round<=r]`` for r up to its ``max_turns``.
 
     Returns the dict ``temper eval --json`` writes: ``accuracy``, ``per_task``, ``metrics``

@@ -166,6 +166,92 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_model(args, *_model_inputs(args.inputs))
 
 
+def cmd_prm_label(args: argparse.Namespace) -> int:
+    """Label step prefixes by sampled continuations (``tempering.prm_label``)."""
+    from tempering.eval_model import select_tasks
+    from tempering.prm_label import LabelSettings, label_from_config
+
+    model, config_path, overrides = _model_inputs(args.inputs, args.model, args.config)
+    config = select_tasks(load_config(config_path, overrides), args.tasks)
+    settings = LabelSettings(problems=args.problems, solutions=args.solutions, continuations=args.continuations,
+                             temperature=config.rollout.temperature if args.temperature is None else args.temperature,
+                             top_p=config.rollout.top_p, max_new_tokens=args.max_new_tokens or config.rollout.max_new_tokens,
+                             seed=config.seed)
+    print(json.dumps(label_from_config(config, model, Path(args.out), settings, progress=not args.quiet), indent=2))
+    return 0
+
+
+def cmd_prm_train(args: argparse.Namespace) -> int:
+    """Train a process reward model on a labels file (``tempering.prm``)."""
+    from tempering.prm import PRMSettings, read_labels, train_prm
+    from tempering.threads import auto_threads, set_torch_threads
+
+    set_torch_threads(args.threads or auto_threads())
+    settings = PRMSettings(base=args.base, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                           heldout=args.heldout, target=args.target, max_length=args.max_length,
+                           max_steps=args.max_steps, seed=args.seed)
+    settings.check()
+
+    def progress(step: int, loss: float) -> None:
+        if not args.quiet and step % 10 == 0:
+            print(f"step {step}  loss {loss:.4f}", file=sys.stderr, flush=True)
+
+    report = train_prm(read_labels(Path(args.labels)), Path(args.out), settings, progress)
+    print(json.dumps({k: v for k, v in report.items() if k != "settings"}, indent=2))
+    return 0
+
+
+def _add_prm_parser(sub) -> None:
+    """``temper prm label|train``: a process reward model from sampled step labels."""
+    from tempering.prm import TARGETS, PRMSettings
+    from tempering.prm_label import LabelSettings
+
+    prm = sub.add_parser("prm", help="a process reward model: label steps by sampled continuations, train on them",
+                         description="Label each step of sampled solutions by whether continuations from it reach "
+                                     "a right answer, and train a process reward model on those labels.")
+    commands = prm.add_subparsers(dest="prm_command", required=True, metavar="COMMAND")
+    marks = LabelSettings()
+    label = commands.add_parser("label", help="step labels from sampled continuations, graded by each task's metric")
+    label.add_argument("inputs", nargs="*", metavar="[MODEL] [CONFIG] [key=value ...]",
+                       help="the policy that samples (default: the config's model.path), a YAML config or shipped "
+                            "config name (default: quickstart) and dotted overrides, in any order")
+    label.add_argument("--model", help="the model, as MODEL")
+    label.add_argument("--config", help="the config, as CONFIG")
+    label.add_argument("--tasks", metavar="T1,T2", help="label these tasks, with the options the config gives them")
+    label.add_argument("--out", default="runs/prm-labels.jsonl",
+                       help="JSONL to write; an existing one written with the same settings is continued "
+                            "(default runs/prm-labels.jsonl)")
+    label.add_argument("--problems", type=int, default=marks.problems, help=f"training problems per task (default {marks.problems})")
+    label.add_argument("--solutions", type=int, default=marks.solutions,
+                       help=f"solutions sampled per problem (default {marks.solutions})")
+    label.add_argument("--continuations", type=int, default=marks.continuations,
+                       help=f"completions sampled after each step (default {marks.continuations})")
+    label.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
+    label.add_argument("--max-new-tokens", type=int, help="longest solution or continuation (default: rollout.max_new_tokens)")
+    label.add_argument("--quiet", action="store_true", help="no progress bar")
+    label.set_defaults(func=cmd_prm_label, items_into="inputs")
+
+    defaults = PRMSettings()
+    train = commands.add_parser("train", help="train a process reward model on a labels file")
+    train.add_argument("labels", help="the JSONL temper prm label wrote")
+    train.add_argument("--out", default="runs/prm", help="output model directory (default runs/prm)")
+    train.add_argument("--base", default=defaults.base,
+                       help="base causal LM: builtin:tiny, a directory, a .gguf file or a hub id (default builtin:tiny)")
+    train.add_argument("--target", choices=TARGETS, default=defaults.target,
+                       help="train towards the soft label (share of continuations right) or the hard one (any right)")
+    train.add_argument("--epochs", type=int, default=defaults.epochs, help=f"passes over the labels (default {defaults.epochs})")
+    train.add_argument("--batch-size", type=int, default=defaults.batch_size, help="solutions per step")
+    train.add_argument("--lr", type=float, default=defaults.lr, help="AdamW learning rate")
+    train.add_argument("--heldout", type=float, default=defaults.heldout,
+                       help=f"share of problems held out for step accuracy and AUC (default {defaults.heldout})")
+    train.add_argument("--max-length", type=int, default=defaults.max_length, help="tokens per solution, the prompt's start cut beyond")
+    train.add_argument("--max-steps", type=int, default=defaults.max_steps, help="stop after this many steps; 0 = no limit")
+    train.add_argument("--seed", type=int, default=defaults.seed)
+    train.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = the free cores")
+    train.add_argument("--quiet", action="store_true", help="no progress lines")
+    train.set_defaults(func=cmd_prm_train)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from tempering.reporting.html import build_report
 
@@ -260,8 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
     evaluate.add_argument("--max-new-tokens", type=int, help="completion length limit (default: eval.max_new_tokens)")
     evaluate.add_argument("--problems", type=int, help="held-out problems per task (default: eval.problems_per_task)")
-    evaluate.add_argument("--best-of", action="append", metavar="verifier|rm:PATH",
-                          help="also best-of-k picked by the task's grader (an oracle) or by a reward model; repeatable")
+    evaluate.add_argument("--best-of", action="append", metavar="verifier|rm:PATH|prm:PATH",
+                          help="also best-of-k picked by the task's grader (an oracle), by a reward model or by a "
+                               "process reward model (aggregation: rewards.options.process_model); repeatable")
     evaluate.add_argument("--json", metavar="OUT", help="write the full result as JSON to OUT (- for stdout, "
                           "the table then going to stderr)")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -293,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sandbox_parser(sub)
     add_rm_parser(sub)
+    _add_prm_parser(sub)
     return parser
 
 

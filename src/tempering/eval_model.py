@@ -17,7 +17,7 @@ from typing import Optional
 from tempering.config import ConfigError, load_config
 
 
-def _select_tasks(config, names: Optional[str]):
+def select_tasks(config, names: Optional[str]):
     """The config with only the tasks ``--tasks`` names, each keeping the options the config
     gives a task of that name."""
     if names is None:
@@ -60,40 +60,59 @@ def sampled_settings(config, n: int, ks: Sequence[int]):
     return SampledSettings(n, tuple(ks), params, config.seed)
 
 
-def parse_best_of(values: Sequence[str], name: str = "--best-of") -> tuple[bool, Optional[str]]:
-    """``(verifier wanted, reward model path or None)`` from the best-of values (``verifier``,
-    ``rm:PATH``); ``name`` is how the caller calls them in a message."""
+SELECTORS = {"rm": "reward model", "prm": "process reward model"}
+"""Best-of-k selector prefix (``rm:PATH``) -> what it names in a message."""
+
+
+def parse_best_of(values: Sequence[str], name: str = "--best-of") -> tuple[bool, dict[str, str]]:
+    """``(verifier wanted, selector -> model path)`` from the best-of values (``verifier``,
+    ``rm:PATH``, ``prm:PATH``); ``name`` is how the caller calls them in a message."""
+    paths: dict[str, list[str]] = {selector: [] for selector in SELECTORS}
     for value in values:
-        if value != "verifier" and not (value.startswith("rm:") and len(value) > 3):
-            raise ConfigError(f"{name} {value!r}: expected verifier or rm:PATH (a reward model)")
-    models = list(dict.fromkeys(value[3:] for value in values if value != "verifier"))
-    if len(models) > 1:
-        raise ConfigError(f"{name}: more than one reward model given ({', '.join(models)}); name one")
-    return "verifier" in values, (models or [None])[0]
+        selector, _, path = value.partition(":")
+        if value != "verifier" and (selector not in SELECTORS or not path):
+            raise ConfigError(f"{name} {value!r}: expected verifier or rm:PATH (a reward model) or prm:PATH "
+                              "(a process reward model)")
+        if value != "verifier" and path not in paths[selector]:
+            paths[selector].append(path)
+    for selector, found in paths.items():
+        if len(found) > 1:
+            raise ConfigError(f"{name}: more than one {SELECTORS[selector]} given ({', '.join(found)}); name one")
+    return "verifier" in values, {selector: found[0] for selector, found in paths.items() if found}
 
 
-def _selectors(rm_path: Optional[str]) -> dict:
-    """``{"rm": reward model}`` that ranks samples for best-of-k; empty without one."""
-    if rm_path is None:
-        return {}
+def _selectors(paths: dict[str, str], options: dict[str, dict]) -> dict:
+    """Selector name -> the reward that ranks samples for best-of-k: ``rm`` a reward model (its
+    raw score), ``prm`` a process reward model with the options ``rewards.options.process_model``
+    gives (its aggregation)."""
     from tempering.build import reward_model_path
     from tempering.rewards.model import ModelReward
+    from tempering.rewards.process_model import ProcessModelReward
 
-    return {"rm": ModelReward(path=reward_model_path(rm_path), transform="raw")}
+    found: dict = {}
+    if "rm" in paths:
+        found["rm"] = ModelReward(path=reward_model_path(paths["rm"]), transform="raw")
+    if "prm" in paths:
+        settings = {k: v for k, v in (options.get("process_model") or {}).items() if k != "path"}
+        try:
+            found["prm"] = ProcessModelReward(path=reward_model_path(paths["prm"]), **settings)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"rewards.options.process_model: {exc}") from None
+    return found
 
 
 def evaluate_model(args: argparse.Namespace, model_path: Optional[str], config_path: Optional[str],
                    overrides: list[str]) -> int:
     """``temper eval`` with the model, config file and overrides the arguments name."""
     _check_json_path(args.json)
-    config = _select_tasks(load_config(config_path, overrides), args.tasks)
+    config = select_tasks(load_config(config_path, overrides), args.tasks)
     result = run_evaluation(config, model_path, _sampled_settings(args, config), parse_best_of(args.best_of or []),
                             progress=not args.quiet, announce=True)
     _report(result, args.json)
     return 0
 
 
-def run_evaluation(config, model_path: Optional[str], settings, best_of: tuple[bool, Optional[str]] = (False, None),
+def run_evaluation(config, model_path: Optional[str], settings, best_of: tuple[bool, dict[str, str]] = (False, {}),
                    progress: bool = False, announce: bool = False) -> dict:
     """Greedy and, with ``settings``, sampled evaluation of the model (default: the config's
     ``model.path``) on the config's tasks, by round for a task in an environment, best-of-k by
@@ -105,10 +124,10 @@ def run_evaluation(config, model_path: Optional[str], settings, best_of: tuple[b
 
     tasks = build_tasks(config)
     rounds = _rounds(config, tasks)
-    verifier, rm_path = best_of
+    verifier, paths = best_of
     metrics = build_metrics(tasks, config.rewards.options)  # a bad option stops here, before any model work
     try:
-        selectors = _selectors(rm_path)
+        selectors = _selectors(paths, config.rewards.options)
         model, tokenizer, resolved = load_model(config, model_path or config.model.path, progress=progress)
         if announce:
             print(f"temper eval: model {resolved}", file=sys.stderr)

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import torch
 
-from tempering.learner.optim import guarded_step
+from tempering.learner.optim import shuffled_epochs
 from tempering.rewards.model import load_reward_model, reward_text, sequence_scores
 
 
@@ -167,28 +167,18 @@ def train_reward_model(pairs: list[Pair], out: Path, settings: RMSettings,
     model, tokenizer = load_reward_model(reward_model_path(settings.base))
     before = pairwise_accuracy(model, tokenizer, test, settings.batch_size, settings.max_length)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
-    rng = random.Random(settings.seed)
-    step, losses = 0, []
-    for _ in range(settings.epochs):
-        order = list(train)
-        rng.shuffle(order)
-        for begin in range(0, len(order), settings.batch_size):
-            if settings.max_steps and step >= settings.max_steps:
-                break
-            model.train()
-            chosen, rejected = _scores(model, tokenizer, order[begin:begin + settings.batch_size], settings.max_length)
-            loss = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
-            loss.backward()
-            losses.append(loss.item())
-            guarded_step(optimizer, losses[-1], grad_clip=1.0)
-            step += 1
-            if progress is not None:
-                progress(step, loss.item())
+
+    def loss_of(chunk: list[Pair]) -> torch.Tensor:
+        chosen, rejected = _scores(model, tokenizer, chunk, settings.max_length)
+        return -torch.nn.functional.logsigmoid(chosen - rejected).mean()
+
+    losses = shuffled_epochs(model, optimizer, train, loss_of, settings.epochs, settings.batch_size,
+                             settings.max_steps, settings.seed, progress)
     after = pairwise_accuracy(model, tokenizer, test, settings.batch_size, settings.max_length)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    report = {"model_dir": str(out), "train_pairs": len(train), "heldout_pairs": len(test), "steps": step,
+    report = {"model_dir": str(out), "train_pairs": len(train), "heldout_pairs": len(test), "steps": len(losses),
               "heldout_accuracy_before": before, "heldout_accuracy": after,
               "final_loss": sum(losses[-10:]) / max(len(losses[-10:]), 1), "wall_s": time.perf_counter() - start,
               "settings": settings.__dict__}

@@ -94,6 +94,8 @@ def test_temper_eval_scores_a_checkpoint_of_a_short_training_run(tmp_path, tiny_
     (["eval", "--json", "nosuch/out.json"], "--json nosuch/out.json: its folder does not exist"),
     (["eval", "--json", "."], "--json .: is a folder; name a file in it"),
     (["eval", "--n", "2", "--best-of", "rm:a", "--best-of", "rm:b"], "more than one reward model given (a, b)"),
+    (["eval", "--n", "2", "--best-of", "prm:a", "--best-of", "prm:b"], "more than one process reward model given (a, b)"),
+    (["eval", "--n", "2", "--best-of", "prm:"], "--best-of 'prm:': expected verifier or rm:PATH"),
 ])
 def test_bad_eval_arguments_exit_2_with_one_message_before_any_model_work(tmp_path, args, expected):
     cache, cwd = tmp_path / "cache", tmp_path / "cwd"

@@ -22,7 +22,7 @@ service and ``temper serve`` share (``tempering`` is the package itself)."""
 
 BELOW_BUILD = {"algorithms", "models", "sandbox", "checkpoint", "rollout", "rewards", "envs", "tasks",
                "scheduler", "learner", "eval", "reporting", "pipeline", "placement"}
-COMMANDS = {"train", "sft", "dpo", "pretrain", "rm", "eval_model", "serve_model", "explain"}
+COMMANDS = {"train", "sft", "dpo", "pretrain", "rm", "prm", "prm_label", "eval_model", "serve_model", "explain"}
 
 ALLOWED: dict[str, set[str]] = {
     **{name: FOUNDATIONS for name in FOUNDATIONS},

@@ -16,6 +16,9 @@ so it is the number ``temper train``'s before/after table shows.
 - ``best_of@k[rm]``: the sample a reward model (``rm:PATH``, a sequence-classification model
   as ``temper rm train`` saves) scores highest among k, graded by the metric: the real
   inference-time method.
+- ``best_of@k[prm]``: the sample a process reward model (``prm:PATH``, as ``temper prm train``
+  saves one) scores highest among k, its step values aggregated as
+  ``rewards.options.process_model.aggregation`` says (default ``min``), graded by the metric.
 - ``pass@k[round<=r]`` and ``greedy[round<=r]``, for a task run in an environment of at most
   R model turns, each r in 1..R: a sample counts only when it is correct and its episode used
   at most r turns (for reflection, solved by the r-th attempt; for a tool environment, within

@@ -9,6 +9,8 @@ k = 1 the mean sample score.
   computed as a product so that no binomial coefficient is formed;
 - :func:`best_of_k`: the score of the sample a selector ranks highest among k; exact, from
   the probability that the i-th ranked of n is the best of a random k-subset;
+- :func:`roc_auc`: how well a score separates positives from negatives (a process reward
+  model's step values against its step labels);
 - :func:`maj_at_k`: whether the most common extracted answer among k samples is right (a tie
   shares the credit among the tied answers, its expectation under a random tie-break;
   samples without an answer do not vote). Exact over every k-subset up to
@@ -102,6 +104,35 @@ def maj_at_k(answers: Sequence[Optional[Hashable]], scores: Sequence[float], k: 
         rng = random.Random(seed)
         subsets = [rng.sample(range(n), k) for _ in range(MAJ_SUBSETS)]
     return sum(_vote([answers[i] for i in s], [scores[i] for i in s]) for s in subsets) / len(subsets)
+
+
+def roc_auc(scores: Sequence[float], labels: Sequence[int]) -> Optional[float]:
+    """Area under the ROC curve: the chance that a random positive scores above a random
+    negative, a tie counting half (the Mann-Whitney statistic); None without both classes.
+
+    >>> roc_auc([0.9, 0.8, 0.3, 0.1], [1, 1, 0, 0]), roc_auc([0.5, 0.5], [1, 0]), roc_auc([0.2], [1])
+    (1.0, 0.5, None)
+    >>> roc_auc([0.1, 0.8, 0.3], [1, 1, 0])
+    0.5
+    """
+    if len(scores) != len(labels):
+        raise ValueError(f"roc_auc needs one label per score, got {len(scores)} scores and {len(labels)} labels")
+    positives = sum(1 for y in labels if y)
+    negatives = len(labels) - positives
+    if not positives or not negatives:
+        return None
+    order = sorted(range(len(scores)), key=lambda i: scores[i])
+    ranks = [0.0] * len(scores)
+    start = 0
+    while start < len(order):  # tied scores share the mean of their ranks (1-based)
+        end = start
+        while end + 1 < len(order) and scores[order[end + 1]] == scores[order[start]]:
+            end += 1
+        for i in order[start:end + 1]:
+            ranks[i] = (start + end) / 2 + 1
+        start = end + 1
+    positive_ranks = sum(r for r, y in zip(ranks, labels) if y)
+    return (positive_ranks - positives * (positives + 1) / 2) / (positives * negatives)
 
 
 def wilson_interval(successes: float, trials: int, z: float = Z_95) -> tuple[float, float]:

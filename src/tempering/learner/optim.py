@@ -4,13 +4,16 @@ that trains weights.
 ``adamw`` builds the optimizer (fused where torch has it); ``lr_factor`` is the schedule's
 multiplier (linear warm-up, then cosine, linear or constant); :func:`guarded_step` clips the
 gradients and takes the step unless the loss or the gradient is not finite. RL
-(``tempering.learner.step``), SFT, pre-training and reward-model training all step through it.
-Not here: what a step computes, or what to do about repeated skipped steps (the loops decide).
+(``tempering.learner.step``), SFT, pre-training and reward-model training all step through it;
+:func:`shuffled_epochs` is the whole loop of the reward-model commands. Not here: what a step computes, or what to do about repeated skipped steps (the loops decide).
 """
 
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -53,3 +56,27 @@ def guarded_step(optimizer: torch.optim.Optimizer, loss: float, grad_clip: float
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, stepped
+
+
+def shuffled_epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, items: Sequence[Any],
+                    loss_of: Callable[[list], torch.Tensor], epochs: int, batch_size: int, max_steps: int, seed: int,
+                    progress: Optional[Callable[[int, float], None]] = None) -> list[float]:
+    """``epochs`` passes over ``items`` in a seeded shuffled order, one guarded step (gradients
+    clipped to norm 1) per ``batch_size`` of them, stopping after ``max_steps`` (0 = none); the
+    loss of every step, in order. The reward-model commands' loop: one loss, no schedule."""
+    rng = random.Random(seed)
+    losses: list[float] = []
+    for _ in range(epochs):
+        order = list(items)
+        rng.shuffle(order)
+        for start in range(0, len(order), batch_size):
+            if max_steps and len(losses) >= max_steps:
+                return losses
+            model.train()
+            loss = loss_of(order[start:start + batch_size])
+            loss.backward()
+            losses.append(loss.item())
+            guarded_step(optimizer, losses[-1], grad_clip=1.0)
+            if progress is not None:
+                progress(len(losses), losses[-1])
+    return losses

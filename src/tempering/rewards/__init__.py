@@ -8,7 +8,8 @@ reward is a plain function ``(problem, completion) -> float`` or a batch-scoring
 
 Built in: ``exact_match``, ``match``, ``math`` (outcome); ``code`` (unit tests in the
 sandbox); ``repo`` (an agent's patch to a repository, graded in a clean sandbox box); ``steps``, ``repetition``, ``format``, ``length``, ``consistency`` (process); ``model`` (a reward
-model, trained by ``temper rm train``).
+model, trained by ``temper rm train``); ``process_model`` (a process reward model scoring
+each step, trained by ``temper prm train``).
 
 Not here: the tasks themselves (the builder gives the :class:`Rewarder` each task's
 :class:`TaskRewards`), the environments (their per-turn rewards arrive on a rollout's turns),
@@ -17,7 +18,7 @@ running programs (``tempering.sandbox``) and training a reward model (``temperin
 
 from tempering.rewards.base import (REWARDS, BatchReward, RewardFn, RewardResult, build_reward,
                                     register_reward, resolve_reward, score)
-from tempering.rewards import basic, code, consistency, maths, model, process, repo  # noqa: F401  (register the built-ins)
+from tempering.rewards import basic, code, consistency, maths, model, process, process_model, repo  # noqa: F401  (register the built-ins)
 from tempering.rewards.compose import Rewarder, TaskRewards
 from tempering.rewards.monitors import MonitorSettings, RewardMonitors
 from tempering.rewards.normalize import NormalizeSettings, RunningNormalizer

@@ -39,12 +39,14 @@ def reward_text(prompt: Prompt, completion: str, tokenizer: Any) -> str:
     return "\n".join(m["content"] for m in messages)
 
 
-def load_reward_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def load_reward_model(path: str, dtype: torch.dtype = torch.float32,
+                      head: Literal["sequence", "token"] = "sequence") -> tuple[Any, Any]:
     """``(model, tokenizer)`` with a one-output classification head; a new head if the
     checkpoint has none (the base for ``temper rm train``). ``path`` is a folder, a ``.gguf``
-    file or a hub id (see the module docstring)."""
+    file or a hub id (see the module docstring). ``head="token"`` puts the output on every
+    token (``AutoModelForTokenClassification``), as a process reward model reads each step."""
     import transformers
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
 
     from tempering.models.loading import ModelLoadError
 
@@ -61,7 +63,8 @@ def load_reward_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[An
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **{k: v for k, v in kwargs.items()
                                                                 if k in ("gguf_file", "local_files_only")})
-        model = AutoModelForSequenceClassification.from_pretrained(location, **kwargs)
+        auto = AutoModelForTokenClassification if head == "token" else AutoModelForSequenceClassification
+        model = auto.from_pretrained(location, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load reward model {path!r}: {exc}") from None
     finally:

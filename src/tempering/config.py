@@ -328,7 +328,7 @@ class PipelineConfig(Strict):
 
     mode: Literal["sync", "async"] = Field("sync", description="sync: sample, score, learn, repeat; async: sampling and scoring run ahead while the learner trains")
     backend: Literal["local", "ray"] = Field("local", description="local: workers in this process; ray: workers as Ray actors (needs the ray extra)")
-    max_staleness: int = Field(1, ge=0, description="drop rollouts sampled more than this many policy versions ago (counted as dropped_stale)")
+    max_staleness: int = Field(1, ge=0, description="drop rollouts sampled more than this many policy versions before the learner that takes them (counted as dropped_stale), each rollout by its own version: a group keeps its fresh rollouts and is dropped only when all are too stale; 0 = only rollouts of the learner's current weights")
     buffer_rounds: int = Field(1, ge=1, description="async: sampling rounds the sampler may hold ready ahead of the learner")
     off_policy: Literal["none", "tis", "decoupled"] = Field("tis", description="correction for stale rollouts: none (ratios against the sampler), tis (ratios against the step's starting policy, behaviour weight truncated at is_cap) or decoupled (the same, untruncated); applied only to batches holding stale rollouts")
     is_cap: float = Field(2.0, gt=0, description="tis: cap on the behaviour importance weight pi_learner / pi_sampler")

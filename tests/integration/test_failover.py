@@ -34,7 +34,7 @@ import torch
 from serving import HangingUp, free_port, get
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
-from tempering.rollout.remote import ServerGenerator, ServerSettings
+from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
 from tempering.rollout.server import start
 from tempering.types import Problem
 
@@ -78,6 +78,27 @@ def test_requests_a_server_drops_go_to_the_other_with_their_seeds_and_it_comes_b
     finally:
         gate.shutdown()
         http.shutdown()
+
+
+def test_no_server_answering_for_down_timeout_s_is_one_error_naming_each(tiny_policy):
+    model, tokenizer = tiny_policy
+    http = start(HFGenerator(copy.deepcopy(model), tokenizer), "mini", batch_size=8)
+    gate = HangingUp(http.url)
+    try:
+        generator = ServerGenerator(ServerSettings((gate.url, http.url), probe_s=0.05, max_probe_s=0.1,
+                                                   down_timeout_s=0.5, timeout_s=2), tokenizer, model.config)
+        gate.hang_up = lambda done: True
+        http.shutdown()
+        http.server_close()  # nothing listens there now: connections are refused
+        problems = [Problem(task="add", id="0", prompt="1+1\n", answer="")]
+        started = time.monotonic()
+        with pytest.raises(ServerError, match=r"no server has answered for \d+ s \(rollout.server.down_timeout_s=0.5\)"
+                           ) as raised:
+            generator.generate(problems, 2, SamplingParams(max_new_tokens=4), 0, torch.Generator().manual_seed(0))
+        assert time.monotonic() - started < 10
+        assert gate.url in str(raised.value) and http.url in str(raised.value), "each server and its last error"
+    finally:
+        gate.shutdown()
 
 
 def start_server(tiny_model_dir: Path, port: int) -> subprocess.Popen:

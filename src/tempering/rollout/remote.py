@@ -283,6 +283,9 @@ class ServerGenerator(RequestSampler):
             elif self._last_load is not None and (version is None or version != self.served_version):
                 self._reload(url, self.served_version or 0, failover=True)  # a server that states no version: always
                 version = self.served_version
+            elif version != self.served_version:
+                raise _Unreachable(f"at policy version {version}, not {self.served_version}, and this run has loaded "
+                                   "no weights to give it")
         except (_Unreachable, ServerError) as exc:
             self.servers.probe_failed(url, str(exc))
             LOG.info("%s is still down: %s", url, exc)

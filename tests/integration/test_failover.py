@@ -2,8 +2,9 @@
 
 First, in this process: a server in front of which a gate hangs up on completions (a server
 that stops answering in the middle of a round) and opens again later; the requests it drops
-are sent to the other server with their seeds, and draw exactly what they would have drawn
-there first; the server is probed and comes back.
+are sent to the other server with their seeds, and draw the tokens they would have drawn
+there first; the server is probed and comes back. With no server answering, sampling stops
+after ``down_timeout_s`` with one error naming each.
 
 Then the acceptance run (slow): two `temper serve` servers, a `temper train` against both,
 one server SIGKILLed mid-run and started again on its port: the run finishes, every rollout sampled is counted once
@@ -25,7 +26,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest

@@ -120,11 +120,14 @@ class ServerConfig(Strict):
     """An OpenAI-compatible inference server that samples the rollouts (``tempering.rollout.remote``):
     ``temper serve``, vLLM (with --logprobs-mode processed_logprobs) or SGLang, serving the policy's model."""
 
-    url: Union[str, list[str]] = Field(description="base URL of the server, e.g. http://127.0.0.1:8000, or a list of servers of one model (each at the same weights), over which a step's requests are dealt in turn and to each of which every reload goes; a server started with an API key gets $TEMPER_SERVE_API_KEY as a bearer token")
+    url: Union[str, list[str]] = Field(description="base URL of the server, e.g. http://127.0.0.1:8000, or a list of servers of one model (each at the same weights), over which a step's requests are spread by load (the fewest in flight), to each of which every reload goes, and which fail over: a server that does not answer is marked down, its requests sent to the others with the same seeds, and it is probed and brought back at the run's weights (docs/scale-out.md); a server started with an API key gets $TEMPER_SERVE_API_KEY as a bearer token")
     model: Optional[str] = Field(None, description="model name sent with each request; null = the first the server lists")
-    timeout_s: float = Field(300.0, gt=0, description="seconds one request may take before it is sent again")
-    retries: int = Field(3, ge=0, description="times a failed request (no connection, timeout, 429, 5xx) is sent again; 0 = never")
+    timeout_s: float = Field(300.0, gt=0, description="seconds one request may take before its server counts as not answering (marked down, the request sent to another)")
+    retries: int = Field(3, ge=0, description="times a request answered with 429 or a 5xx is sent again to the same server (a request with no answer goes to another server at once instead); 0 = never")
     backoff_s: float = Field(0.5, ge=0, description="wait before the first retry, in seconds, doubling after each")
+    down_timeout_s: float = Field(120.0, gt=0, description="seconds with no server answering before the run stops with an error naming each server and its last error (it resumes from its last checkpoint)")
+    probe_s: float = Field(1.0, gt=0, description="seconds from a server being marked down to its first probe (a models request; when it answers, the run's weights are loaded onto it before it takes requests again); the wait doubles after each failed probe")
+    max_probe_s: float = Field(30.0, gt=0, description="the longest wait between two probes of a down server, in seconds")
     concurrency: int = Field(64, ge=1, description="requests in flight at once (one per problem, n = group_size)")
     weights_dir: Optional[str] = Field(None, description="folder the learner's weights are written to for the server to load each step; it must be readable by the server (shared storage for a remote one); null = a temporary folder on this machine")
     reload: Literal["update_weights_from_disk", "vllm", "none"] = Field("update_weights_from_disk", description="how the server takes new weights: update_weights_from_disk (temper serve, SGLang), vllm (development-mode /collective_rpc reload_weights; VLLM_SERVER_DEV_MODE=1), none (never: the server's weights stay, for evaluation)")
@@ -326,7 +329,7 @@ class PipelineConfig(Strict):
 
     mode: Literal["sync", "async"] = Field("sync", description="sync: sample, score, learn, repeat; async: sampling and scoring run ahead while the learner trains")
     backend: Literal["local", "ray"] = Field("local", description="local: workers in this process; ray: workers as Ray actors (needs the ray extra)")
-    max_staleness: int = Field(1, ge=0, description="drop rollouts sampled more than this many policy versions ago (counted as dropped_stale)")
+    max_staleness: int = Field(1, ge=0, description="drop rollouts sampled more than this many policy versions before the learner that takes them (counted as dropped_stale), each rollout by its own version: a group keeps its fresh rollouts and is dropped only when all are too stale; 0 = only rollouts of the learner's current weights")
     buffer_rounds: int = Field(1, ge=1, description="async: sampling rounds the sampler may hold ready ahead of the learner")
     off_policy: Literal["none", "tis", "decoupled"] = Field("tis", description="correction for stale rollouts: none (ratios against the sampler), tis (ratios against the step's starting policy, behaviour weight truncated at is_cap) or decoupled (the same, untruncated); applied only to batches holding stale rollouts")
     is_cap: float = Field(2.0, gt=0, description="tis: cap on the behaviour importance weight pi_learner / pi_sampler")

@@ -19,9 +19,12 @@ for its cost model); the learner asks for them one at a time
 learner asks for it, with the learner's current weights (staleness 0). In ``async`` mode a
 feeder thread keeps up to ``buffer_rounds`` rounds ready while the learner trains; new
 weights reach the rollout worker between rounds, so a round can be older than the learner
-by a few versions. Rounds older than ``max_staleness`` versions are dropped and counted
-(``dropped_stale``); younger stale ones are trained with the learner's off-policy
-correction. Every rollout carries the version that sampled it.
+by a few versions. Staleness is decided per rollout, not per round: every rollout carries
+the version that sampled it, and when the learner takes a round, each rollout more than
+``max_staleness`` versions behind it is dropped and counted (``dropped_stale``), the others
+trained, the stale among them with the learner's off-policy correction (which weighs each
+row by its own sampler's log-probs; see :func:`fresh_groups` for a group only partly too
+stale, and :func:`staleness_record` for what each step logs).
 
 A round whose every rollout the rewards dropped (a grader that is down: a sandbox service,
 a remote reward model) is an *outage*: counted (``outage_rounds``), and after a wait of
@@ -75,6 +78,7 @@ import torch
 
 from tempering import faults
 from tempering.rollout.base import Generator, SamplingParams
+from tempering.rollout.remote import ServerError
 from tempering.types import Group, Problem, Round
 
 if TYPE_CHECKING:  # placement reads the config, which the pipeline does not
@@ -98,6 +102,59 @@ class GraderOutage(RuntimeError):
                 f"its last error: {self.error}")
 
 
+def fresh_groups(groups: list[Group], learner_version: int,
+                 max_staleness: int) -> tuple[list[Group], dict[str, int]]:
+    """The groups with only their rollouts at most ``max_staleness`` versions behind
+    ``learner_version``, and per task how many rollouts were dropped as too stale.
+
+    Staleness belongs to each rollout (the version that sampled it), not to the round that
+    brought it. A group keeps its fresh rollouts when some are too stale: its advantages are
+    then computed among those alone, so a reward earned by a policy further back than
+    ``max_staleness`` never enters the baseline of the rollouts trained on (the group is
+    smaller, its baseline noisier, but unbiased for the kept ones, as after a grader's drop).
+    A group is dropped whole only when every rollout of it is too stale. Groups, and the
+    rollouts within them, keep their order.
+
+    >>> from tempering.types import Problem, Rollout
+    >>> p = Problem(task="t", id="0", prompt="", answer="")
+    >>> group = Group(p, [Rollout(p, [], [], [], "", "stop", v) for v in (3, 1, 2)])
+    >>> kept, stale = fresh_groups([group], learner_version=3, max_staleness=1)
+    >>> [r.policy_version for r in kept[0].rollouts], stale
+    ([3, 2], {'t': 1})
+    """
+    kept: list[Group] = []
+    stale: dict[str, int] = {}
+    for group in groups:
+        fresh = [r for r in group.rollouts if learner_version - r.policy_version <= max_staleness]
+        if len(fresh) < len(group.rollouts):
+            task = group.problem.task
+            stale[task] = stale.get(task, 0) + len(group.rollouts) - len(fresh)
+        if fresh or not group.rollouts:
+            kept.append(group if len(fresh) == len(group.rollouts) else Group(group.problem, fresh))
+    return kept, stale
+
+
+def staleness_record(groups: list[Group], learner_version: int, max_staleness: int) -> dict[str, float]:
+    """How far behind the learner the rollouts of a step's batch were sampled:
+    ``staleness/mean``, ``staleness/max`` and ``staleness/hist/<k>``, the rollouts exactly
+    ``k`` versions behind, for every k from 0 to ``max_staleness`` (zeros included, so each
+    is a series over the run).
+
+    >>> from tempering.types import Problem, Rollout
+    >>> p = Problem(task="t", id="0", prompt="", answer="")
+    >>> record = staleness_record([Group(p, [Rollout(p, [], [], [], "", "stop", v) for v in (4, 3, 4)])], 4, 1)
+    >>> record["staleness/max"], record["staleness/hist/0"], record["staleness/hist/1"]
+    (1, 2, 1)
+    """
+    behind = [learner_version - r.policy_version for g in groups for r in g.rollouts]
+    record: dict[str, float] = {f"staleness/hist/{k}": 0 for k in range(max_staleness + 1)}
+    for k in behind:
+        record[f"staleness/hist/{k}"] = record.get(f"staleness/hist/{k}", 0) + 1
+    record["staleness/mean"] = sum(behind) / len(behind) if behind else 0.0
+    record["staleness/max"] = max(behind, default=0)
+    return record
+
+
 class RolloutWorker:
     """Samples groups with a :class:`~tempering.rollout.base.Generator` and owns its random stream.
     In this process it is its own :class:`~tempering.placement.RolloutHandle`."""
@@ -114,6 +171,11 @@ class RolloutWorker:
     def sample(self, problems: list[Problem]) -> list[Group]:
         faults.point("sample")
         return self.generator.generate(problems, self.group_size, self.sampling, self.version, self.rng)
+
+    def sampler_record(self) -> dict[str, float]:
+        """What the generator reports about its engines (the servers' state, versions and
+        failovers: ``tempering.rollout.remote``); empty for one that reports nothing."""
+        return self.generator.record() if hasattr(self.generator, "record") else {}
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Load new policy weights; return the seconds it took."""
@@ -257,7 +319,7 @@ class Pipeline:
         count = sum(len(g.rollouts) for g in groups)
         self.counters.rounds += 1
         self.counters.rollouts_sampled += count
-        return Round(groups, record, version, generate_s, reward_s, sync_s)
+        return Round(groups, record, version, generate_s, reward_s, sync_s, sampler=self.rollout.sampler_record())
 
     def _sample_and_score(self, problems: list[Problem]) -> tuple[list[Group], dict[str, float], float, float]:
         """Scored groups of ``problems``, their reward record and the seconds spent sampling and
@@ -411,31 +473,34 @@ class Pipeline:
             self._thread.start()
 
     def next_round(self) -> Round:
-        """The next round fresh enough to train on: made now (sync) or taken from the buffer
-        (async). Rounds more than ``max_staleness`` versions behind the learner are dropped
-        and counted; the one returned carries its ``staleness``."""
+        """The next round with a rollout fresh enough to train on: made now (sync) or taken from
+        the buffer (async). Each rollout's staleness is decided on its own
+        (:func:`fresh_groups`): those more than ``max_staleness`` versions behind the learner
+        are dropped and counted, a round left with none is skipped; the one returned carries
+        the largest ``staleness`` of the rollouts it keeps."""
         while True:
             if self.mode == "sync":
                 made = self._buffer.popleft() if self._buffer else self._make_round()
             else:
                 with self._cond:
                     self._cond.wait_for(lambda: self._buffer or self._error is not None)
-                    if isinstance(self._error, GraderOutage):
+                    if isinstance(self._error, (GraderOutage, ServerError)):  # the user's to act on, as it is
                         raise self._error
                     if self._error is not None:
                         raise RuntimeError("the sampling thread failed") from self._error
                     made = self._buffer.popleft()
                     self._cond.notify_all()
-            count = sum(len(g.rollouts) for g in made.groups)
-            made.staleness = self.learner_version - made.version
-            if made.staleness > self.max_staleness:
-                with self._cond:
-                    self.counters.dropped_stale += count
-                    for group in made.groups:
-                        self.counters.domain(group.problem.task).dropped += len(group.rollouts)
+            kept, stale = fresh_groups(made.groups, self.learner_version, self.max_staleness)
+            with self._cond:
+                self.counters.dropped_stale += sum(stale.values())
+                for task, count in stale.items():
+                    self.counters.domain(task).dropped += count
+            if stale and not kept:
                 continue
-            self.counters.rollouts_taken += count
-            self._unsettled += made.groups
+            made.groups = kept
+            made.staleness = max((self.learner_version - r.policy_version for g in kept for r in g.rollouts), default=0)
+            self.counters.rollouts_taken += sum(len(g.rollouts) for g in kept)
+            self._unsettled += kept
             return made
 
     def publish(self, model: Any, version: int) -> float:

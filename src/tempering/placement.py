@@ -41,6 +41,8 @@ class RolloutHandle(Protocol):
 
     def set_weights(self, weights: dict, version: int) -> float: ...
 
+    def sampler_record(self) -> dict[str, float]: ...
+
     def reseed(self, salt: int) -> None: ...
 
     def state_dict(self) -> Any: ...
@@ -172,6 +174,9 @@ class _RolloutShell(_ActorShell):
     def reseed(self, salt: int) -> None:
         self.worker.reseed(salt)
 
+    def sampler_record(self) -> dict[str, float]:
+        return self.worker.sampler_record()
+
 
 class _RewardShell(_ActorShell):
     def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
@@ -197,6 +202,9 @@ class RayRollout(RayHandle):
 
     def reseed(self, salt: int) -> None:
         self._get(lambda actor: actor.reseed.remote(salt))
+
+    def sampler_record(self) -> dict[str, float]:
+        return self._get(lambda actor: actor.sampler_record.remote())
 
 
 class RayReward(RayHandle):
@@ -273,6 +281,11 @@ class RolloutPool(WorkerPool):
 
     def reseed(self, salt: int) -> None:
         self._all(lambda handle: handle.reseed(salt))
+
+    def sampler_record(self) -> dict[str, float]:
+        """Each worker's record, its keys under ``rollout_worker/<i>/`` (each has its own sampler)."""
+        records = self._all(lambda handle: handle.sampler_record())
+        return {f"rollout_worker/{i}/{key}": value for i, record in enumerate(records) for key, value in record.items()}
 
 
 class RewardPool(WorkerPool):

@@ -40,7 +40,7 @@ from tempering.eval.sampled import greedy_by_round
 from tempering.faults import TrainingDiverged
 from tempering.learner.parallel import follow
 from tempering.learner.step import Learner, collate
-from tempering.pipeline import GraderOutage
+from tempering.pipeline import GraderOutage, staleness_record
 from tempering.reporting.live import LiveView
 from tempering.reporting.metrics import before_after_table, by_round_table
 from tempering.reporting.samples import SampleWriter
@@ -230,6 +230,7 @@ def learn_step(run: Run) -> tuple[list[Group], dict]:
     t1 = time.perf_counter()
     groups, record["capped_groups"] = cap_domain_tokens(groups, config.scheduler.max_domain_token_share)
     pipeline.settle(groups)  # what the step took and does not train on is dropped, per domain
+    record.update(staleness_record(groups, learner.version, config.pipeline.max_staleness))
     batch = make_batch(groups, run.algorithm["advantage"], run.tokenizer.pad_token_id, learner, ac.gamma, ac.lam,
                        ac.teacher.task_weight)
     if config.scheduler.balance_tokens:

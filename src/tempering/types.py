@@ -182,7 +182,11 @@ class Round:
     sync_s: float = 0.0
     """Seconds the rollout worker spent taking new weights before this round."""
     staleness: int = 0
-    """Learner versions between the round's policy and the learner that took it."""
+    """Learner versions between the learner that took the round and the oldest policy among
+    the rollouts it kept (each rollout's own ``policy_version`` is what decides)."""
+    sampler: Optional[dict[str, float]] = None
+    """What the sampler reported after the round (servers' versions, state, failovers), as
+    step-record keys; None when it reports nothing."""
 
 
 @dataclass

@@ -10,9 +10,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
@@ -32,6 +34,49 @@ def serving(tiny_model_dir, tempering_cache, *options: str) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+class HangingUp(ThreadingHTTPServer):
+    """A proxy on a free port in front of the server at ``target``, serving from a thread of its
+    own, that hangs up unanswered on the completion requests ``hang_up(how many it hung up on so
+    far)`` picks (what a client sees of a server killed mid-request; counted in ``hung_up``)
+    and passes everything else through. Stop it with ``shutdown()``."""
+
+    daemon_threads = True
+
+    def __init__(self, target: str, hang_up: Callable[[int], bool] = lambda done: False):
+        self.target, self.hang_up, self.hung_up = target, hang_up, 0
+        super().__init__(("127.0.0.1", 0), _HangingUpHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _HangingUpHandler(BaseHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def _forward(self, body):
+        request = urllib.request.Request(self.server.target + self.path, body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as reply:
+            data = reply.read()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._forward(None)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/v1/completions" and self.server.hang_up(self.server.hung_up):
+            self.server.hung_up += 1
+            self.close_connection = True  # no answer at all: the client sees the connection close
+            return
+        self._forward(body)
 
 
 def free_port() -> int:

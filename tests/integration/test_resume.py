@@ -134,6 +134,8 @@ def test_sigkilled_async_run_loses_no_rollouts(tmp_path: Path, tiny_model_dir: P
     records = step_records(run)
     assert [r["step"] for r in records] == list(range(1, 31))
     assert all(r["staleness"] <= 1 for r in records)
+    # each rollout trained is counted once in its step's histogram, at most max_staleness behind
+    assert all(r["staleness/hist/0"] + r["staleness/hist/1"] == 4 * 4 and r["staleness/max"] <= 1 for r in records)
     expected = json.loads((reference / "summary.json").read_text())["eval_after"]["accuracy"]
     assert abs(summary["eval_after"]["accuracy"] - expected) <= 0.2
 

@@ -16,7 +16,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -33,7 +32,7 @@ from tempering.rollout.hf import HFGenerator
 from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
 from tempering.rollout.server import Limits, start
 from tempering.types import Problem
-from serving import post
+from serving import HangingUp, post
 from test_envs_tokens import check_bookkeeping, logprob_gap, play
 
 PROMPTS = ["47+38\n", "52-17\n", "47*6\n"]
@@ -178,53 +177,17 @@ def test_vllms_adapter_sync_runs_against_temper_serve(tiny_policy, tmp_path):
         http.shutdown()
 
 
-class DropFirst(ThreadingHTTPServer):
-    """A proxy in front of a server that hangs up on the first completion request unanswered."""
-
-    daemon_threads = True
-
-    def __init__(self, target: str):
-        self.target, self.dropped = target, 0
-        super().__init__(("127.0.0.1", 0), _DropHandler)
-
-
-class _DropHandler(BaseHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002
-        pass
-
-    def _forward(self, body):
-        request = urllib.request.Request(self.server.target + self.path, body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request) as reply:
-            data = reply.read()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        self._forward(None)
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.path == "/v1/completions" and not self.server.dropped:
-            self.server.dropped += 1
-            self.close_connection = True  # no answer at all: the client sees the connection close
-            return
-        self._forward(body)
-
-
 def test_a_dropped_request_is_sent_again_and_gets_the_same_tokens(served):
+    """One server that hangs up: marked down, probed, back, and the request sent again to it."""
     http, model, tokenizer = served
-    proxy = DropFirst(http.url)
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    proxy = HangingUp(http.url, lambda done: done == 0)
     try:
         direct = ServerGenerator(ServerSettings(http.url), tokenizer, model.config)
-        flaky = ServerGenerator(ServerSettings(f"http://127.0.0.1:{proxy.server_address[1]}", backoff_s=0.01),
-                                tokenizer, model.config)
+        flaky = ServerGenerator(ServerSettings(proxy.url, probe_s=0.01), tokenizer, model.config)
         prompt = [tokenizer("47+38\n")["input_ids"]]
         params = SamplingParams(max_new_tokens=12)
         got = flaky.sample(prompt, params, torch.Generator().manual_seed(3))
-        assert proxy.dropped == 1
+        assert proxy.hung_up == 1 and flaky.record()["server/0/returns"] == 1
         assert got == direct.sample(prompt, params, torch.Generator().manual_seed(3))
     finally:
         proxy.shutdown()
@@ -311,7 +274,7 @@ def test_a_request_larger_than_the_batch_is_sampled_in_batches_the_same_way_ever
         http.shutdown()
 
 
-def test_requests_are_dealt_over_several_servers_and_each_reloads(tiny_policy, tmp_path):
+def test_requests_are_spread_over_several_servers_and_each_reloads(tiny_policy, tmp_path):
     model, tokenizer = tiny_policy
     other = copy.deepcopy(model)
     with torch.no_grad():
@@ -330,8 +293,14 @@ def test_requests_are_dealt_over_several_servers_and_each_reloads(tiny_policy, t
         config = TrainConfig.model_validate({"rollout": {"server": {"url": list(urls)}}})
         assert server_generator(config, model, tokenizer).urls == list(urls)
         alone = [groups(ServerSettings(url))[1] for url in urls]
-        for k, group in enumerate(dealt):
-            assert [r.completion_ids for r in group.rollouts] == [r.completion_ids for r in alone[k % 2][k].rollouts]
+        # each group is one server's (by load: which one depends on timing), and both took some
+        sampled_by = [[i for i in (0, 1) if [r.completion_ids for r in group.rollouts]
+                       == [r.completion_ids for r in alone[i][k].rollouts]] for k, group in enumerate(dealt)]
+        assert all(len(found) == 1 for found in sampled_by), sampled_by
+        assert {found[0] for found in sampled_by} == {0, 1}
+        record = both.record()
+        assert [record["server/0/requests"], record["server/1/requests"]] == \
+            [sum(found == [i] for found in sampled_by) for i in (0, 1)]
         both.load_weights({k: v.clone() for k, v in model.state_dict().items()})
         assert [post(url + "/v1/completions", {"prompt": "1+1\n", "max_tokens": 1})["policy_version"]
                 for url in urls] == [1, 1]

@@ -48,7 +48,8 @@ def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
     ``weight_sync_s`` and their largest ``staleness``; ``completion_tokens`` and their mean
     per rollout, ``completion_length``;
     ``dropped_groups``, ``dropped_fraction`` (of sampled groups), ``zero_signal_fraction``
-    (of sampled groups, measured also without ``dynamic``) and ``sampling_rounds``.
+    (of sampled groups, measured also without ``dynamic``) and ``sampling_rounds``; and what
+    the sampler reported after the last round that reported (``Round.sampler``).
 
     A round with no groups is taken like any other (an empty batch when every round is
     empty): it adds its costs, and nothing to the means, which are left out when no rollout
@@ -60,6 +61,7 @@ def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
     weighted: dict[str, float] = {}
     sampled_groups = sampled_rollouts = flat = rounds = 0
     groups: list[Group] = []
+    sampler: dict[str, float] = {}
     while rounds == 0 or (dynamic and len(kept) < wanted and rounds <= max_extra_rounds):
         made = next_round()
         groups = made.groups
@@ -67,6 +69,7 @@ def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
         totals["reward_s"] += made.reward_s
         totals["weight_sync_s"] += made.sync_s
         totals["staleness"] = max(totals["staleness"], made.staleness)
+        sampler = made.sampler or sampler
         count = sum(len(g.rollouts) for g in groups)
         totals["completion_tokens"] += sum(len(r.completion_ids) for g in groups for r in g.rollouts)
         if count:  # an empty round has no means to add (its record may hold a mean of nothing)
@@ -85,6 +88,7 @@ def collect_groups(next_round: Callable[[], Round], wanted: int, dynamic: bool,
     record.update(totals, completion_length=totals["completion_tokens"] / max(sampled_rollouts, 1),
                   dropped_groups=dropped, dropped_fraction=dropped / max(sampled_groups, 1),
                   zero_signal_fraction=flat / max(sampled_groups, 1), sampling_rounds=rounds)
+    record.update(sampler)
     return kept[:wanted], record
 
 

@@ -53,7 +53,8 @@ def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
     url = (sc.url if isinstance(sc.url, str) else tuple(sc.url)) if launched is None else launched.url
     reload = "vllm" if launched is not None and sc.reload != "none" else sc.reload
     settings = ServerSettings(url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
-                              sc.weights_dir, reload)
+                              sc.weights_dir, reload, down_timeout_s=sc.down_timeout_s, probe_s=sc.probe_s,
+                              max_probe_s=sc.max_probe_s)
     try:
         return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template,
                                adapted=model if config.model.lora is not None else None, launched=launched)

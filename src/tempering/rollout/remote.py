@@ -11,15 +11,27 @@ does and vLLM does with ``--logprobs-mode processed_logprobs``.
 
 Each problem (each episode turn, through :meth:`ServerGenerator.sample`) is one request, up
 to ``concurrency`` in flight; a server that batches concurrent requests (all of these do)
-sees them together. With several URLs (servers of one model, each at the same policy
-version), the requests of a step are dealt to them in turn, the k-th to server k mod their
-number, and every reload goes to each. A server started with an API key
-(``temper serve --api-key``, vLLM's ``--api-key``) gets it as ``Authorization: Bearer``
-from ``$TEMPER_SERVE_API_KEY``. Every request carries a ``seed`` drawn from the run's generator in a
-fixed order before any is sent, so a run against ``temper serve`` repeats itself. A request
-that fails to connect, times out (``timeout_s``), or gets 429 or a 5xx answer is sent again
-after ``backoff_s``, doubling, up to ``retries`` times; the same seed makes the retry draw
-the same tokens.
+sees them together. A server started with an API key (``temper serve --api-key``, vLLM's
+``--api-key``) gets it as ``Authorization: Bearer`` from ``$TEMPER_SERVE_API_KEY``. Every
+request carries a ``seed`` drawn from the run's generator in a fixed order before any is
+sent, so a run against ``temper serve`` repeats itself, and a request sent again draws the
+same tokens. A request answered with 429 or a 5xx is sent again to the same server after
+``backoff_s``, doubling, up to ``retries`` times.
+
+Several URLs (servers of one model, each at the same policy version) share the requests by
+load and fail over (``tempering.rollout.balance`` holds the policy): each request goes to
+the server with the fewest in flight; a server that does not answer (no connection, no reply
+within ``timeout_s``, or a reply from weights older than the run's: it was restarted) is
+marked down and the request sent to another with its seed. A down server is probed
+``probe_s`` after, then at doubling intervals (at most ``max_probe_s``); once it answers,
+the weights the run loaded last are loaded onto it at the run's version before it takes a
+request again. Every round (:meth:`ServerGenerator.check_servers`) first probes the servers
+due, then asks each server up for its policy version: one behind the run's was restarted
+between two requests and is reloaded now, one ahead of it was changed by another client (an
+error). One server is the same case with nobody to fail over to: its requests wait for it.
+When no server has been up for ``down_timeout_s``, sampling stops with a ServerError naming
+each server and its last error. :meth:`ServerGenerator.record` is what each step logs of
+this (``server/<i>/...``).
 
 Weight sync: :meth:`ServerGenerator.load_weights` writes the learner's weights as
 ``model.safetensors`` beside the model's config and tokenizer in ``weights_dir`` and asks
@@ -42,13 +54,17 @@ A server that answers an error (4xx, or a 5xx still there after the retries) is 
 own message reaches the user. ``launched``, a server this run started
 (``tempering.rollout.vllm_launch``), is stopped by :meth:`ServerGenerator.close`.
 
-Not done: weight transfer over NCCL, streaming, servers that differ in model or version.
+Not done: weight transfer over NCCL, streaming, servers that differ in model or version;
+with ``reload: vllm``, a server down during a reload stops the run, and one that comes back
+at other weights stays down (vLLM's weight version is the run's only through every server
+reloading together).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import shutil
 import socket
@@ -65,6 +81,7 @@ from typing import Any, Optional
 
 import torch
 
+from tempering.rollout.balance import ServerPool
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.prompts import use_chat_template
 from tempering.rollout.requests import Drawn, RequestSampler
@@ -72,6 +89,7 @@ from tempering.rollout.vllm_sync import VllmSync
 
 RELOADS = ("update_weights_from_disk", "vllm", "none")
 API_KEY_VARIABLE = "TEMPER_SERVE_API_KEY"
+LOG = logging.getLogger("tempering.rollout.remote")
 
 
 class ServerError(RuntimeError):
@@ -85,6 +103,11 @@ class _Transient(Exception):
     def __init__(self, message: str, answered: bool = False):
         super().__init__(message)
         self.answered = answered
+
+
+class _Unreachable(Exception):
+    """A server that does not answer (or answers from weights it was restarted with): its
+    request goes to another server, and it is marked down."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +127,12 @@ class ServerSettings:
     """The name LoRA adapters are loaded under (runs with adapters only)."""
     api_key: Optional[str] = None
     """Bearer token sent with every request; None = ``$TEMPER_SERVE_API_KEY`` when set, else none."""
+    down_timeout_s: float = 120.0
+    """Seconds with no server up before sampling stops with an error."""
+    probe_s: float = 1.0
+    """Seconds from a server going down to its first probe; doubling after each failed one."""
+    max_probe_s: float = 30.0
+    """The longest wait between two probes of a down server."""
 
 
 def parse_choice(choice: dict) -> tuple[list[int], list[float], str]:
@@ -157,6 +186,12 @@ class ServerGenerator(RequestSampler):
             self.served_version = self.vllm.version
         self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="server-request")
         self._weights_dir: Optional[Path] = None
+        self.servers = ServerPool(self.urls, settings.probe_s, settings.max_probe_s)
+        for url, entry in zip(self.urls, found):
+            self.servers.checked(url, entry.get("policy_version"))
+        self._last_load: Optional[tuple[str, dict, bool]] = None
+        """The reload every server took last: path, body (without the version), plain reply;
+        replayed onto a server brought back. None = the servers' own weights."""
         self.batch_size = sys.maxsize  # every row at once: the pool keeps ``concurrency`` requests in flight
 
     def _served(self, url: str) -> dict:
@@ -173,9 +208,103 @@ class ServerGenerator(RequestSampler):
     # -- sampling ------------------------------------------------------------------------
     def _complete_all(self, prompts: list[list[int]], n: int, params: SamplingParams,
                       seeds: list[int]) -> list[list[Drawn]]:
-        futures = [self._pool.submit(self._complete, self.urls[k % len(self.urls)], ids, n, params, seed)
-                   for k, (ids, seed) in enumerate(zip(prompts, seeds))]
+        self.check_servers()
+        futures = [self._pool.submit(self._dispatch, ids, n, params, seed) for ids, seed in zip(prompts, seeds)]
         return [future.result() for future in futures]
+
+    def _dispatch(self, prompt_ids: list[int], n: int, params: SamplingParams, seed: int) -> list[Drawn]:
+        """One request on the least loaded server up, sent again (same seed) to another while
+        the one it went to stops answering."""
+        while True:
+            url = self._up_server()
+            try:
+                drawn = self._complete(url, prompt_ids, n, params, seed)
+            except _Unreachable as exc:
+                self.servers.mark_down(url, str(exc))
+                LOG.warning("%s stopped answering (%s): marked down, its request sent to another server", url, exc)
+                continue
+            except BaseException:
+                self.servers.release(url, completed=False)
+                raise
+            self.servers.release(url)
+            return drawn
+
+    def _up_server(self) -> str:
+        """A server up, now holding one more request: probing the down ones due, waiting for
+        one to come back, up to ``down_timeout_s`` with none up."""
+        while True:
+            url = self.servers.acquire()
+            if url is not None:
+                return url
+            self._revive_due()
+            down_for = self.servers.all_down_for()
+            if down_for is not None and down_for > self.settings.down_timeout_s:
+                raise ServerError(f"no server has answered for {down_for:.0f} s (rollout.server.down_timeout_s="
+                                  f"{self.settings.down_timeout_s:g}): {self.servers.describe_down()}; start them "
+                                  "again, then continue the run from its last checkpoint with `temper train --resume`")
+            self.servers.wait(min(max(self.servers.next_due_in(), 0.05), 1.0))
+
+    def check_servers(self) -> None:
+        """Once a round: probe the down servers due, and ask each server up for its policy
+        version (see the module docstring); every answer is counted in :meth:`record`."""
+        self._revive_due()
+        for url in self.servers.up():
+            try:
+                version = self._stated_version(url)
+            except _Unreachable as exc:
+                self.servers.mark_down(url, str(exc), held=False)
+                LOG.warning("%s does not answer (%s): marked down", url, exc)
+                continue
+            self.servers.checked(url, version)
+            if version is None or self.served_version is None or version == self.served_version:
+                continue
+            if version > self.served_version:
+                raise ServerError(f"{url} is at policy version {version}, ahead of this run's {self.served_version}: "
+                                  "another client changed its weights")
+            self.servers.mark_down(url, f"restarted: at policy version {version}, not {self.served_version}", held=False)
+            if self.servers.claim(url):
+                self._revive(url)
+
+    def _revive_due(self) -> None:
+        for url in self.servers.due():
+            if self.servers.claim(url):
+                self._revive(url)
+
+    def _revive(self, url: str) -> None:
+        """The claimed probe of ``url``: when it answers, load the run's weights onto it (unless
+        it has them) and put it back in service; otherwise back off."""
+        try:
+            version = self._stated_version(url)
+            if self.vllm is not None:
+                found = self.vllm.served(url)
+                if found != self.vllm.version:
+                    raise _Unreachable(f"at weight version {found}, not {self.vllm.version}; a vLLM server "
+                                       "(reload: vllm) is reloaded only with all the others")
+            elif self._last_load is not None and (version is None or version != self.served_version):
+                self._reload(url, self.served_version or 0, failover=True)  # a server that states no version: always
+                version = self.served_version
+            elif version != self.served_version:
+                raise _Unreachable(f"at policy version {version}, not {self.served_version}, and this run has loaded "
+                                   "no weights to give it")
+        except (_Unreachable, ServerError) as exc:
+            self.servers.probe_failed(url, str(exc))
+            LOG.info("%s is still down: %s", url, exc)
+            return
+        self.servers.bring_back(url, version)
+        LOG.warning("%s answers again: back in service at policy version %s", url, version)
+
+    def _stated_version(self, url: str) -> Optional[int]:
+        """The policy version ``url`` states for its models (None: it states none, as vLLM)."""
+        listed = self._request("GET", "/v1/models", None, url=url, failover=True).get("data") or [{}]
+        return listed[0].get("policy_version")
+
+    def record(self) -> dict[str, float]:
+        """The servers' state for the step's record (``ServerPool.record``) and the version
+        the run loaded last, ``server/expected_version`` (when known)."""
+        record = self.servers.record()
+        if self.served_version is not None:
+            record["server/expected_version"] = self.served_version
+        return record
 
     def _complete(self, url: str, prompt_ids: list[int], n: int, params: SamplingParams, seed: int) -> list[Drawn]:
         body = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": params.max_new_tokens,
@@ -183,8 +312,10 @@ class ServerGenerator(RequestSampler):
                 "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids), "seed": seed,
                 "logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True,
                 "include_stop_str_in_output": True, "skip_special_tokens": False}
-        reply = self._request("POST", "/v1/completions", body, url=url)
+        reply = self._request("POST", "/v1/completions", body, url=url, failover=True)
         version = reply.get("policy_version")
+        if version is not None and self.served_version is not None and version < self.served_version:
+            raise _Unreachable(f"restarted: it sampled with policy version {version}, not {self.served_version}")
         if version is not None and self.served_version is not None and version != self.served_version:
             raise ServerError(f"{url} sampled with policy version {version}, but version "
                               f"{self.served_version} was loaded last: another client changed its weights")
@@ -211,12 +342,8 @@ class ServerGenerator(RequestSampler):
         if self.vllm is not None:
             self.served_version = self.vllm.load_weights(folder)
             return
-        expected = (self.served_version or 0) + 1
-        for url in self.urls:
-            reply = self._request("POST", "/update_weights_from_disk", {"model_path": str(folder),
-                                                                         "version": expected}, url=url)
-            self._loaded(reply, url, folder, expected)
-        self.served_version = expected
+        self._last_load = ("/update_weights_from_disk", {"model_path": str(folder)}, False)
+        self._reload_all()
 
     def _load_adapter(self, weights: dict[str, torch.Tensor]) -> None:
         """Write the adapters in ``weights`` and have the server sample with them from now on."""
@@ -229,14 +356,29 @@ class ServerGenerator(RequestSampler):
             return
         folder = self._folder() / "adapter"
         save_adapters(self.adapted, weights, folder)
-        name, expected = self.settings.adapter_name, (self.served_version or 0) + 1
-        for url in self.urls:
-            reply = self._request("POST", "/v1/load_lora_adapter", {
-                "lora_name": name, "lora_path": str(folder), "load_inplace": True, "version": expected},
-                plain=True, url=url)  # load_inplace: replace an adapter of that name; vLLM answers in plain text
-            self._loaded(reply, url, folder, expected)
-        self.model = name
+        # load_inplace: replace an adapter of that name; vLLM answers in plain text
+        self._last_load = ("/v1/load_lora_adapter", {"lora_name": self.settings.adapter_name,
+                                                     "lora_path": str(folder), "load_inplace": True}, True)
+        self._reload_all()
+        self.model = self.settings.adapter_name
+
+    def _reload_all(self) -> None:
+        """Every server up takes the last load at the next version; a server that does not
+        answer is marked down (and takes it when brought back)."""
+        expected = (self.served_version or 0) + 1
+        for url in self.servers.up():
+            try:
+                self._reload(url, expected, failover=True)
+            except _Unreachable as exc:
+                self.servers.mark_down(url, str(exc), held=False)
+                LOG.warning("%s does not answer (%s): marked down; it takes these weights when it is back", url, exc)
         self.served_version = expected
+
+    def _reload(self, url: str, expected: int, failover: bool) -> None:
+        """Replay the last load onto ``url`` at version ``expected`` and check its answer."""
+        path, body, plain = self._last_load
+        reply = self._request("POST", path, {**body, "version": expected}, plain=plain, url=url, failover=failover)
+        self._loaded(reply, url, Path(body.get("lora_path", body.get("model_path", ""))), expected)
 
     def _loaded(self, reply: dict, url: str, folder: Path, expected: int) -> None:
         """Check ``url``'s answer to loading ``folder``: success, at version ``expected``."""
@@ -274,14 +416,17 @@ class ServerGenerator(RequestSampler):
 
     # -- HTTP ----------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Optional[dict], plain: bool = False,
-                 url: Optional[str] = None) -> dict:
+                 url: Optional[str] = None, failover: bool = False) -> dict:
         """The reply's JSON from ``url`` (default: the first server), retried as the module
-        docstring says; a ServerError otherwise. A ``plain`` text reply is read as ``{"message": text}``."""
+        docstring says; a ServerError otherwise. A ``plain`` text reply is read as ``{"message": text}``.
+        With ``failover``, no answer is an :class:`_Unreachable` at once (another server takes it)."""
         s, url = self.settings, url or self.urls[0]
         for attempt in range(s.retries + 1):
             try:
                 return self._once(method, url + path, body, plain)
             except _Transient as exc:
+                if failover and not exc.answered:
+                    raise _Unreachable(str(exc)) from None
                 if attempt == s.retries and exc.answered:
                     raise ServerError(f"{method} {url}{path}: {exc} (after {s.retries + 1} tries)") from None
                 report = self.launched.exit_report() if self.launched is not None else None

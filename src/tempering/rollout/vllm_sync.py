@@ -37,7 +37,7 @@ class VllmSync:
 
     def __init__(self, request: Callable[..., dict], urls: list[str], error: type[Exception]):
         self.request, self.urls, self.error = request, urls, error
-        found = [self._served(url) for url in urls]
+        found = [self.served(url) for url in urls]
         if len(set(found)) > 1:
             listing = ", ".join(f"{url} at {version}" for url, version in zip(urls, found))
             raise error(f"the servers are at different weight versions ({listing}); start them on the same weights")
@@ -45,14 +45,14 @@ class VllmSync:
         self.adapter: Optional[tuple[str, Path]] = None
         """The adapter loaded last: its name and folder."""
 
-    def _served(self, url: str) -> Optional[int]:
+    def served(self, url: str) -> Optional[int]:
         """``url``'s weight version: an integer this class set, or None (vLLM's "default")."""
         found = self.request("GET", "/weight_info", None, url=url).get("weight_version")
         return int(found) if isinstance(found, str) and found.isdigit() else None
 
     def _check_unchanged(self) -> None:
         for url in self.urls:
-            served = self._served(url)
+            served = self.served(url)
             if served != self.version:
                 raise self.error(f"{url} is at weight version {served}, not {self.version} as this run left it: "
                                  "another client is changing its weights")
@@ -95,7 +95,7 @@ class VllmSync:
                 raise self.error(f"{url} could not reset its prefix cache (requests were running on it: "
                                  "another client is using the server)")
             self.request("POST", "/update_weight_version", {"new_version": str(expected)}, url=url)
-            served = self._served(url)
+            served = self.served(url)
             if served != expected:
                 raise self.error(f"{url} is at weight version {served} after new weights, not {expected}: "
                                  "another client is changing its weights")

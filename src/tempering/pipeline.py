@@ -77,8 +77,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from tempering import faults
-from tempering.rollout.base import Generator, SamplingParams
-from tempering.rollout.remote import ServerError
+from tempering.rollout.base import Generator, SamplingParams, ServerError
 from tempering.types import Group, Problem, Round
 
 if TYPE_CHECKING:  # placement reads the config, which the pipeline does not

@@ -58,29 +58,45 @@ def test_generate_until_scores_what_direct_requests_give(completions_run, mini_s
     assert completions_run["results"]["tempering_arith_gen"]["exact_match,none"] == pytest.approx(expected)
 
 
+def model_loglikelihood(model, tokenizer, context: str, continuation: str) -> tuple[float, bool]:
+    """The continuation's log-likelihood after the context, computed by the model here, and
+    whether greedy decoding would write it."""
+    ids = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
+    # lm-eval scores a context's trailing whitespace with the continuation
+    start = len(tokenizer(context.rstrip(), add_special_tokens=False)["input_ids"])
+    with torch.no_grad():
+        scores = model(input_ids=torch.tensor([ids])).logits[0, start - 1 : -1].float().log_softmax(-1)
+    wanted = torch.tensor(ids[start:])
+    return float(scores.gather(-1, wanted[:, None]).sum()), bool((scores.argmax(-1) == wanted).all())
+
+
 def test_loglikelihoods_are_the_models_own(completions_run, tiny_policy):
     model, tokenizer = tiny_policy
     samples = completions_run["samples"]["tempering_arith_ll"]
     greedy = []
     for sample in sorted(samples, key=lambda s: s["doc_id"]):
-        context, continuation = sample["arguments"][0]
-        ids = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
-        # lm-eval scores a context's trailing whitespace with the continuation
-        start = len(tokenizer(context.rstrip(), add_special_tokens=False)["input_ids"])
-        with torch.no_grad():
-            scores = model(input_ids=torch.tensor([ids])).logits[0, start - 1 : -1].float().log_softmax(-1)
-        wanted = torch.tensor(ids[start:])
         loglikelihood, is_greedy = sample["resps"][0][0]
-        assert loglikelihood == pytest.approx(float(scores.gather(-1, wanted[:, None]).sum()), abs=1e-4)
-        assert is_greedy == bool((scores.argmax(-1) == wanted).all())
+        expected, expected_greedy = model_loglikelihood(model, tokenizer, *sample["arguments"][0])
+        assert loglikelihood == pytest.approx(expected, abs=1e-4)
+        assert is_greedy == expected_greedy
         greedy.append(is_greedy)
     assert completions_run["results"]["tempering_arith_ll"]["acc,none"] == pytest.approx(sum(greedy) / len(greedy))
     assert 0 < sum(greedy) < len(greedy), "both answers occur, so the greedy check is exercised"
 
 
-def test_a_multiple_choice_task_the_model_knows_scores_above_chance(completions_run):
-    accuracy = completions_run["results"]["tempering_operators"]["acc,none"]
-    assert accuracy > 0.4, f"{accuracy} over 60 three-way questions (chance: 1/3)"
+def test_a_multiple_choice_task_scores_the_choice_the_models_own_loglikelihoods_make(completions_run, tiny_policy):
+    """The miniature model is barely above chance on these (0.37 over 60 three-way questions
+    when pre-trained in float32): what is held here is that lm-eval, through the server,
+    picks what the model's own log-likelihoods pick, question by question."""
+    model, tokenizer = tiny_policy
+    samples = sorted(completions_run["samples"]["tempering_operators"], key=lambda s: s["doc_id"])
+    right = []
+    for sample in samples:
+        expected = [model_loglikelihood(model, tokenizer, *arguments)[0] for arguments in sample["arguments"]]
+        assert [resp[0][0] for resp in sample["resps"]] == pytest.approx(expected, abs=1e-4)
+        right.append(max(range(len(expected)), key=expected.__getitem__) == sample["doc"]["label"])
+    assert completions_run["results"]["tempering_operators"]["acc,none"] == pytest.approx(sum(right) / len(right))
+    assert 0 < sum(right) < len(right), "right and wrong choices both occur, so the pick is exercised"
 
 
 def test_chat_generation_scores_what_direct_chat_requests_give(mini_server_url, offline):

@@ -201,12 +201,16 @@ def test_sharing_a_prompts_prefill_changes_no_numbers(tiny_policy):
 
 
 def _early_ending_generator(model, tokenizer) -> HFGenerator:
-    """A generator whose end-of-sequence token is one the greedy completions write at
-    different steps, so that rows of a batch finish at different times."""
+    """A generator whose end-of-sequence token is one that some greedy completions write, at
+    different steps, and others never do, so that rows of a batch finish at different times
+    and some run to the length limit (the first such token of the first completion: which
+    one depends on the pre-trained model, which differs between CPUs with and without bf16)."""
     generator = HFGenerator(model, tokenizer)
     generator.eos_ids = set()
     free = _rollouts(generator.generate(_problems(), 1, SamplingParams(greedy=True, max_new_tokens=16)))
-    generator.eos_ids = {free[0].completion_ids[3]}
+    written = [set(r.completion_ids) for r in free]
+    token = next(t for t in free[0].completion_ids[1:] if not all(t in ids for ids in written))
+    generator.eos_ids = {token}
     return generator
 
 

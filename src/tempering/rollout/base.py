@@ -130,3 +130,9 @@ class TokenSampler(Protocol):
         """``(completion ids, log-probs, finish reason "stop" | "length")`` after each prompt;
         draws from ``generator``, or with :class:`RowStreams` from each row's own stream."""
         ...
+
+
+class ServerError(RuntimeError):
+    """The inference server could not be reached or refused a request; the message says which and why.
+    Here, beside the protocol, so that the pipeline can pass it on as it is without importing
+    the server client."""

@@ -82,7 +82,7 @@ from typing import Any, Optional
 import torch
 
 from tempering.rollout.balance import ServerPool
-from tempering.rollout.base import SamplingParams
+from tempering.rollout.base import SamplingParams, ServerError
 from tempering.rollout.prompts import use_chat_template
 from tempering.rollout.requests import Drawn, RequestSampler
 from tempering.rollout.vllm_sync import VllmSync
@@ -90,10 +90,6 @@ from tempering.rollout.vllm_sync import VllmSync
 RELOADS = ("update_weights_from_disk", "vllm", "none")
 API_KEY_VARIABLE = "TEMPER_SERVE_API_KEY"
 LOG = logging.getLogger("tempering.rollout.remote")
-
-
-class ServerError(RuntimeError):
-    """The inference server could not be reached or refused a request; the message says which and why."""
 
 
 class _Transient(Exception):

@@ -109,6 +109,8 @@ function drawPlot(panel, smoothing) {
                                tickLabel(x, xs.step)));
   }
   svg.append(el("svg:line", {x1: M.left, x2: W - margin.right, y1: H - M.bottom, y2: H - M.bottom, class: "axis"}));
+  if (panel.x) svg.append(el("svg:text", {x: W - margin.right, y: H - M.bottom - 4, "text-anchor": "end",
+                                          class: "tick unit"}, panel.x));
   const legend = el("div", {class: "legend"});
   for (const series of panel.series) {
     const style = seriesStyle(series, panel), sy = toY[series.axis];

@@ -1,6 +1,8 @@
 """Held-out accuracy against length: a long_context curriculum graded at each of its lengths."""
 
 from tempering.eval.greedy import evaluate
+from tempering.eval.sampled import sampled_evaluate
+from tempering.rewards.base import build_reward
 from tempering.tasks import build_task
 from tempering.train import eval_record
 from tempering.types import Group, Rollout
@@ -56,3 +58,12 @@ def test_the_curve_is_read_on_the_same_problems_whatever_the_level_and_not_at_al
     after = evaluate(ShortSighted(), tasks, 4, 8, problems_per_length=3)
     assert after["by_length"] == before["by_length"] and after["per_task"]["long_context"] == 0.0
     assert evaluate(ShortSighted(), tasks, 4, 8)["by_length"] == {}
+
+
+def test_temper_eval_reads_the_same_curve():
+    tasks = _tasks()[:1]
+    metrics = {"exact_match": build_reward("exact_match", None)}
+    found = sampled_evaluate(ShortSighted(), tasks, 2, 8, metrics, {}, None, {}, verifier=False, progress=False,
+                             problems_per_length=6)
+    assert found["by_length"] == evaluate(ShortSighted(), tasks, 2, 8, problems_per_length=6)["by_length"]
+    assert found["by_length"]["long_context"]["1024"] == 0.0

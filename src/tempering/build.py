@@ -661,7 +661,8 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
-                                  config.rewards.options, stop=config.rollout.stop)
+                                  config.rewards.options, stop=config.rollout.stop,
+                                  problems_per_length=ec.problems_per_length)
     owns_ray = config.pipeline.backend == "ray" and not ray_running()
     pipeline = build_pipeline(config, mixture, policy, tokenizer, rewarder)
     return Run(config, threads, folder, policy, tokenizer, model_path, tasks, algorithm, rewarder, monitors,

@@ -135,7 +135,8 @@ def run_evaluation(config, model_path: Optional[str], settings, best_of: tuple[b
         try:
             result = sampled_evaluate(generator, tasks, config.eval.problems_per_task, config.eval.max_new_tokens,
                                       metrics, config.rewards.options, settings, selectors, verifier, progress,
-                                      rounds=rounds, stop=config.rollout.stop)
+                                      rounds=rounds, stop=config.rollout.stop,
+                                      problems_per_length=config.eval.problems_per_length)
         finally:
             if hasattr(generator, "close"):  # a vLLM engine or a server it launched
                 generator.close()

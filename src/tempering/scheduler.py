@@ -33,6 +33,8 @@ seen so far (optimism), so every task is tried early.
 
 Curricula: a task with ``levels`` (a count) and a settable ``level`` moves up one level when
 its success rate passes ``promote_at`` over at least ``min_samples`` rollouts at the level.
+A curriculum over lengths (a task whose ``length_tokens`` follows its level) has the length
+logged beside the level.
 
 Balance inside a batch (used by the loop, optional): :func:`cap_domain_tokens` drops groups of
 a domain holding more than a set share of the batch's completion tokens, and
@@ -340,7 +342,8 @@ class Mixture:
         return per-task metrics for the step's record: ``domain/<task>/`` ``success``,
         ``spread`` (mean within-group variance of success), ``reward`` and ``completion_tokens``
         (of this step's sampled rollouts, when the task was drawn), ``weight`` (its share of the next draws), ``dropped_groups`` (so far)
-        and ``level`` (for tasks with levels); and the costs and shares of :meth:`fold_costs`."""
+        and ``level`` (for tasks with levels, with ``length_tokens`` for those whose levels are
+        lengths); and the costs and shares of :meth:`fold_costs`."""
         s = self.settings
         record = self.fold_costs()
         for task in self.tasks:
@@ -371,6 +374,8 @@ class Mixture:
             record[f"domain/{task.name}/dropped_groups"] = stats.dropped
             if curriculum_levels(task):
                 record[f"domain/{task.name}/level"] = stats.level
+                if isinstance(length := getattr(task, "length_tokens", None), int):
+                    record[f"domain/{task.name}/length_tokens"] = length
         return record
 
     def table(self) -> str:

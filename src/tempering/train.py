@@ -205,9 +205,12 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
 
 
 def eval_record(result: dict) -> dict[str, float]:
-    """A held-out evaluation as step-record keys: ``eval/accuracy``, ``eval/<task>`` and
+    """A held-out evaluation as step-record keys: ``eval/accuracy``, ``eval/<task>``,
+    ``eval/<task>/len_<L>`` (accuracy at each length of a task with several) and
     ``eval/grader_errors``; a task (or the whole) with no problem graded has no number."""
     record = {f"eval/{name}": value for name, value in result["per_task"].items() if value is not None}
+    record.update({f"eval/{name}/len_{length}": value for name, curve in result.get("by_length", {}).items()
+                   for length, value in curve.items() if value is not None})
     if result["accuracy"] is not None:
         record["eval/accuracy"] = result["accuracy"]
     record["eval/grader_errors"] = sum(result["grader_errors"].values())

@@ -223,3 +223,31 @@ def test_the_report_of_forty_domains_draws_heatmaps_with_the_weakest_domains_on_
     tasks = [html.unescape(t) for t in re.findall(r'<tr data-task="([^"]*)"', heldout)]
     assert tasks[0] == "rg:task_20", "the task that fell from 99% to about 51% is first"
     assert screenshot.stat().st_size > 10_000
+
+
+def test_accuracy_against_length_draws_a_line_per_evaluation_over_tokens_unsmoothed(tmp_path, chromium):
+    by_length = lambda a, b, c: {"256": a, "1024": b, "4096": c}  # noqa: E731
+    records = [{"step": step, "reward": 0.1 * step, "domain/lc/length_tokens": 256 if step < 3 else 1024}
+               | ({"eval/lc": 0.5, "eval/lc/len_256": 0.9, "eval/lc/len_1024": 0.5, "eval/lc/len_4096": 0.1}
+                  if step == 2 else {}) for step in range(1, 5)]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "summary.json").write_text(json.dumps({"steps": 4, "eval_before": {"by_length": {"lc": by_length(0.5, 0.2, 0.0)}},
+                                                  "eval_after": {"by_length": {"lc": by_length(1.0, 0.8, 0.3)}}}))
+    page = tmp_path / "report.html"
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(run), "--out", str(page)])
+    assert done.value.code == 0
+
+    dom = _browse(chromium, page, "--dump-dom")  # the page's default smoothing, 0.6
+
+    errors = re.search(r'<html[^>]* data-errors="([^"]*)"', dom)
+    assert errors is None, f"the page reported errors: {errors.group(1) if errors else ''}"
+    svg = re.search(r'<svg[^>]*data-title="Accuracy against length · lc".*?</svg>', dom, re.S).group(0)
+    assert 'data-points="9"' in svg and ">tokens</text>" in svg
+    lines = re.findall(r'<polyline points="([^"]+)"[^>]*class="(\w+)" data-key="([^"]+)"', svg)
+    assert [(kind, key) for _, kind, key in lines] == [("raw", "before"), ("raw", "step 2"), ("raw", "after")]
+    xs = [[float(p.split(",")[0]) for p in points.split()] for points, _, _ in lines]
+    assert all(x == xs[0] and x == sorted(x) and len(set(x)) == 3 for x in xs), "the same three lengths, rising"
+    assert '1024 tokens: 0.8</title>' in svg

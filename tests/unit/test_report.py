@@ -199,3 +199,31 @@ def test_held_out_accuracy_per_task_first_and_last_most_dropped_first_and_across
     assert across["rows"] == ["sub", "add"] and across["cells"] == [[pytest.approx(-0.3), 0.25],
                                                                      [pytest.approx(0.7), -0.25]]
     assert across["high"] == -across["low"] == pytest.approx(0.7), "a scale centred on no change"
+
+
+def test_accuracy_against_length_is_one_line_per_evaluation_and_only_where_lengths_were_evaluated(tmp_path):
+    curve = lambda a, b, c: {"256": a, "1024": b, "4096": c}  # noqa: E731
+    a = _run(tmp_path / "a", [{"step": 1, "reward": 0.5, "domain/lc/length_tokens": 256, "eval/lc": 0.5},
+                              {"step": 2, "reward": 0.6, "eval/lc": 0.75, "eval/accuracy": 0.75,
+                               "eval/lc/len_256": 1.0, "eval/lc/len_1024": 0.5, "eval/lc/len_4096": 0.0}])
+    (a / "summary.json").write_text(json.dumps({
+        "steps": 2, "eval_before": {"accuracy": 0.5, "per_task": {"lc": 0.5}, "by_length": {"lc": curve(0.75, 0.25, None)}},
+        "eval_after": {"accuracy": 0.8, "per_task": {"lc": 0.8}, "by_length": {"lc": curve(1.0, 0.75, 0.25)}}}))
+    b = _run(tmp_path / "b", [{"step": 1, "reward": 0.5, "eval/lc": 0.5}, {"step": 2, "reward": 0.5, "eval/lc": 0.6}])
+
+    with_lengths = _data(build_report([a], tmp_path / "a.html").read_text())
+    titles = [p["title"] for p in with_lengths["panels"]]
+    assert titles.index("Accuracy against length · lc") == titles.index("Accuracy") + 1
+    panel = with_lengths["panels"][titles.index("Accuracy against length · lc")]
+    assert panel["x"] == "tokens" and [(s["key"], s["points"]) for s in panel["series"]] == [
+        ("before", [[256, 0.75], [1024, 0.25]]), ("step 2", [[256, 1.0], [1024, 0.5], [4096, 0.0]]),
+        ("after", [[256, 1.0], [1024, 0.75], [4096, 0.25]])]
+    step_keys = {s["key"] for p in with_lengths["panels"] if "x" not in p for s in p["series"]}
+    assert "eval/lc" in step_keys and not any("/len_" in k for k in step_keys), "per-length keys: only against length"
+    assert "domain/lc/length_tokens" in step_keys
+    assert [r["task"] for r in with_lengths["heldout"][0]] == ["lc"]
+
+    without = _data(build_report([b], tmp_path / "b.html").read_text())
+    assert not any("x" in p or "length" in p["title"] for p in without["panels"])
+    both = _data(build_report([a, b], tmp_path / "ab.html").read_text())
+    assert [p["title"] for p in both["panels"] if "x" in p] == ["Accuracy against length · lc · a"]

@@ -227,11 +227,24 @@ def test_the_scheduler_raises_the_length_while_success_passes_the_threshold_and_
     build = lambda: build_task("long_context", seed=0, lengths=[128, 256, 512, 1024], chars_per_token=1.0)  # noqa: E731
     task = build()
     mixture = StaticMixture([task], [1.0], seed=0, settings=settings)
-    levels = [_step(mixture, window=300)["domain/long_context/level"] for _ in range(6)]
-    assert levels == [1, 2, 2, 2, 2, 2]  # 128 and 256 characters fit the reader's window, 512 does not
+    records = [_step(mixture, window=300) for _ in range(6)]
+    assert [r["domain/long_context/level"] for r in records] == [1, 2, 2, 2, 2, 2]  # 512 exceeds the window
+    assert [r["domain/long_context/length_tokens"] for r in records] == [256, 512, 512, 512, 512, 512]
     assert task.length_tokens == 512 and all(400 < len(p.prompt) <= 512 for p in task.eval_problems(4))
     state = json.loads(json.dumps(mixture.state_dict()))
     resumed_task = build()
     resumed = StaticMixture([resumed_task], [1.0], seed=0, settings=settings)
     resumed.load_state_dict(state)
     assert resumed_task.length_tokens == 512 and resumed.next_problems(3) == mixture.next_problems(3)
+
+
+def test_held_out_problems_at_each_length_are_the_same_at_any_level_and_leave_the_level_alone():
+    task = build_task("long_context", seed=0, kind="multihop", lengths=[256, 512, 1024], chars_per_token=1.0)
+    assert task.eval_lengths == [256, 512, 1024]
+    at_start = {n: task.eval_problems_at(3, n) for n in task.eval_lengths}
+    task.level = 2
+    assert {n: task.eval_problems_at(3, n) for n in task.eval_lengths} == at_start and task.length_tokens == 1024
+    for n, problems in at_start.items():
+        assert all(n - 100 < len(p.prompt) <= n and p.meta["length_tokens"] == n for p in problems)
+    assert task.eval_problems(3) == at_start[1024]  # the level's own held-out problems are the length's
+    assert build_task("long_context", seed=0, length_tokens=256).eval_lengths == []

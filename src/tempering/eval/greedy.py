@@ -8,6 +8,13 @@ is graded as written (usually wrong) and counted in ``truncated``, so a length l
 than the model's answers shows as such and not as a model that cannot solve the task; a
 before/after table with a shorter limit before than the answers need would otherwise report
 a gain that is only the model learning to be brief.
+
+Accuracy against length: a task that lists ``eval_lengths`` (a ``long_context`` curriculum's
+``lengths``) and draws held-out problems at any of them (``eval_problems_at(n, length)``) is
+also graded at each length on ``problems_per_length`` problems, the same ones at every
+evaluation, so that a curve read before, during and after training compares like with like
+while the curriculum's level (which sets the task's own ``eval_problems``) moves. Not done:
+per-length sampled metrics (pass@k), lengths for tasks without a curriculum.
 """
 
 from __future__ import annotations
@@ -49,8 +56,9 @@ def close_metrics(metrics: Mapping[str, BatchReward]) -> None:
 def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
              max_new_tokens: int, options: dict[str, dict[str, Any]] | None = None,
              metrics: Mapping[str, BatchReward] | None = None, progress: bool = False,
-             stop: Sequence[str] = ()) -> dict:
-    """``{"accuracy", "per_task", "problems", "grader_errors", "truncated", "examples", "score_by_turns"}``.
+             stop: Sequence[str] = (), problems_per_length: int = 0) -> dict:
+    """``{"accuracy", "per_task", "problems", "grader_errors", "truncated", "examples", "score_by_turns",
+    "by_length"}``.
 
     ``per_task[name]`` is the mean ``metric`` score of the task's greedy completions over the
     held-out problems that were graded (None when none was); ``problems`` counts the problems
@@ -62,30 +70,33 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
     closed here, unless the caller passes them built (``metrics``, from :func:`build_metrics`)
     and closes them itself. ``progress`` shows a bar of problems, advanced a task at a time.
     ``stop``: strings that end a completion, the rollouts' own (``rollout.stop``), so that a
-    held-out answer is read as far as a training answer is sampled.
+    held-out answer is read as far as a training answer is sampled. ``by_length[name]`` maps each
+    of a task's ``eval_lengths`` (as a string, as JSON keeps it) to the accuracy of
+    ``problems_per_length`` held-out problems drawn at it (None when none was graded); only
+    tasks with such lengths have an entry, and none has with ``problems_per_length`` 0.
     """
     owned = build_metrics(tasks, options) if metrics is None else None
+    params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens, stop=tuple(stop))
     try:
-        return _evaluate(generator, tasks, problems_per_task, max_new_tokens,
-                         metrics if owned is None else owned, progress, tuple(stop))
+        used = metrics if owned is None else owned
+        result = _evaluate(generator, tasks, problems_per_task, used, progress, params)
+        result["by_length"] = accuracy_by_length(generator, tasks, problems_per_length, used, params)
+        return result
     finally:
         if owned is not None:
             close_metrics(owned)
 
 
-def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int, max_new_tokens: int,
-              metrics: Mapping[str, BatchReward], progress: bool, stop: tuple[str, ...]) -> dict:
-    params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens, stop=stop)
+def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
+              metrics: Mapping[str, BatchReward], progress: bool, params: SamplingParams) -> dict:
     per_task, problems, grader_errors, truncated, examples, by_turns = {}, {}, {}, {}, {}, {}
     bar = tqdm(total=problems_per_task * len(tasks), desc="greedy", unit="problem", disable=not progress,
                dynamic_ncols=True, leave=False)
     for task in tasks:
-        groups = generator.generate(task.eval_problems(problems_per_task), group_size=1, params=params)
+        groups, results = _grade(generator, task, task.eval_problems(problems_per_task), metrics, params)
         bar.update(len(groups))
-        results = score_contained(metrics[task.metric], task.metric, [g.problem for g in groups],
-                                  [g.rollouts[0] for g in groups])
         graded = [r.score for r in results if r.error is None]
-        per_task[task.name] = sum(graded) / len(graded) if graded else None
+        per_task[task.name] = _mean(graded)
         by_turns[task.name] = _score_by_turns(groups, results)
         problems[task.name], grader_errors[task.name] = len(results), len(results) - len(graded)
         truncated[task.name] = sum(g.rollouts[0].finish_reason == "length" for g in groups)
@@ -95,6 +106,31 @@ def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: 
     known = [value for value in per_task.values() if value is not None]
     return {"accuracy": sum(known) / len(known) if known else None, "per_task": per_task, "problems": problems,
             "grader_errors": grader_errors, "truncated": truncated, "examples": examples, "score_by_turns": by_turns}
+
+
+def accuracy_by_length(generator: HFGenerator, tasks: Sequence[Task], problems_per_length: int,
+                       metrics: Mapping[str, BatchReward], params: SamplingParams) -> dict[str, dict[str, Any]]:
+    """``{task: {str(length): accuracy}}`` for the tasks with ``eval_lengths``: greedy
+    completions of ``problems_per_length`` held-out problems drawn at each length, graded
+    by the task's metric (a grader error left out, as in :func:`evaluate`)."""
+    found: dict[str, dict[str, Any]] = {}
+    for task in tasks if problems_per_length else ():
+        for length in getattr(task, "eval_lengths", ()):
+            _, results = _grade(generator, task, task.eval_problems_at(problems_per_length, length), metrics, params)
+            found.setdefault(task.name, {})[str(length)] = _mean([r.score for r in results if r.error is None])
+    return found
+
+
+def _grade(generator: HFGenerator, task: Task, problems: Sequence, metrics: Mapping[str, BatchReward],
+           params: SamplingParams) -> tuple[list, list]:
+    """Greedy completions of ``problems`` (one group each) and their results by the task's metric."""
+    groups = generator.generate(problems, group_size=1, params=params)
+    return groups, score_contained(metrics[task.metric], task.metric, [g.problem for g in groups],
+                                   [g.rollouts[0] for g in groups])
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _score_by_turns(groups: Sequence, results: Sequence) -> list[float]:

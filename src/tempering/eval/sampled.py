@@ -251,16 +251,17 @@ def sampled_evaluate(generator, tasks: Sequence[Task], problems_per_task: int, m
                      metrics: Mapping[str, BatchReward], options: Mapping[str, dict],
                      settings: Optional[SampledSettings], selectors: Mapping[str, BatchReward],
                      verifier: bool, progress: bool, rounds: Optional[Mapping[str, int]] = None,
-                     stop: Sequence[str] = ()) -> dict:
+                     stop: Sequence[str] = (), problems_per_length: int = 0) -> dict:
     """:func:`~tempering.eval.greedy.evaluate`'s greedy result, plus ``metrics`` (task -> metric
     name -> ``{"value", "ci", "problems"}``), ``samples`` (task -> counts) and ``notes``;
     without ``settings`` only greedy accuracy is measured. ``selectors`` rank samples for
     best-of-k (``{"rm": reward model}``); ``verifier`` adds best-of-k by the metric itself.
     ``rounds`` (task -> its environment's ``max_turns``) adds the by-round metrics. ``stop``
-    ends the greedy completions (the sampled ones stop at ``settings.params.stop``)."""
+    ends the greedy completions (the sampled ones stop at ``settings.params.stop``);
+    ``problems_per_length`` is greedy accuracy against length's (``by_length``)."""
     rounds = rounds or {}
     result = evaluate(generator, tasks, problems_per_task, max_new_tokens, metrics=metrics, progress=progress,
-                      stop=stop)
+                      stop=stop, problems_per_length=problems_per_length)
     result["metrics"] = {t.name: {"greedy": greedy_metric(result, t.name),
                                   **greedy_by_round(result, t.name, rounds.get(t.name, 0))} for t in tasks}
     result["samples"], result["notes"] = {}, []

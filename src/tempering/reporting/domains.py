@@ -30,6 +30,8 @@ import math
 import re
 from typing import Any
 
+from tempering.reporting.lengths import NOT_LENGTH
+
 OVERLAY_DOMAINS = 6
 """Most domains of a family drawn as overlaid lines; more become a heat-map."""
 
@@ -40,7 +42,7 @@ HELD_OUT = "eval/"
 """The family name of held-out accuracy per task (no ``domain/`` metric can have a slash)."""
 
 DOMAIN_KEY = re.compile(r"domain/(.+)/([^/]+)$")
-EVAL_KEY = re.compile(r"eval/(?!accuracy$|grader_errors$|truncated$)(.+)$")
+EVAL_KEY = re.compile(r"eval/(?!accuracy$|grader_errors$|truncated$)" + NOT_LENGTH + r"(.+)$")
 
 FAMILIES: dict[str, tuple[str, str]] = {
     "reward": ("Reward per domain", "mean reward of the domain's rollouts this step"),
@@ -58,6 +60,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "spread": ("Spread per domain", "mean within-group variance of success"),
     "dropped_groups": ("Dropped groups per domain", "groups without signal dropped so far"),
     "level": ("Curriculum level per domain", "tasks with levels"),
+    "length_tokens": ("Curriculum length per domain", "tokens per document at the level of a curriculum over lengths"),
 }
 """Title and note of the families known by name; any other family is titled by its name."""
 
@@ -98,6 +101,8 @@ def split_key(key: str) -> tuple[str, str] | None:
 
     >>> split_key("domain/rg:chain_sum/grad_share"), split_key("eval/add"), split_key("eval/accuracy")
     (('grad_share', 'rg:chain_sum'), ('eval/', 'add'), None)
+    >>> split_key("eval/long_context/len_4096") is None  # accuracy at one length: its own plot
+    True
     """
     found = DOMAIN_KEY.match(key)
     if found:

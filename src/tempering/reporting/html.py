@@ -16,6 +16,8 @@ left axis, the second on the right, further ones in further plots of the same ti
 
 Per-domain metrics of many domains, and shares, are heat-maps instead (``domains.py`` says
 when and how their rows are ordered), beside held-out accuracy per task first and last.
+Held-out accuracy at several lengths is plotted against length, one line per evaluation,
+after the accuracy plots (``lengths.py``).
 
 Not done: live updating, zooming, and any statistic the run did not log.
 """
@@ -34,12 +36,13 @@ import yaml
 
 from tempering.config import ConfigError
 from tempering.reporting.domains import family_rank, family_title, heatmaps, heldout, heldout_across, split_key
+from tempering.reporting.lengths import NOT_LENGTH, length_panels
 from tempering.reporting.metrics import read_jsonl
 
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Reward", "mean reward of the step's rollouts, overall and per domain", (r"reward", r"domain/.+/reward")),
     ("Accuracy", "the task metric: training samples per domain, and held-out (eval/)",
-     (r"accuracy", r"domain/.+/success", r"eval/accuracy", r"eval/(?!grader_errors$|truncated$).+")),
+     (r"accuracy", r"domain/.+/success", r"eval/accuracy", r"eval/(?!grader_errors$|truncated$)" + NOT_LENGTH + ".+")),
     ("Reward parts", "each reward and component, mean over rollouts", (r"reward/(?!dropped$|errors$).+",)),
     ("Mixture weights", "each task's share of the next draws", (r"domain/.+/weight",)),
     ("Curriculum level", "tasks with levels", (r"domain/.+/level",)),
@@ -86,8 +89,11 @@ def build_report(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     maps, hidden = heatmaps(runs)
     tables = [heldout(run) for run in runs]
     across = heldout_across(tables, names)
+    drawn = panels(runs, hidden)
+    at = max((i + 1 for i, p in enumerate(drawn) if re.fullmatch(r"Accuracy( \(\d+\))?", p["title"])), default=0)
+    drawn[at:at] = length_panels(runs, names)  # after the accuracy plots
     data = {"runs": [{k: run[k] for k in ("name", "path", "config", "summary")} for run in runs],
-            "header": [header(run) for run in runs], "panels": panels(runs, hidden), "alerts": alerts(runs),
+            "header": [header(run) for run in runs], "panels": drawn, "alerts": alerts(runs),
             "heatmaps": maps + ([across] if across else []), "heldout": tables, "samples": browser(runs)}
     out = Path(out)
     out.write_text(render(data), encoding="utf-8")
@@ -256,8 +262,8 @@ console.error = (function (original) {{
 <h1>tempering report</h1>
 <nav id="runs"></nav>
 <table id="header"></table>
-<h2>Plots</h2><p class="note">x: step. Hover a point for its value; a series on the right axis is marked (right)
-in the legend.</p>
+<h2>Plots</h2><p class="note">x: step (accuracy against length: document length in tokens, not smoothed). Hover a
+point for its value; a series on the right axis is marked (right) in the legend.</p>
 <p class="controls"><label>smoothing <input id="smoothing" type="range" min="0" max="0.99" step="0.01"></label>
 <output id="smoothing-value"></output></p><div id="plots"></div>
 <h2>Per domain</h2><p class="note">each metric logged per domain, as a domain x step heat-map where it has more

@@ -60,6 +60,10 @@ function smooth(points, weight) {
 }
 
 function seriesStyle(series, panel) {
+  if (panel.x) {  // against length: one run, a line per evaluation, dark (first) to light (last)
+    const index = panel.series.indexOf(series), last = Math.max(1, panel.series.length - 1);
+    return {color: colour(SEQUENTIAL, 0.85 * index / last), dash: "", label: series.key};
+  }
   const many = DATA.runs.length > 1;
   const sameRun = panel.series.filter(s => s.run === series.run);
   const index = many ? sameRun.indexOf(series) : panel.series.indexOf(series);
@@ -83,7 +87,9 @@ function drawAxis(svg, scale, toY, margin, right) {
   svg.append(el("svg:line", {x1: x, x2: x, y1: M.top, y2: H - M.bottom, class: "axis"}));
 }
 
-function drawPlot(panel, weight) {
+// A plot over steps, or with panel.x (the unit of its x axis) over something else, unsmoothed.
+function drawPlot(panel, smoothing) {
+  const weight = panel.x ? 0 : smoothing;
   const margin = {...M, right: panel.axes > 1 ? RIGHT_AXIS : M.right};
   const drawnOf = s => s.points.filter(p => p[1] !== null);
   const points = panel.series.flatMap(drawnOf);
@@ -99,9 +105,12 @@ function drawPlot(panel, weight) {
     drawAxis(svg, scale, toY[axis], margin, axis === 1);
   }
   for (const x of xs.ticks) {
-    svg.append(el("svg:text", {x: sx(x), y: H - 8, "text-anchor": "middle", class: "tick step"}, tickLabel(x, xs.step)));
+    svg.append(el("svg:text", {x: sx(x), y: H - 8, "text-anchor": "middle", class: panel.x ? "tick x" : "tick step"},
+                               tickLabel(x, xs.step)));
   }
   svg.append(el("svg:line", {x1: M.left, x2: W - margin.right, y1: H - M.bottom, y2: H - M.bottom, class: "axis"}));
+  if (panel.x) svg.append(el("svg:text", {x: W - margin.right, y: H - M.bottom - 4, "text-anchor": "end",
+                                          class: "tick unit"}, panel.x));
   const legend = el("div", {class: "legend"});
   for (const series of panel.series) {
     const style = seriesStyle(series, panel), sy = toY[series.axis];
@@ -112,7 +121,8 @@ function drawPlot(panel, weight) {
     if (weight) svg.append(line(drawn, "raw faint"));
     svg.append(line(smoothed, weight ? "smoothed" : "raw"));
     drawn.forEach(([x, y], i) => svg.append(el("svg:circle", {cx: sx(x), cy: sy(y), r: 2.5, fill: style.color},
-      el("svg:title", {}, `${style.label}\nstep ${x}: ${fmt(y)}` + (weight ? ` (smoothed ${fmt(smoothed[i][1])})` : "")))));
+      el("svg:title", {}, `${style.label}\n${panel.x ? `${x} ${panel.x}` : `step ${x}`}: ${fmt(y)}` +
+                         (weight ? ` (smoothed ${fmt(smoothed[i][1])})` : "")))));
     const swatch = el("svg:svg", {width: 22, height: 8},
                       el("svg:line", {x1: 0, x2: 22, y1: 4, y2: 4, stroke: style.color, "stroke-width": 2,
                                       "stroke-dasharray": style.dash}));

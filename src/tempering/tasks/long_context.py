@@ -31,7 +31,9 @@ fit; without one, ``chars_per_token`` (4 suits most BPE tokenizers; 1 the built-
 character-level model) converts the target to characters. A prompt is at most
 ``length_tokens`` long and falls short by less than one filler sentence (5-11 words).
 ``lengths`` (ascending) makes the task a curriculum over lengths: level ``i`` draws at
-``lengths[i]``, and the scheduler raises the level as success passes ``promote_at``.
+``lengths[i]``, and the scheduler raises the level as success passes ``promote_at``. Such a
+task also lists them as ``eval_lengths``, and ``eval_problems_at(n, length)`` draws held-out
+problems at any one of them whatever the level, so evaluation can read accuracy against length.
 
 The held-out split is a fixed hash partition of (kind, asked name, answer): one problem in
 ``EVAL_EVERY`` is evaluation-only, so training and evaluation never share a question.
@@ -176,10 +178,10 @@ class LongContextTask(StreamState):
         """A sentence's tokens in the document, with its line number and the space or line break after it."""
         return self._tokens((f"[{number}] " if self.cite == "line" else "") + sentence + " ")
 
-    def _document(self, rng: random.Random, statements: list[str], framing: str) -> list[str]:
-        """The document's sentences: filler up to the length, ``statements`` at random depths
-        in the order given."""
-        budget = self.length_tokens - self._tokens(framing + "answer: 0000")
+    def _document(self, rng: random.Random, statements: list[str], framing: str, length: int) -> list[str]:
+        """The document's sentences: filler up to ``length`` tokens, ``statements`` at random
+        depths in the order given."""
+        budget = length - self._tokens(framing + "answer: 0000")
         budget -= sum(self._cost(s, len(statements)) for s in statements)
         sentences: list[str] = []
         used = 0.0
@@ -187,7 +189,7 @@ class LongContextTask(StreamState):
             sentences.append(_filler(rng))
             used += self._cost(sentences[-1], len(sentences))
         # the sum overshoots by up to a sentence, and word-piece counts are not additive: trim to the measured length
-        limit = self.length_tokens - (8 if self._tokenizer is not None else 0)
+        limit = length - (8 if self._tokenizer is not None else 0)
         while sentences and self._tokens(self._render(sentences + statements) + framing) > limit:
             sentences.pop()
         slots = set(rng.sample(range(len(sentences) + len(statements)), len(statements)))
@@ -197,17 +199,17 @@ class LongContextTask(StreamState):
     def _is_eval(self, first: str, answer: str) -> bool:
         return zlib.crc32(f"{self.kind}:{first}:{answer}".encode()) % EVAL_EVERY == 0
 
-    def _draw(self, rng: random.Random, want_eval: bool) -> Problem:
+    def _draw(self, rng: random.Random, want_eval: bool, length: int) -> Problem:
         while True:
             facts: Facts = KINDS[self.kind](rng, self.spec)
             if self._is_eval(facts.first, facts.answer) == want_eval:
                 break
         framing = self._framing(facts.question)
         statements = interleave(rng, facts.sequences)
-        sentences = self._document(rng, statements, framing)
+        sentences = self._document(rng, statements, framing, length)
         text = self._render(sentences) + framing
         prompt: Any = text if self.style == "raw" else [{"role": "user", "content": text}]
-        meta = {"facts": statements, "sentences": sentences, "cite": self.cite, "length_tokens": self.length_tokens,
+        meta = {"facts": statements, "sentences": sentences, "cite": self.cite, "length_tokens": length,
                 "evidence": [i for i, s in enumerate(sentences) if s in facts.evidence],
                 "decoys": [i for i, s in enumerate(sentences) if s in facts.decoys]}
         return Problem(task=self.name, id=f"{facts.first}:{facts.answer}", prompt=prompt, answer=facts.answer,
@@ -215,12 +217,25 @@ class LongContextTask(StreamState):
 
     def train_problem(self, index: int) -> Problem:
         self._served(index)
-        return self._draw(random.Random(f"{self.seed}:{self.name}:{index}"), want_eval=False)
+        return self._draw(random.Random(f"{self.seed}:{self.name}:{index}"), want_eval=False,
+                          length=self.length_tokens)
 
     def eval_problems(self, n: int) -> list[Problem]:
         """``n`` held-out problems at the current length (a curriculum's level sets it)."""
-        rng = random.Random(f"eval:{self.name}:{self.kind}:{self.length_tokens}")
-        return [self._draw(rng, want_eval=True) for _ in range(n)]
+        return self.eval_problems_at(n, self.length_tokens)
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        """The lengths evaluation reads accuracy at, one by one: a curriculum's ``lengths``,
+        none for a task of one length (its ``eval_problems`` are already at it)."""
+        return list(self.lengths) if self.levels else []
+
+    def eval_problems_at(self, n: int, length: int) -> list[Problem]:
+        """``n`` held-out problems at ``length`` tokens, the same at any level: seeded by the
+        task and the length alone, and the task's level left as it is (a sampler may be drawing
+        training problems meanwhile)."""
+        rng = random.Random(f"eval:{self.name}:{self.kind}:{length}")
+        return [self._draw(rng, want_eval=True, length=length) for _ in range(n)]
 
     def _extra_state(self) -> dict[str, Any]:
         return {"level": self.level, "lengths": self.lengths}

@@ -1,0 +1,78 @@
+"""Accuracy against length in ``temper report``: for each task evaluated at several lengths (a
+``long_context`` curriculum, ``eval.problems_per_length``), one plot whose x axis is the
+document length in tokens and whose lines are the evaluations, before, every ``eval.every``
+steps and after, coloured from dark (first) to light (last), so a reader sees at once how far
+along the lengths the model holds and how training moved that edge.
+
+The points come from ``summary.json`` (``eval_before`` and ``eval_after``'s ``by_length``) and
+from the step records' ``eval/<task>/len_<L>`` keys; a run that logged none gets no such plot,
+and those keys are kept out of the step plots and the held-out tables (their x axis is a
+step, and the task's held-out accuracy at its current level is already there).
+
+Not done: interpolating between lengths, a log-scale length axis.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+LENGTH_KEY = re.compile(r"eval/(.+)/len_(\d+)$")
+"""A step record's key of held-out accuracy at one length: task, length."""
+
+NOT_LENGTH = r"(?!.+/len_\d+$)"
+"""A regular-expression guard that keeps :data:`LENGTH_KEY` keys out of a pattern over ``eval/``."""
+
+
+def evaluations(run: dict) -> dict[str, list[tuple[str, dict[int, float]]]]:
+    """Per task, its evaluations at several lengths in the order they were made: a label
+    ("before", "step N", "after") and accuracy by length (lengths never graded left out).
+
+    >>> run = {"summary": {"eval_before": {"by_length": {"lc": {"256": 1.0, "512": None}}}},
+    ...        "metrics": [{"step": 4, "eval/lc/len_256": 1.0, "eval/lc/len_512": 0.5, "eval/lc": 1.0}]}
+    >>> evaluations(run)
+    {'lc': [('before', {256: 1.0}), ('step 4', {256: 1.0, 512: 0.5})]}
+    """
+    summary = run.get("summary") or {}
+    found: dict[str, list[tuple[str, dict[int, float]]]] = {}
+    _add(found, "before", (summary.get("eval_before") or {}).get("by_length") or {})
+    for record in run["metrics"]:
+        if not isinstance(record.get("step"), int):
+            continue
+        curves: dict[str, dict[str, Any]] = {}
+        for key, value in record.items():
+            named = LENGTH_KEY.match(key)
+            if named:
+                curves.setdefault(named.group(1), {})[named.group(2)] = value
+        _add(found, f"step {record['step']}", curves)
+    _add(found, "after", (summary.get("eval_after") or {}).get("by_length") or {})
+    return found
+
+
+def _add(found: dict[str, list], label: str, curves: dict[str, dict[str, Any]]) -> None:
+    for task, curve in curves.items():
+        points = {int(length): value for length, value in curve.items() if _number(value)}
+        if points:
+            found.setdefault(task, []).append((label, dict(sorted(points.items()))))
+
+
+def length_panels(runs: list[dict], names: list[str]) -> list[dict]:
+    """One plot per run and task evaluated at several lengths, in the form of the step plots'
+    panels (see ``html.panels``) with ``x``, the unit of its x axis: a series per evaluation,
+    its points [length, accuracy]."""
+    shown = []
+    for index, run in enumerate(runs):
+        for task, made in sorted(evaluations(run).items()):
+            where = f" · {names[index]}" if len(runs) > 1 else ""
+            shown.append({"title": f"Accuracy against length · {task}{where}", "x": "tokens",
+                          "note": "held-out accuracy at each length (eval.problems_per_length problems each), "
+                                  "one line per evaluation, dark first and light last",
+                          "axes": 1, "series": [{"run": index, "key": label, "axis": 0,
+                                                 "points": [[length, value] for length, value in curve.items()]}
+                                                for label, curve in made]})
+    return shown
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

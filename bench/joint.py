@@ -1,12 +1,14 @@
 """Lopsidedness, measured: each domain group trained alone against joint training, static and
 adaptive, every domain's held-out accuracy before and after; prints one JSON object.
 
-    python bench/joint.py [--config joint] [--model builtin:generalist] [--steps N] [--seeds 0,1,2]
-                          [--arms arithmetic,code,reasoning,static,adaptive] [--out DIR] [key=value ...]
+    python bench/joint.py [--config joint] [--model builtin:generalist] [--steps N] [--joint-steps N]
+                          [--seeds 0,1,2] [--arms arithmetic,code,reasoning,static,adaptive] [--out DIR]
+                          [key=value ...]
     python bench/joint.py --screen [--out DIR]
 
 Every run starts from the same model (the built-in generalist, pre-trained on first use) and
-trains the same steps with the same batch, learning rate and seed; only what is drawn differs:
+trains with the same batch, learning rate and seed; only what is drawn differs, and, with
+``--joint-steps``, how long the two joint arms train:
 
 - ``arithmetic``, ``code``, ``reasoning``: one domain group alone (the other groups' tasks at
   weight 0, so they are evaluated and never drawn), static weights;
@@ -14,7 +16,16 @@ trains the same steps with the same batch, learning rate and seed; only what is 
 - ``adaptive``: every domain as the config sets it (``joint``: the learnability mixture with a
   floor, and ``learner.grad_balance_rate``).
 
-Each arm runs once per seed, the arms of a seed one after the other. Per domain and arm the JSON
+``--joint-steps`` sets the joint arms' steps apart from the single-group arms' ``--steps``. At the
+same steps a joint run gives each group about a third of the draws a single-group run gives it;
+``--joint-steps`` = 3 x ``--steps`` matches the compute of the three single-group runs together
+(one joint model against three specialists at the same cost), and each group then sees about
+as many of its own problems as its specialist did.
+
+Each arm runs once per seed, the arms of a seed one after the other. A run whose folder already
+holds a ``summary.json`` written under the same resolved config (the folder apart) is read back, not run again, so a
+bench stopped part-way continues where it stopped with the same ``--out``: the run it stopped in
+starts again, and a folder holding a run of another config stops the bench with a message. Per domain and arm the JSON
 gives the held-out accuracy after training (mean over seeds, and the half-width of its 95%
 t-interval), its change from before, and per group the mean over the group's domains. Under
 ``checks``: which single-group runs lowered another group by more than the seed spread (the
@@ -33,14 +44,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
 from statistics import mean, stdev
 
+import yaml
+
 from tempering import generalist
 from tempering.build import resolve_model_path
-from tempering.config import TaskSpec, load_config
+from tempering.config import TaskSpec, TrainConfig, load_config
 from tempering.reporting.html import build_report
 from tempering.train import train
 
@@ -80,10 +94,29 @@ def interval(values: list[float]) -> dict[str, float]:
     return {"mean": mean(values), "ci95": T95.get(len(values) - 1, 1.96) * stdev(values) / math.sqrt(len(values))}
 
 
+def earlier_run(config: TrainConfig, run_dir: Path) -> dict | None:
+    """The summary of a run already in ``run_dir`` under this same config (its folder apart: a
+    copied run counts), or None where there is none. A run of this config that stopped before its
+    summary is removed, to be run again; a run of another config stops the bench."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return None
+    if {**yaml.safe_load(saved.read_text()), "run_dir": None} != {**config.model_dump(mode="json"), "run_dir": None}:
+        raise SystemExit(f"joint bench: {run_dir} holds a run of another config; give another --out or remove it")
+    if (run_dir / "summary.json").is_file():
+        print(f"joint bench: {run_dir} already ran under this config; read back", file=sys.stderr, flush=True)
+        return json.loads((run_dir / "summary.json").read_text())
+    print(f"joint bench: {run_dir} stopped before its end; run again", file=sys.stderr, flush=True)
+    shutil.rmtree(run_dir)
+    return None
+
+
 def one_run(config_name: str, overrides: list[str], run_dir: Path) -> dict:
     config = load_config(config_name, [*overrides, f"run_dir={run_dir}"])
-    resolve_model_path(config.model.path, config.pretrain, progress=True)
-    summary = train(config, progress=False)
+    summary = earlier_run(config, run_dir)
+    if summary is None:
+        resolve_model_path(config.model.path, config.pretrain, progress=True)
+        summary = train(config, progress=False)
     return {"before": summary["eval_before"]["per_task"], "after": summary["eval_after"]["per_task"],
             "wall_s": summary["wall_s"]}
 
@@ -193,6 +226,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default="joint", help="a config (default: the shipped joint config)")
     parser.add_argument("--model", help="model.path of every run (default: the config's, builtin:generalist)")
     parser.add_argument("--steps", type=int, help="RL steps per run (default: the config's)")
+    parser.add_argument("--joint-steps", type=int,
+                        help="RL steps of the static and adaptive arms (default: --steps; 3 x --steps matches "
+                             "the three single-group runs' compute)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, every arm once each (default 0,1,2)")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default {','.join(ARMS)})")
     parser.add_argument("--out", type=Path, help="folder for the runs and the report (default: a new one under runs/)")
@@ -212,19 +248,21 @@ def main(argv: list[str] | None = None) -> dict:
     common = [*COMMON, *args.overrides, *([f"model.path={args.model}"] if args.model else []),
               *([f"steps={args.steps}"] if args.steps is not None else [])]
     tasks = [t.name for t in load_config(args.config, common).tasks]
+    joint = [f"steps={args.joint_steps}"] if args.joint_steps is not None else []
     seeds = [int(s) for s in args.seeds.split(",")]
     start, runs = time.perf_counter(), {arm: [] for arm in arms}
     for seed in seeds:
         for arm in arms:
             print(f"joint bench: seed {seed}, arm {arm}", file=sys.stderr, flush=True)
-            runs[arm].append(one_run(args.config, [*common, f"seed={seed}", *arm_overrides(arm, tasks)],
+            steps = joint if arm in ("static", "adaptive") else []
+            runs[arm].append(one_run(args.config, [*common, *steps, f"seed={seed}", *arm_overrides(arm, tasks)],
                                      out / "runs" / f"{arm}-seed{seed}"))
     first = next(iter(runs.values()))
     before = {t: mean(s["before"][t] for s in first) for t in tasks}
     summary = summarize(runs, tasks)
     group_before = {g: interval([mean(s["before"][t] for t in tasks if group_of(t) == g) for s in first])
                     for g in sorted({group_of(t) for t in tasks}, key=ARMS.index)}
-    result = {"config": args.config, "overrides": common, "seeds": seeds, "before": before,
+    result = {"config": args.config, "overrides": common, "joint_overrides": joint, "seeds": seeds, "before": before,
               "groups_before": group_before, "arms": summary, "checks": checks(summary, group_before),
               "wall_s": time.perf_counter() - start, "out": str(out)}
     (out / "joint.json").write_text(json.dumps(result, indent=2))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,28 @@ def test_vs_trl_with_trl_unimportable_fails_before_any_run_and_names_the_extra(b
     assert result.stdout == ""
     assert "TRL cannot be imported" in result.stderr and ".[bench]" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_joint_bench_trains_joint_arms_apart_and_continues_where_it_stopped(tiny_model_dir, tmp_path):
+    args = ["--model", str(tiny_model_dir), "--steps", "1", "--joint-steps", "2", "--seeds", "0",
+            "--arms", "arithmetic,static", "--out", str(tmp_path), *SMALL]
+    first = printed_json(run_bench("joint", *args))
+    steps = {arm: len((tmp_path / "runs" / f"{arm}-seed0" / "metrics.jsonl").read_text().splitlines())
+             for arm in ("arithmetic", "static")}
+    assert steps == {"arithmetic": 1, "static": 2}
+    # a bench stopped after its first run: the second is gone, the first is read back
+    shutil.rmtree(tmp_path / "runs" / "static-seed0")
+    again = run_bench("joint", *args)
+    second = printed_json(again)
+    assert again.stderr.count("read back") == 1 and "arithmetic-seed0" in again.stderr
+    assert second["arms"]["arithmetic"] == first["arms"]["arithmetic"]
+    # a run stopped before its summary starts again
+    (tmp_path / "runs" / "static-seed0" / "summary.json").unlink()
+    third = run_bench("joint", *args)
+    assert "static-seed0 stopped before its end; run again" in third.stderr
+    assert printed_json(third)["arms"]["arithmetic"] == first["arms"]["arithmetic"]
+    # another config in the same folder: the bench stops, naming the folder, and keeps the runs
+    other = run_bench("joint", *[a if a != "1" else "2" for a in args])
+    assert other.returncode != 0 and other.stdout == ""
+    assert "arithmetic-seed0 holds a run of another config" in other.stderr
+    assert (tmp_path / "runs" / "arithmetic-seed0" / "summary.json").is_file()

@@ -37,6 +37,12 @@ QUICK = {
                  and out["episodes_per_min"] > 0 and out["sandbox_cpu_ms_per_episode"] > 0),
     "code_families": (["--model", "{model}", "--problems", "1", "--families", "at_least,below", "--max-new-tokens", "8"],
                       lambda out: {name: e["problems"] for name, e in out["families"].items()} == {"at_least": 1, "below": 1}),
+    "cost_schedule": (["--model", "{model}", "--steps", "2", "--eval-every", "1", "--seeds", "0,1", "--out", "{out}",
+                       *SMALL],
+                      lambda out: [s["order"][0] for s in out["per_seed"]] == ["learnability", "per_cost"]
+                      and all(len(c) == 3 and c[0][0] == 0 < c[-1][0] for s in out["per_seed"]
+                              for c in s["curves"].values())
+                      and set(out["final"]) == {"learnability", "per_cost"}),
     "generation": (["--quick", "--model", "{model}", "--threads", "1", "--workloads", "group", "--precisions", "fp32"],
                    lambda out: out["batch_1"]["tempering_tok_s"] > 0 and out["batch_1"]["generate_tok_s"] > 0),
     "joint": (["--model", "{model}", "--steps", "1", "--seeds", "0,1", "--arms", "arithmetic,static,adaptive",

@@ -31,6 +31,17 @@ Adaptive strategies mix in ``floor`` of the static weights, so no task starves a
 whose rate later moves is noticed. A task the mixture has not yet seen scores as the best
 seen so far (optimism), so every task is tried early.
 
+Learnability from few groups is noise: a task drawn once a step has one group's variance a
+step, and with 0/1 success most single groups are all right or all wrong. Averaged per step
+(``fast_rate`` on the newest), one such group takes away a third of its score, its share falls
+to the floor, it is drawn less, and a task whose few right answers are exactly what RL needs
+stays there (the generalist's ``range_sum``: right on half its problems, every group all right
+or all wrong, fixed by static weights and starved by this average). With ``pooled_prior`` k >
+0 the learnability strategies read instead each task's variance averaged over its groups,
+every step's evidence fading at ``slow_rate``, and pulled towards the mean over all tasks by k
+groups' worth: a task with little recent evidence scores near the average and is drawn enough
+to be measured, and one with much evidence scores by it.
+
 Curricula: a task with ``levels`` (a count) and a settable ``level`` moves up one level when
 its success rate passes ``promote_at`` over at least ``min_samples`` rollouts at the level.
 A curriculum over lengths (a task whose ``length_tokens`` follows its level) has the length
@@ -84,6 +95,11 @@ class TaskStats:
     """The same with ``slow_rate``: the learning-progress baseline."""
     spread: float = 0.0
     """Mean within-group variance of success, averaged like ``fast``: the learnability score."""
+    spread_sum: float = 0.0
+    """Within-group variances of success summed over the task's groups, older steps fading at
+    ``slow_rate`` a step (drawn or not): ``pooled_prior``'s evidence."""
+    spread_groups: float = 0.0
+    """The groups of ``spread_sum``, fading the same way."""
     tokens: float = 0.0
     """Completion tokens per rollout, averaged like ``fast``."""
     reward_s: float = 0.0
@@ -115,6 +131,9 @@ class Settings:
     """Curricula: success rate above which a task moves up a level; > 1 = never."""
     min_samples: int
     """Curricula: rollouts at a level before it may be left."""
+    pooled_prior: float
+    """Learnability: groups' worth of the mean over all tasks in each task's score; 0 = the
+    per-step average ``spread``."""
 
 
 @dataclass
@@ -184,11 +203,32 @@ def temperature(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[Ta
     return _normalized([b * s ** (1 / settings.temperature) for b, s in zip(base, sizes)])
 
 
+def learnability_scores(stats: Sequence[TaskStats], settings: Settings) -> list[float]:
+    """Each task's within-group success variance: its per-step average, or with ``pooled_prior``
+    k its groups' mean shrunk towards all tasks' (module docstring).
+
+    >>> from tempering.build import scheduler_settings
+    >>> from tempering.config import SchedulerConfig
+    >>> often = TaskStats(spread=0.0, spread_sum=4.0, spread_groups=40.0, seen=320)
+    >>> rarely = TaskStats(spread=0.0, spread_sum=0.0, spread_groups=2.0, seen=16)
+    >>> [round(x, 4) for x in learnability_scores([often, rarely], scheduler_settings(SchedulerConfig(pooled_prior=8)))]
+    [0.0992, 0.0762]
+    >>> learnability_scores([often, rarely], scheduler_settings(SchedulerConfig()))
+    [0.0, 0.0]
+    """
+    k = settings.pooled_prior
+    if k <= 0:
+        return [st.spread for st in stats]
+    groups = sum(st.spread_groups for st in stats)
+    pooled = sum(st.spread_sum for st in stats) / groups if groups > 0 else 0.0
+    return [(st.spread_sum + k * pooled) / (st.spread_groups + k) for st in stats]
+
+
 @register_strategy("learnability")
 def learnability(tasks: Sequence[Task], base: Sequence[float], stats: Sequence[TaskStats],
                  settings: Settings) -> list[float]:
     """Each task's recent within-group success variance, with the exploration floor."""
-    scores = _optimistic([st.spread for st in stats], stats)
+    scores = _optimistic(learnability_scores(stats, settings), stats)
     return _with_floor(base, scores, settings.floor)
 
 
@@ -222,7 +262,8 @@ def learnability_per_cost(tasks: Sequence[Task], base: Sequence[float], stats: S
     [0.8682, 0.1318]
     """
     known = [st.seen > 0 and st.cost_s > 0 for st in stats]
-    scores = [st.spread / max(st.cost_s, MIN_COST_S) if k else 0.0 for st, k in zip(stats, known)]
+    spreads = learnability_scores(stats, settings)
+    scores = [spread / max(st.cost_s, MIN_COST_S) if k else 0.0 for st, spread, k in zip(stats, spreads, known)]
     best = max((score for score, k in zip(scores, known) if k), default=1.0) or 1.0
     return _with_floor(base, [score if k else best for score, k in zip(scores, known)], settings.floor)
 
@@ -348,7 +389,11 @@ class Mixture:
         record = self.fold_costs()
         for task in self.tasks:
             stats, pending = self.stats[task.name], self._pending.pop(task.name, None)
+            stats.spread_sum *= 1 - s.slow_rate
+            stats.spread_groups *= 1 - s.slow_rate
             if pending:
+                stats.spread_sum += sum(pending["spread"])
+                stats.spread_groups += len(pending["spread"])
                 successes = pending["success"]
                 rate = sum(successes) / len(successes)
                 spread = sum(pending["spread"]) / len(pending["spread"])

@@ -141,3 +141,42 @@ def test_the_static_mixture_draws_what_it_always_drew():
 def test_an_unknown_strategy_names_the_known_ones():
     with pytest.raises(ValueError, match="known: learnability, learnability_per_cost, learning_progress, static, temperature"):
         Mixture(_tasks(), [1, 1, 1], seed=0, strategy="bandit", settings=SETTINGS)
+
+
+def _draw_shares(mixture: Mixture, steps: int, rng: random.Random) -> dict[str, float]:
+    """Each task's share of the draws over ``steps`` steps of :func:`_run`."""
+    shares = {t.name: 0.0 for t in mixture.tasks}
+    for _ in range(steps):
+        record = _run(mixture, 1, rng)
+        for name in shares:
+            shares[name] += record[f"domain/{name}/weight"] / steps
+    return shares
+
+
+def test_a_pooled_prior_keeps_a_rarely_signalling_task_drawn_beside_learnable_ones():
+    # 'rare' is right once in 25: most of its groups are all wrong, a few carry signal; drawn
+    # about once a step, its per-step average is mostly one all-wrong group's zero
+    def tasks():
+        return [FakeTask(f"learnable{i}", rate) for i, rate in enumerate([0.5, 0.4, 0.3, 0.5, 0.35])] + \
+            [FakeTask("rare", 0.04)]
+
+    for seed in (1, 2):
+        shares = {}
+        for prior in (0, 8):
+            mixture = Mixture(tasks(), [1] * 6, seed=seed, strategy="learnability",
+                              settings=_settings(floor=0.1, pooled_prior=prior))
+            shares[prior] = _draw_shares(mixture, 80, random.Random(seed))
+        assert shares[8]["rare"] > 1.4 * shares[0]["rare"]
+        assert min(shares[8][f"learnable{i}"] for i in range(5)) > 1.5 * shares[8]["rare"]
+
+
+def test_a_pooled_prior_reads_evidence_by_groups_and_lets_it_fade():
+    mixture = Mixture([FakeTask("half", 0.5), FakeTask("never", 0.0)], [1, 1], seed=0, strategy="learnability",
+                      settings=_settings(pooled_prior=4, slow_rate=0.5))
+    _run(mixture, 1, random.Random(0))
+    half, never = mixture.stats["half"], mixture.stats["never"]
+    assert half.spread_groups + never.spread_groups == 16  # every group of the step, once
+    assert never.spread_sum == 0 and half.spread_sum > 0
+    groups = never.spread_groups
+    mixture.update()  # a step with nothing drawn: the evidence halves
+    assert never.spread_groups == pytest.approx(groups / 2)

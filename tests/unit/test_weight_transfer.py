@@ -38,7 +38,7 @@ def test_chunks_in_any_order_are_assembled_into_the_payload():
     for offset in (1000, 0, 500, 1500, 500):  # out of order, one sent twice (a retry)
         chunk(assembly, transfer, offset, data[offset:offset + 500])
     done = assembly.commit({"transfer": transfer})
-    assert bytes(done.buffer) == data and done.header["version"] == 1
+    assert done.data == data and done.header["version"] == 1
     assert assembly.open is None
 
 
@@ -73,6 +73,9 @@ def test_a_new_transfer_replaces_an_open_one_and_bad_requests_are_refused():
         chunk(assembly, first, 0, b"a" * 10)
     with pytest.raises(RequestError, match="does not fit"):
         chunk(assembly, second, 5, b"b" * 10)
+    chunk(assembly, second, 0, b"b" * 6)
+    with pytest.raises(RequestError, match="overlaps the chunk at 0"):
+        chunk(assembly, second, 4, b"b" * 6)
     with pytest.raises(RequestError, match="this server's limit") as raised:
         begin(assembly, b"c" * 101)
     assert raised.value.status == 413
@@ -92,7 +95,7 @@ def test_send_cuts_the_payload_into_chunks_of_chunk_bytes(size, chunk_bytes, chu
             return assembly.begin(body)
         if path == "/weights/commit":
             done = assembly.commit(body)
-            return {"success": True, "policy_version": done.header["version"], "data": bytes(done.buffer)}
+            return {"success": True, "policy_version": done.header["version"], "data": done.data}
         query = dict(part.split("=") for part in path.split("?")[1].split("&"))
         sent.append(len(body))
         return assembly.chunk({**query, "data": body})
@@ -173,3 +176,13 @@ def test_the_swap_waits_for_the_sampler_call_in_progress(server):
     committing.join(timeout=30)
     assert replies and replies[0]["policy_version"] == 1
     assert all(torch.equal(new[k], v) for k, v in served(server).items())
+
+
+@pytest.mark.parametrize("server", [{"reload": "vllm"}, {"launch": "vllm"}])
+def test_http_transfer_to_a_vllm_server_is_a_config_error_that_says_why(server):
+    from tempering.config import ConfigError, load_config
+
+    overrides = [f"rollout.server.{key}={value}" for key, value in
+                 {"url": "http://127.0.0.1:8000", "weight_transfer": "http", **server}.items()]
+    with pytest.raises(ConfigError, match=r"weight_transfer: http .* needs CUDA: set weight_transfer: disk"):
+        load_config(None, overrides)

@@ -10,10 +10,10 @@ The protocol, between :func:`send` (the learner's side) and :class:`Assembly` (t
    server answers ``{"transfer": ID}``. One transfer is open at a time: a new one drops the
    one before (the learner is the only writer; a learner that restarts begins again).
 2. ``POST /weights/chunk?transfer=ID&offset=N`` with the raw bytes as the body
-   (``application/octet-stream``): written at ``offset`` into a buffer beside the served
-   model, which is not touched. A chunk sent again (a retry) overwrites its own bytes.
+   (``application/octet-stream``): kept beside the served model, which is not touched. A
+   chunk sent again (a retry) replaces its first copy; one that overlaps another is refused.
 3. ``POST /weights/commit {"transfer": ID}``: every byte must have come and their SHA-256 must
-   be the one announced; then the tensors are read from the buffer, checked against the model
+   be the one announced; then the tensors are read from the joined bytes, checked against the model
    and copied in while no sampler call runs (``Batcher.swap``), and the policy version becomes
    ``version``. Any failure is a 400 naming what was wrong (bytes missing, a checksum that
    differs, weights of another model); the transfer is dropped and the old weights go on
@@ -94,30 +94,45 @@ def send(request: Callable[..., dict], url: str, payload: Payload, version: int,
 
 @dataclass
 class Transfer:
-    """One transfer being assembled on the server."""
+    """One transfer being assembled on the server: its chunks as they came, joined at the commit
+    (no buffer of the whole size is made up front: on some kernels first touching fresh memory
+    costs as much as receiving it)."""
 
     id: str
     header: dict
-    buffer: bytearray
-    chunks: dict[int, int] = field(default_factory=dict)
-    """Offset -> length of each chunk received."""
+    size: int
+    chunks: dict[int, bytes] = field(default_factory=dict)
+    """Offset -> the bytes that came for it."""
+    data: bytes = b""
+    """The whole payload, once committed."""
+
+    def put(self, start: int, data: bytes) -> None:
+        """Keep ``data`` at ``start``: a chunk sent again replaces its first copy; one that
+        overlaps another chunk, or runs past the end, is refused."""
+        end = start + len(data)
+        clash = next((o for o, d in self.chunks.items() if o != start and o < end and start < o + len(d)), None)
+        if not data or end > self.size or clash is not None:
+            raise RequestError(f"a chunk of {len(data)} bytes at offset {start} does not fit in the transfer's "
+                               f"{self.size} bytes" + ("" if clash is None else f" (it overlaps the chunk at {clash})"),
+                               param="offset")
+        self.chunks[start] = data
 
     def missing(self) -> list[tuple[int, int]]:
         """The byte ranges ``[start, end)`` no chunk has covered yet."""
         gaps, reached = [], 0
-        for offset, length in sorted(self.chunks.items()):
+        for offset, data in sorted(self.chunks.items()):
             if offset > reached:
                 gaps.append((reached, offset))
-            reached = max(reached, offset + length)
-        if reached < len(self.buffer):
-            gaps.append((reached, len(self.buffer)))
+            reached = max(reached, offset + len(data))
+        if reached < self.size:
+            gaps.append((reached, self.size))
         return gaps
 
 
 class Assembly:
     """The server's side of the protocol (see the module docstring) without HTTP or the model:
     it collects a transfer's bytes and gives them back, checked, at the commit. ``limit_bytes``
-    bounds a transfer (the buffer is allocated at its start)."""
+    bounds the size a transfer may announce (no chunk goes past it)."""
 
     def __init__(self, limit_bytes: int):
         self.limit_bytes = limit_bytes
@@ -153,7 +168,7 @@ class Assembly:
         if kind == "adapter" and not (isinstance(body.get("adapter_config"), dict) and body.get("lora_name")):
             raise RequestError("an adapter transfer needs 'adapter_config' (peft's adapter_config.json) and "
                                "'lora_name'", param="adapter_config")
-        self.open = Transfer(secrets.token_hex(8), dict(body), bytearray(size))
+        self.open = Transfer(secrets.token_hex(8), dict(body), size)
         return {"transfer": self.open.id}
 
     def _chunk(self, body: dict) -> dict:
@@ -161,13 +176,8 @@ class Assembly:
         offset, data = body.get("offset", ""), body.get("data", b"")
         if not (isinstance(offset, str) and offset.isascii() and offset.isdigit()):
             raise RequestError(f"'offset' must be a whole number of bytes, got {offset!r}", param="offset")
-        start, end = int(offset), int(offset) + len(data)
-        if not data or end > len(transfer.buffer):
-            raise RequestError(f"a chunk of {len(data)} bytes at offset {start} does not fit in the transfer's "
-                               f"{len(transfer.buffer)} bytes", param="offset")
-        transfer.buffer[start:end] = data
-        transfer.chunks[start] = len(data)
-        return {"transfer": transfer.id, "received": end}
+        transfer.put(int(offset), data)
+        return {"transfer": transfer.id, "received": sum(map(len, transfer.chunks.values()))}
 
     def _commit(self, body: dict) -> Transfer:
         transfer = self._transfer(body.get("transfer"))
@@ -176,9 +186,11 @@ class Assembly:
         if gaps:
             shown = ", ".join(f"{a}-{b}" for a, b in gaps[:3])
             raise RequestError(f"transfer {transfer.id} is incomplete: {sum(b - a for a, b in gaps)} of "
-                               f"{len(transfer.buffer)} bytes never came (ranges {shown}); it is dropped and the "
+                               f"{transfer.size} bytes never came (ranges {shown}); it is dropped and the "
                                "weights served are unchanged", param="transfer")
-        found = hashlib.sha256(transfer.buffer).hexdigest()
+        transfer.data = b"".join(data for _, data in sorted(transfer.chunks.items()))
+        transfer.chunks.clear()
+        found = hashlib.sha256(transfer.data).hexdigest()
         if found != transfer.header["sha256"]:
             raise RequestError(f"transfer {transfer.id}: the bytes received have SHA-256 {found}, not "
                                f"{transfer.header['sha256']} as announced (corrupted on the way); it is dropped and "

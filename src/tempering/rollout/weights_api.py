@@ -106,11 +106,11 @@ class WeightEndpoints:
         from safetensors.torch import load
 
         try:
-            weights = load(bytes(transfer.buffer))
+            weights = load(transfer.data)
         except SafetensorError as exc:
             raise RequestError(f"transfer {transfer.id}: not a safetensors payload ({exc})", param="transfer") from None
         version = self.batcher.swap(weights, header["version"], f"transfer {transfer.id}", "transfer")
-        return {"success": True, "message": f"loaded {len(transfer.buffer)} bytes sent over HTTP (sha256 "
+        return {"success": True, "message": f"loaded {transfer.size} bytes sent over HTTP (sha256 "
                 f"{header['sha256']})", "policy_version": version}
 
     def _commit_adapter(self, transfer: Transfer) -> dict:
@@ -119,7 +119,7 @@ class WeightEndpoints:
         header = transfer.header
         with tempfile.TemporaryDirectory(prefix="tempering-adapter-") as folder:
             (Path(folder) / ADAPTER_FILES[0]).write_text(json.dumps(header["adapter_config"]))
-            (Path(folder) / ADAPTER_FILES[1]).write_bytes(transfer.buffer)
+            (Path(folder) / ADAPTER_FILES[1]).write_bytes(transfer.data)
             return self.load_lora_adapter({"lora_name": header["lora_name"], "lora_path": folder,
                                            "version": header["version"]})
 

@@ -132,6 +132,18 @@ class ServerConfig(Strict):
     weights_dir: Optional[str] = Field(None, description="folder the learner's weights are written to for the server to load each step; it must be readable by the server (shared storage for a remote one); null = a temporary folder on this machine")
     reload: Literal["update_weights_from_disk", "vllm", "none"] = Field("update_weights_from_disk", description="how the server takes new weights: update_weights_from_disk (temper serve, SGLang), vllm (development-mode /collective_rpc reload_weights; VLLM_SERVER_DEV_MODE=1), none (never: the server's weights stay, for evaluation)")
     launch: Optional[Literal["vllm"]] = Field(None, description="start the server for the run and stop it after: vllm = vLLM's OpenAI server on url's host and port (port 0: a free one) serving the learner's weights, set up as rollout.vllm says, reloaded with reload: vllm (unless reload is none); null = the server is already running at url")
+    weight_transfer: Literal["disk", "http"] = Field("disk", description="how new weights reach the servers with reload: update_weights_from_disk: disk = written to weights_dir for each server to read (a disk the servers share with the learner); http = sent to each server over HTTP in chunks with their SHA-256 and version, assembled beside the served model and swapped in whole (temper serve only: vLLM 0.32 takes weights over the network only through CUDA engines; docs/scale-out.md)")
+    chunk_mib: float = Field(8.0, gt=0, le=64, description="size of one chunk of an http weight transfer, in MiB (at most 64, the largest request temper serve reads)")
+
+    @model_validator(mode="after")
+    def _http_transfer_to_temper_serve(self) -> "ServerConfig":
+        """vLLM's servers (reload: vllm, launch: vllm) read their weights from a folder: on CPU
+        no weight-transfer engine of vLLM 0.32 works, so http cannot reach them."""
+        if self.weight_transfer == "http" and (self.reload == "vllm" or self.launch == "vllm"):
+            raise ValueError("weight_transfer: http sends weights to temper serve; a vLLM server (reload: vllm or "
+                             "launch: vllm) takes them from disk (weights_dir), since vLLM 0.32's network weight "
+                             "transfer (NCCL, CUDA IPC, NIXL) needs CUDA: set weight_transfer: disk")
+        return self
 
     @field_validator("url")
     @classmethod

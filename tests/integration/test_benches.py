@@ -52,6 +52,9 @@ QUICK = {
               and all(Path(out["out"], name).stat().st_size > 0 for name in ("joint.md", "joint.svg", "report.html"))),
     "memory": (["--model", "{model}", "--lengths", "128", "--sides", "tempering", "--budget-gb", "4"],
                lambda out: out["max_len_tempering"] == 128 and out["peak_mb"]["tempering"]["128"] > 0),
+    "weight_sync": (["--model", "{model}", "--syncs", "2", "--chunk-mib", "0.01"],
+                    lambda out: out["syncs"] == 2 and out["payload_mib"] > 0.05 and out["disk_s"]["median"] > 0
+                    and out["http_s"]["min"] > 0 and out["http_mib_per_s"] > 0),
     "quickstart": (["steps=1", "model.path={model}", *SMALL],
                    lambda out: out["steps"] == 1 and out["seconds_per_step"]["total"] > 0),
 }

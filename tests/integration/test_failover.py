@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from serving import HangingUp, free_port, get
+from serving import HangingUp, free_port, get, perturbed, post
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
@@ -99,6 +99,48 @@ def test_no_server_answering_for_down_timeout_s_is_one_error_naming_each(tiny_po
         assert gate.url in str(raised.value) and http.url in str(raised.value), "each server and its last error"
     finally:
         gate.shutdown()
+
+
+def test_a_restarted_server_gets_the_run_s_weights_over_http(tiny_policy):
+    """With weight_transfer http, a server that comes back (here a fresh one on the port of one
+    shut down, at its starting weights) is sent the run's last weights in chunks before it takes
+    a request, and then samples as the server that stayed up."""
+    model, tokenizer = tiny_policy
+    port = free_port()
+    stays = start(HFGenerator(copy.deepcopy(model), tokenizer), "mini", batch_size=8)
+    goes = start(HFGenerator(copy.deepcopy(model), tokenizer), "mini", batch_size=8, port=port)
+    generator = ServerGenerator(ServerSettings((stays.url, goes.url), probe_s=0.05, max_probe_s=0.1, timeout_s=10,
+                                               weight_transfer="http", chunk_bytes=64 << 10), tokenizer, model.config)
+    back = None
+
+    def weights(seed: int) -> dict:  # as the learner publishes them: each tensor its own copy
+        return {k: v.clone() for k, v in perturbed(model, seed).state_dict().items()}
+
+    try:
+        generator.load_weights(weights(1))
+        goes.shutdown()
+        goes.server_close()
+        generator.load_weights(weights(2))  # the one shut down misses these
+        assert generator.record()["server/1/up"] == 0 and get(stays.url + "/v1/models")["data"][0]["policy_version"] == 2
+        back = start(HFGenerator(copy.deepcopy(model), tokenizer), "mini", batch_size=8, port=port)
+        assert get(back.url + "/v1/models")["data"][0]["policy_version"] == 0
+        body = {"prompt": ["12+34\n", "57+68\n", "9+9\n"], "max_tokens": 10, "temperature": 0.0}
+
+        def answers(url: str) -> list:
+            return [c["token_ids"] for c in post(url + "/v1/completions", body)["choices"]]
+
+        starting = answers(back.url)
+        time.sleep(0.1)
+        generator.check_servers()
+        record = generator.record()
+        assert record["server/1/up"] == 1 and record["server/1/returns"] == 1
+        assert get(back.url + "/v1/models")["data"][0]["policy_version"] == 2
+        assert answers(back.url) == answers(stays.url) != starting
+    finally:
+        generator.close()
+        for http in (stays, back):
+            if http is not None:
+                http.shutdown()
 
 
 def start_server(tiny_model_dir: Path, port: int) -> subprocess.Popen:

@@ -32,7 +32,7 @@ from tempering.rollout.hf import HFGenerator
 from tempering.rollout.remote import ServerError, ServerGenerator, ServerSettings
 from tempering.rollout.server import Limits, start
 from tempering.types import Problem
-from serving import HangingUp, post
+from serving import HangingUp, get, post
 from test_envs_tokens import check_bookkeeping, logprob_gap, play
 
 PROMPTS = ["47+38\n", "52-17\n", "47*6\n"]
@@ -236,6 +236,26 @@ def test_a_bad_weights_folder_is_a_400_and_leaves_the_served_weights(served, tmp
         status, answer = post_status(http.url + "/update_weights_from_disk", {"model_path": str(folder)})
         assert status == 400, answer
         assert reason in answer["error"]["message"] and answer["error"]["param"] == "model_path"
+    assert completion(http.url, tokenizer("47+38\n")["input_ids"], seed=1) == before
+
+
+def test_a_failed_http_transfer_is_reported_and_leaves_the_served_weights(served, monkeypatch):
+    """Over real HTTP: a transfer whose bytes do not match their announced SHA-256 stops the
+    sender with the server's words, and the server samples and reports as before it."""
+    from tempering.rollout import remote
+    from tempering.rollout.weight_transfer import Payload, weights_payload
+
+    http, model, tokenizer = served
+    before = completion(http.url, tokenizer("47+38\n")["input_ids"], seed=1)
+    version = get(http.url + "/v1/models")["data"][0]["policy_version"]
+    weights = {k: v + 0.05 for k, v in model.state_dict().items()}
+    good = weights_payload(weights)
+    monkeypatch.setattr(remote, "weights_payload", lambda w: Payload("weights", good.data, "0" * 64))
+    generator = ServerGenerator(ServerSettings(http.url, weight_transfer="http", chunk_bytes=16 << 10), tokenizer,
+                                model.config)
+    with pytest.raises(ServerError, match=r"status 400: transfer \w+: the bytes received have SHA-256 .* not 0{64}"):
+        generator.load_weights(weights)
+    assert get(http.url + "/v1/models")["data"][0]["policy_version"] == version
     assert completion(http.url, tokenizer("47+38\n")["input_ids"], seed=1) == before
 
 

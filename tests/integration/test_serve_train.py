@@ -84,9 +84,12 @@ def test_with_lr_0_the_mismatch_is_zero_in_fp32(tiny_model_dir, server_url, tmp_
         assert record["mismatch/outside_clip"] == 0.0
 
 
-def test_a_lora_run_syncs_its_adapters_to_the_server_every_step(tiny_model_dir, fresh_server_url, tmp_path):
-    records = run(tiny_model_dir, tmp_path / "run", 2e-2, {"url": fresh_server_url, "weights_dir": str(tmp_path / "w")},
-                  lora={"rank": 4})
+@pytest.mark.parametrize("transfer", ["disk", "http"])
+def test_a_lora_run_syncs_its_adapters_to_the_server_every_step(tiny_model_dir, fresh_server_url, tmp_path, transfer):
+    """Over HTTP the adapter's files are still written on the learner's side (peft writes them),
+    and sent from there."""
+    records = run(tiny_model_dir, tmp_path / "run", 2e-2, {"url": fresh_server_url, "weights_dir": str(tmp_path / "w"),
+                                                            "weight_transfer": transfer}, lora={"rank": 4})
     assert [r["policy_version"] for r in records] == [1, 2, 3]
     assert served_version(fresh_server_url) == 4, "the starting adapters, then one load per step"
     assert [m["id"] for m in served_models(fresh_server_url)] == [str(tiny_model_dir), "tempering-lora"]
@@ -97,3 +100,37 @@ def test_a_lora_run_syncs_its_adapters_to_the_server_every_step(tiny_model_dir, 
         assert record["mismatch/abs_logp"] < 1e-5
         assert record["mismatch/k3"] < 1e-5
         assert record["mismatch/outside_clip"] == 0.0
+
+
+def greedy(url: str, prompts: list[str]) -> list[list[int]]:
+    body = {"prompt": prompts, "max_tokens": 12, "temperature": 0.0, "seed": 0}
+    request = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return [c["token_ids"] for c in json.loads(reply.read())["choices"]]
+
+
+def test_weights_sent_over_http_serve_as_the_same_weights_loaded_from_disk(
+        tiny_model_dir, tempering_cache, fresh_server_url, tmp_path):
+    """A run whose weights go to the server over HTTP in chunks (smaller than the model, so a
+    transfer is several): nothing is written for the server, every step samples the learner's
+    weights (mismatch 0), the server's version follows the run's, and at the end it answers as a
+    server that loaded the run's final weights from disk."""
+    records = run(tiny_model_dir, tmp_path / "run", 1e-2, {"url": fresh_server_url, "weights_dir": str(tmp_path / "w"),
+                                                            "weight_transfer": "http", "chunk_mib": 0.01})
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    assert [r["server/0/version"] for r in records] == [r["server/expected_version"] for r in records] == [1, 2, 3]
+    assert served_version(fresh_server_url) == 4, "the starting weights, then one transfer per step"
+    assert not (tmp_path / "w").exists(), "nothing written for the server to read"
+    assert max(r["grad_norm"] for r in records) > 0, "the weights moved"
+    for record in records:
+        assert record["mismatch/abs_logp"] < 1e-5
+        assert record["mismatch/outside_clip"] == 0.0
+    prompts = ["12+34\n", "57+68\n", "90+11\n", "23+45\n", "7+8\n", "66+77\n"]
+    with serving(tiny_model_dir, tempering_cache) as from_disk:
+        untouched = greedy(from_disk, prompts)
+        reply = urllib.request.urlopen(urllib.request.Request(
+            from_disk + "/update_weights_from_disk", json.dumps({"model_path": str(tmp_path / "run" / "checkpoint-final")}
+                                                                 ).encode(), {"Content-Type": "application/json"}))
+        assert json.loads(reply.read())["success"]
+        assert greedy(fresh_server_url, prompts) == greedy(from_disk, prompts) != untouched

@@ -175,6 +175,12 @@ def load_weights_from(model: Any, folder: Path) -> None:
     """Load the ``*.safetensors`` weights of a ``save_pretrained`` folder into ``model`` in
     place; a RuntimeError when they cannot be read or are not this model's (a tied output
     layer may be absent), checked before any is copied, so the model is then as it was."""
+    load_checked(model, read_weights(folder), str(folder))
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of every ``*.safetensors`` file in ``folder``; FileNotFoundError when there
+    is none, RuntimeError when one cannot be read."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -187,6 +193,12 @@ def load_weights_from(model: Any, folder: Path) -> None:
             weights.update(load_file(file))
         except (SafetensorError, OSError) as exc:
             raise RuntimeError(f"{file}: not a readable safetensors file ({exc})") from None
+    return weights
+
+
+def check_weights(model: Any, weights: dict[str, torch.Tensor], source: str) -> None:
+    """A RuntimeError naming ``source`` when ``weights`` are not ``model``'s: a name missing (but
+    a tied output layer), one it does not have, or another shape."""
     own = model.state_dict()
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in own if k not in weights and k not in tied and not k.endswith("lm_head.weight")]
@@ -194,6 +206,11 @@ def load_weights_from(model: Any, folder: Path) -> None:
     reshaped = [f"{k} {tuple(v.shape)} for {tuple(own[k].shape)}" for k, v in weights.items()
                 if k in own and v.shape != own[k].shape]
     if missing or unexpected or reshaped:
-        raise RuntimeError(f"{folder}: the weights do not match the model (missing {missing[:5]}, unexpected "
+        raise RuntimeError(f"{source}: the weights do not match the model (missing {missing[:5]}, unexpected "
                            f"{unexpected[:5]}, other shapes {reshaped[:5]})")
+
+
+def load_checked(model: Any, weights: dict[str, torch.Tensor], source: str) -> None:
+    """``weights`` copied into ``model`` in place once :func:`check_weights` passes (none copied otherwise)."""
+    check_weights(model, weights, source)
     model.load_state_dict(weights, strict=False)

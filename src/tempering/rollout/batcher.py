@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from tempering.httpd import ClientGone, client_gone
-from tempering.models.loading import load_weights_from
+from tempering.models.loading import load_checked, read_weights
 from tempering.models.lora import adapters_off, is_adapted, serve_adapter
 from tempering.rollout.base import RowStreams, SamplingParams
 from tempering.rollout.hf import HFGenerator
@@ -273,14 +273,26 @@ class Batcher:
         """Load the weights saved in ``folder``; return the new policy version."""
         if not Path(folder).is_dir():
             raise RequestError(f"model_path {folder!r} is not a folder on the server", param="model_path")
+        try:
+            weights = read_weights(Path(folder))
+        except (FileNotFoundError, RuntimeError) as exc:
+            raise RequestError(f"model_path {folder!r}: {exc}", param="model_path") from None
+        return self.swap(weights, version, f"model_path {folder!r}", "model_path")
+
+    def swap(self, weights: dict[str, torch.Tensor], version: Optional[int], source: str,
+             param: Optional[str] = None) -> int:
+        """Serve ``weights`` (read whole beforehand, off to the side) from the next sampler call
+        on: they are checked against the model, then copied in while no call runs, so a call sees
+        the old weights or the new, never a mix; the new policy version. ``source`` names them in
+        an error (a 400 on the request's ``param``), which leaves the model as it was."""
         with self.lock:
             if is_adapted(self.sampler.model):
                 raise RequestError("a LoRA adapter is loaded on this server: it takes new adapters "
                                    "(/v1/load_lora_adapter), not full weights; restart it to serve other weights")
             try:
-                load_weights_from(self.sampler.model, Path(folder))
-            except (FileNotFoundError, RuntimeError) as exc:
-                raise RequestError(f"model_path {folder!r}: {exc}", param="model_path") from None
+                load_checked(self.sampler.model, weights, source)
+            except RuntimeError as exc:
+                raise RequestError(str(exc), param=param) from None
             return self._advance(version)
 
     def load_adapter(self, name: str, folder: str, version: Optional[int]) -> int:

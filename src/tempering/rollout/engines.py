@@ -54,7 +54,8 @@ def server_generator(config: TrainConfig, model, tokenizer) -> ServerGenerator:
     reload = "vllm" if launched is not None and sc.reload != "none" else sc.reload
     settings = ServerSettings(url, sc.model, sc.timeout_s, sc.retries, sc.backoff_s, sc.concurrency,
                               sc.weights_dir, reload, down_timeout_s=sc.down_timeout_s, probe_s=sc.probe_s,
-                              max_probe_s=sc.max_probe_s)
+                              max_probe_s=sc.max_probe_s, weight_transfer=sc.weight_transfer,
+                              chunk_bytes=int(sc.chunk_mib * (1 << 20)))
     try:
         return ServerGenerator(settings, tokenizer, model.config, config.model.chat_template,
                                adapted=model if config.model.lora is not None else None, launched=launched)

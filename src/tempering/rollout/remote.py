@@ -42,6 +42,11 @@ version). The server's policy version after the reload is checked, and every com
 that states its version must state that one: rollouts are sampled by the weights last loaded,
 and stamped with the learner version those were.
 
+With ``weight_transfer: "http"`` nothing is written for the server to read: the weights (or the
+adapter) go to each server over HTTP in chunks of ``chunk_bytes`` with their SHA-256 and
+version, and the server swaps them in whole at the commit (``tempering.rollout.weight_transfer``;
+``temper serve`` only). The last payload stays in memory, to be sent to a server that comes back.
+
 A run with LoRA adapters (``adapted``: the learner's peft model) syncs the adapters alone:
 peft's two files in ``weights_dir/adapter``, loaded with vLLM's ``POST /v1/load_lora_adapter``
 (``temper serve``; vLLM started with ``--enable-lora`` and
@@ -76,8 +81,9 @@ import urllib.request
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -86,8 +92,10 @@ from tempering.rollout.base import SamplingParams, ServerError
 from tempering.rollout.prompts import use_chat_template
 from tempering.rollout.requests import Drawn, RequestSampler
 from tempering.rollout.vllm_sync import VllmSync
+from tempering.rollout.weight_transfer import Payload, adapter_payload, send, weights_payload
 
 RELOADS = ("update_weights_from_disk", "vllm", "none")
+TRANSFERS = ("disk", "http")
 API_KEY_VARIABLE = "TEMPER_SERVE_API_KEY"
 LOG = logging.getLogger("tempering.rollout.remote")
 
@@ -129,6 +137,10 @@ class ServerSettings:
     """Seconds from a server going down to its first probe; doubling after each failed one."""
     max_probe_s: float = 30.0
     """The longest wait between two probes of a down server."""
+    weight_transfer: str = "disk"
+    """How new weights reach the servers: ``disk`` (a folder they read) or ``http`` (sent in chunks)."""
+    chunk_bytes: int = 8 << 20
+    """The size of one chunk of an ``http`` transfer."""
 
 
 def parse_choice(choice: dict) -> tuple[list[int], list[float], str]:
@@ -161,6 +173,9 @@ class ServerGenerator(RequestSampler):
                  chat_template: Optional[bool] = None, adapted: Any = None, launched: Any = None):
         if settings.reload not in RELOADS:
             raise ValueError(f"reload {settings.reload!r}; known: {', '.join(RELOADS)}")
+        if settings.weight_transfer not in TRANSFERS or (settings.weight_transfer == "http" and settings.reload == "vllm"):
+            raise ValueError(f"weight_transfer {settings.weight_transfer!r} with reload {settings.reload!r}; "
+                             f"known: {', '.join(TRANSFERS)}, and vLLM servers take weights from disk alone")
         self.settings = settings
         self.urls = [u.rstrip("/") for u in ((settings.url,) if isinstance(settings.url, str) else settings.url)]
         if not self.urls:
@@ -185,9 +200,9 @@ class ServerGenerator(RequestSampler):
         self.servers = ServerPool(self.urls, settings.probe_s, settings.max_probe_s)
         for url, entry in zip(self.urls, found):
             self.servers.checked(url, entry.get("policy_version"))
-        self._last_load: Optional[tuple[str, dict, bool]] = None
-        """The reload every server took last: path, body (without the version), plain reply;
-        replayed onto a server brought back. None = the servers' own weights."""
+        self._last_load: Optional[Callable[[str, int, bool], None]] = None
+        """The load every server took last, ``(url, version, failover)``: replayed onto a server
+        brought back. None = the servers' own weights."""
         self.batch_size = sys.maxsize  # every row at once: the pool keeps ``concurrency`` requests in flight
 
     def _served(self, url: str) -> dict:
@@ -329,16 +344,20 @@ class ServerGenerator(RequestSampler):
         if self.adapted is not None:
             self._load_adapter(weights)
             return
+        if self.settings.weight_transfer == "http":
+            self._last_load = partial(self._transfer, weights_payload(weights))
+            self._reload_all()
+            return
         from safetensors.torch import save_file
 
         folder = self._folder()
-        partial = folder / "model.safetensors.partial"
-        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(partial))
-        os.replace(partial, folder / "model.safetensors")  # the server never reads a half-written file
+        partial_file = folder / "model.safetensors.partial"
+        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(partial_file))
+        os.replace(partial_file, folder / "model.safetensors")  # the server never reads a half-written file
         if self.vllm is not None:
             self.served_version = self.vllm.load_weights(folder)
             return
-        self._last_load = ("/update_weights_from_disk", {"model_path": str(folder)}, False)
+        self._last_load = partial(self._replay, "/update_weights_from_disk", {"model_path": str(folder)}, False)
         self._reload_all()
 
     def _load_adapter(self, weights: dict[str, torch.Tensor]) -> None:
@@ -352,9 +371,11 @@ class ServerGenerator(RequestSampler):
             return
         folder = self._folder() / "adapter"
         save_adapters(self.adapted, weights, folder)
-        # load_inplace: replace an adapter of that name; vLLM answers in plain text
-        self._last_load = ("/v1/load_lora_adapter", {"lora_name": self.settings.adapter_name,
-                                                     "lora_path": str(folder), "load_inplace": True}, True)
+        if self.settings.weight_transfer == "http":
+            self._last_load = partial(self._transfer, adapter_payload(folder, self.settings.adapter_name))
+        else:  # load_inplace: replace an adapter of that name; vLLM answers in plain text
+            self._last_load = partial(self._replay, "/v1/load_lora_adapter", {
+                "lora_name": self.settings.adapter_name, "lora_path": str(folder), "load_inplace": True}, True)
         self._reload_all()
         self.model = self.settings.adapter_name
 
@@ -372,14 +393,22 @@ class ServerGenerator(RequestSampler):
 
     def _reload(self, url: str, expected: int, failover: bool) -> None:
         """Replay the last load onto ``url`` at version ``expected`` and check its answer."""
-        path, body, plain = self._last_load
-        reply = self._request("POST", path, {**body, "version": expected}, plain=plain, url=url, failover=failover)
-        self._loaded(reply, url, Path(body.get("lora_path", body.get("model_path", ""))), expected)
+        self._last_load(url, expected, failover)
 
-    def _loaded(self, reply: dict, url: str, folder: Path, expected: int) -> None:
-        """Check ``url``'s answer to loading ``folder``: success, at version ``expected``."""
+    def _replay(self, path: str, body: dict, plain: bool, url: str, expected: int, failover: bool) -> None:
+        """``url`` loads the folder in ``body`` (without the version) through ``path``."""
+        reply = self._request("POST", path, {**body, "version": expected}, plain=plain, url=url, failover=failover)
+        self._loaded(reply, url, f"the weights in {body.get('lora_path', body.get('model_path'))}", expected)
+
+    def _transfer(self, payload: Payload, url: str, expected: int, failover: bool) -> None:
+        """``url`` takes ``payload`` over HTTP, in chunks (``tempering.rollout.weight_transfer``)."""
+        reply = send(self._request, url, payload, expected, self.settings.chunk_bytes, failover)
+        self._loaded(reply, url, f"the {payload.kind} sent over HTTP ({len(payload.data)} bytes)", expected)
+
+    def _loaded(self, reply: dict, url: str, what: str, expected: int) -> None:
+        """Check ``url``'s answer to loading ``what``: success, at version ``expected``."""
         if reply.get("success") is False:
-            raise ServerError(f"{url} could not load the weights in {folder}: {reply.get('message')}")
+            raise ServerError(f"{url} could not load {what}: {reply.get('message')}")
         version = reply.get("policy_version", expected)
         if version != expected:
             raise ServerError(f"{url} is at policy version {version} after loading new weights, "
@@ -411,10 +440,11 @@ class ServerGenerator(RequestSampler):
                 self.launched.stop()
 
     # -- HTTP ----------------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: Optional[dict], plain: bool = False,
+    def _request(self, method: str, path: str, body: Optional[dict | bytes], plain: bool = False,
                  url: Optional[str] = None, failover: bool = False) -> dict:
         """The reply's JSON from ``url`` (default: the first server), retried as the module
-        docstring says; a ServerError otherwise. A ``plain`` text reply is read as ``{"message": text}``.
+        docstring says; a ServerError otherwise. A ``plain`` text reply is read as ``{"message": text}``;
+        a bytes ``body`` is sent as it is (``application/octet-stream``).
         With ``failover``, no answer is an :class:`_Unreachable` at once (another server takes it)."""
         s, url = self.settings, url or self.urls[0]
         for attempt in range(s.retries + 1):
@@ -432,9 +462,10 @@ class ServerGenerator(RequestSampler):
                 time.sleep(s.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
-    def _once(self, method: str, address: str, body: Optional[dict], plain: bool = False) -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
+    def _once(self, method: str, address: str, body: Optional[dict | bytes], plain: bool = False) -> dict:
+        raw = isinstance(body, bytes)
+        data = body if raw or body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/octet-stream" if raw else "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(address, data=data, method=method, headers=headers)

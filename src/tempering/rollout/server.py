@@ -28,6 +28,10 @@ reads both (the fields and answers: ``tempering.rollout.openai_api``):
   version on by one, or to ``"version"`` when given (so a retried reload is harmless); a
   folder that is missing or holds other weights is a 400 and leaves the served weights as
   they were. Every completion response carries the ``policy_version`` that sampled it.
+- ``POST /weights/begin``, ``/weights/chunk``, ``/weights/commit``: new weights (or a LoRA
+  adapter) sent over HTTP in chunks with a SHA-256 and the version they are, assembled beside
+  the served model and swapped in whole at the commit; an incomplete or corrupted transfer is a
+  400 and leaves the served weights and version as they were (``tempering.rollout.weight_transfer``).
 - ``POST /v1/load_lora_adapter`` (vLLM's): ``{"lora_name": NAME, "lora_path": DIR}`` loads
   the peft adapter in DIR (``adapter_config.json``, ``adapter_model.safetensors``) onto the
   served model, in place of any adapter loaded before (one at a time), and moves the policy
@@ -70,7 +74,7 @@ import time
 import traceback
 from http.server import BaseHTTPRequestHandler
 from typing import Callable, Optional
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from tempering.httpd import ClientGone, HTTPServer, answering
 from tempering.rollout.base import SamplingParams
@@ -80,7 +84,8 @@ from tempering.rollout.openai_api import (RequestError, Wire, chat_messages, com
                                           logprobs_asked, refuse_unsupported, sampling_request, usage)
 from tempering.rollout.prompts import chat_ids, encode_prompt
 from tempering.rollout.streaming import ChoiceStream, Streamed, stream, usage_options
-from tempering.rollout.weights_api import WeightEndpoints
+from tempering.rollout.weight_transfer import Assembly
+from tempering.rollout.weights_api import RAW_POSTS, WeightEndpoints, transfer_limit
 
 __all__ = ["Batcher", "Job", "Limits", "OpenAIHTTPServer", "Server", "serve_in_background", "start"]
 
@@ -101,6 +106,7 @@ class Server(WeightEndpoints):
         self.batcher = Batcher(sampler, batch_size, gather_s, limits)
         self.adapter: Optional[str] = None  # the LoRA adapter's name, once one is loaded
         self.replaced_adapters: set[str] = set()
+        self.assembly = Assembly(transfer_limit(sampler.model))
 
     def models(self) -> dict:
         about = {"object": "model", "owned_by": "tempering", "created": 0,
@@ -349,7 +355,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, method: str, raw: Optional[bytes] = None) -> None:
         """Route the request (its path without the query) and send the endpoint's answer, or
         the error it raised. A POST's body is JSON (none: an empty object)."""
-        path = urlsplit(self.path).path
+        split = urlsplit(self.path)
+        path = split.path
         route = self.server.app.route(method, path)
         if route is None:
             self._error(404, f"no such endpoint: {method} {path}")
@@ -358,6 +365,9 @@ class _Handler(BaseHTTPRequestHandler):
             with answering(self.connection):
                 if method == "GET":
                     self._send(200, route())
+                    return
+                if path in RAW_POSTS:
+                    self._send(200, route({**dict(parse_qsl(split.query)), "data": raw}))
                     return
                 body = json.loads(raw) if raw.strip() else {}
                 if not isinstance(body, dict):

@@ -2,6 +2,10 @@
 folder, a LoRA adapter loaded and unloaded, the policy (weight) version, and the vLLM
 administration calls that RL clients make around a reload.
 
+New weights also come over HTTP in chunks, assembled beside the served model and swapped in
+whole at the commit (``/weights/begin``, ``/weights/chunk``, ``/weights/commit``: the protocol
+is ``tempering.rollout.weight_transfer``'s), for a learner that shares no disk with the server.
+
 What maps onto a reload from disk is done; vLLM's weight-transfer API (weights sent over
 NCCL or IPC by a trainer: ``/init_weight_transfer_engine``, ``/update_weights`` and the rest of
 ``vllm/entrypoints/rl``) and its development-mode ``/collective_rpc`` are refused with a 501
@@ -11,24 +15,31 @@ requests as they come has no use for.
 
 from __future__ import annotations
 
+import json
+import tempfile
 from importlib.metadata import PackageNotFoundError, version
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 from tempering.rollout.batcher import Batcher
 from tempering.rollout.openai_api import RequestError
+from tempering.rollout.weight_transfer import ADAPTER_FILES, Assembly, Transfer
 
 RL_API = ("/init_weight_transfer_engine", "/shutdown_weight_transfer_engine", "/start_weight_update",
           "/start_draft_weight_update", "/update_weights", "/finish_weight_update", "/weight_checker",
           "/collective_rpc", "/pause", "/resume", "/abort_requests")
 RL_API_GETS = ("/is_paused", "/get_world_size")
 """vLLM's RL and development endpoints that temper serve answers with a 501."""
+RAW_POSTS = ("/weights/chunk",)
+"""Endpoints whose body is raw bytes, given to them as ``data`` beside the query's fields."""
 
 
 def not_supported(path: str) -> None:
     raise RequestError(f"{path} (vLLM's weight-transfer and engine-control API) is not supported by temper serve: "
                        "send new weights as a folder with POST /update_weights_from_disk {\"model_path\": DIR} "
                        "(rollout.server.reload: update_weights_from_disk), or a LoRA adapter with "
-                       "POST /v1/load_lora_adapter", 501)
+                       "POST /v1/load_lora_adapter, or either over HTTP in chunks with POST /weights/begin, "
+                       "/weights/chunk and /weights/commit (rollout.server.weight_transfer: http)", 501)
 
 
 class WeightEndpoints:
@@ -40,6 +51,8 @@ class WeightEndpoints:
     adapter: Optional[str]
     replaced_adapters: set[str]
     """Adapters loaded before the one served now (which took their place)."""
+    assembly: Assembly
+    """The weight transfer coming over HTTP, if one is open."""
 
     def weight_routes(self, method: str) -> dict[str, Callable]:
         if method == "GET":
@@ -48,7 +61,8 @@ class WeightEndpoints:
         refused = {path: (lambda body, path=path: not_supported(path)) for path in RL_API}
         return {"/update_weights_from_disk": self.update_weights, "/v1/load_lora_adapter": self.load_lora_adapter,
                 "/v1/unload_lora_adapter": self.unload_lora_adapter, "/reset_prefix_cache": self.reset_prefix_cache,
-                "/update_weight_version": self.update_weight_version, **refused}
+                "/update_weight_version": self.update_weight_version, "/weights/begin": self.assembly.begin,
+                "/weights/chunk": self.assembly.chunk, "/weights/commit": self.commit_transfer, **refused}
 
     def version(self) -> dict:
         """vLLM's ``/version``, with this server's own version (it is not vLLM) and name."""
@@ -81,6 +95,34 @@ class WeightEndpoints:
         version = self.batcher.reload(folder, _version(body))
         return {"success": True, "message": f"loaded {folder}", "policy_version": version}
 
+    def commit_transfer(self, body: dict) -> dict:
+        """``/weights/commit``: the transfer whole and checked, its weights (or adapter) served
+        from now on at its version; a 400 that leaves the served weights as they were otherwise."""
+        transfer = self.assembly.commit(body)
+        header = transfer.header
+        if header["kind"] == "adapter":
+            return self._commit_adapter(transfer)
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        try:
+            weights = load(transfer.data)
+        except SafetensorError as exc:
+            raise RequestError(f"transfer {transfer.id}: not a safetensors payload ({exc})", param="transfer") from None
+        version = self.batcher.swap(weights, header["version"], f"transfer {transfer.id}", "transfer")
+        return {"success": True, "message": f"loaded {transfer.size} bytes sent over HTTP (sha256 "
+                f"{header['sha256']})", "policy_version": version}
+
+    def _commit_adapter(self, transfer: Transfer) -> dict:
+        """An adapter transfer's two files written to a folder of this server's own, loaded (peft
+        reads them at once), and the folder removed."""
+        header = transfer.header
+        with tempfile.TemporaryDirectory(prefix="tempering-adapter-") as folder:
+            (Path(folder) / ADAPTER_FILES[0]).write_text(json.dumps(header["adapter_config"]))
+            (Path(folder) / ADAPTER_FILES[1]).write_bytes(transfer.data)
+            return self.load_lora_adapter({"lora_name": header["lora_name"], "lora_path": folder,
+                                           "version": header["version"]})
+
     def load_lora_adapter(self, body: dict) -> dict:
         name, folder = body.get("lora_name"), body.get("lora_path")
         if not isinstance(name, str) or not name or name == self.name:
@@ -109,6 +151,11 @@ class WeightEndpoints:
             raise RequestError(f"the LoRA adapter {name!r} cannot be found: {served}", 404, "lora_name")
         self.adapter = None
         return {"success": True, "message": f"unloaded the LoRA adapter {name!r}"}
+
+
+def transfer_limit(model: Any) -> int:
+    """The largest transfer a server of ``model`` takes: its state twice over in float32, plus 64 MiB."""
+    return 8 * sum(t.numel() for t in model.state_dict().values()) + (64 << 20)
 
 
 def _version(body: dict) -> Optional[int]:

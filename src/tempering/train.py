@@ -42,7 +42,7 @@ from tempering.learner.parallel import follow
 from tempering.learner.step import Learner, collate
 from tempering.pipeline import GraderOutage, staleness_record
 from tempering.reporting.live import LiveView
-from tempering.reporting.metrics import before_after_table, by_round_table
+from tempering.reporting.metrics import before_after_table, by_round_table, components_table
 from tempering.reporting.samples import SampleWriter
 from tempering.reporting.sinks import StepLog
 from tempering.scheduler import balance_grad_weights, cap_domain_tokens, domain_token_weights_B
@@ -197,6 +197,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         run.learner.parallel.close()
     if progress:
         print(before_after_table(eval_before, eval_after))
+        if eval_after.get("components"):
+            print(components_table(eval_before, eval_after))
         if by_round:
             print(by_round_table(by_round["before"], by_round["after"]))
         print(run.mixture.table())
@@ -206,11 +208,14 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
 
 def eval_record(result: dict) -> dict[str, float]:
     """A held-out evaluation as step-record keys: ``eval/accuracy``, ``eval/<task>``,
-    ``eval/<task>/len_<L>`` (accuracy at each length of a task with several) and
-    ``eval/grader_errors``; a task (or the whole) with no problem graded has no number."""
+    ``eval/<task>/len_<L>`` (accuracy at each length of a task with several),
+    ``eval/<task>/<component>`` (the means its metric summarizes) and ``eval/grader_errors``;
+    a task (or the whole) with no problem graded has no number."""
     record = {f"eval/{name}": value for name, value in result["per_task"].items() if value is not None}
     record.update({f"eval/{name}/len_{length}": value for name, curve in result.get("by_length", {}).items()
                    for length, value in curve.items() if value is not None})
+    record.update({f"eval/{name}/{key}": value for name, means in result.get("components", {}).items()
+                   for key, value in means.items()})
     if result["accuracy"] is not None:
         record["eval/accuracy"] = result["accuracy"]
     record["eval/grader_errors"] = sum(result["grader_errors"].values())

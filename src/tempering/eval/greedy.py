@@ -58,7 +58,7 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
              metrics: Mapping[str, BatchReward] | None = None, progress: bool = False,
              stop: Sequence[str] = (), problems_per_length: int = 0) -> dict:
     """``{"accuracy", "per_task", "problems", "grader_errors", "truncated", "examples", "score_by_turns",
-    "by_length"}``.
+    "by_length", "components"}``.
 
     ``per_task[name]`` is the mean ``metric`` score of the task's greedy completions over the
     held-out problems that were graded (None when none was); ``problems`` counts the problems
@@ -74,6 +74,9 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
     of a task's ``eval_lengths`` (as a string, as JSON keeps it) to the accuracy of
     ``problems_per_length`` held-out problems drawn at it (None when none was graded); only
     tasks with such lengths have an entry, and none has with ``problems_per_length`` 0.
+    ``components[name]`` maps each component the task's metric reward names in its ``summary``
+    (the ``repo`` reward's ``fixed``, ``broke_other_module``, ``test_runs``) to its mean over the
+    graded problems; only tasks whose metric names some have an entry.
     """
     owned = build_metrics(tasks, options) if metrics is None else None
     params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens, stop=tuple(stop))
@@ -89,7 +92,7 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
 
 def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
               metrics: Mapping[str, BatchReward], progress: bool, params: SamplingParams) -> dict:
-    per_task, problems, grader_errors, truncated, examples, by_turns = {}, {}, {}, {}, {}, {}
+    per_task, problems, grader_errors, truncated, examples, by_turns, components = {}, {}, {}, {}, {}, {}, {}
     bar = tqdm(total=problems_per_task * len(tasks), desc="greedy", unit="problem", disable=not progress,
                dynamic_ncols=True, leave=False)
     for task in tasks:
@@ -100,12 +103,15 @@ def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: 
         by_turns[task.name] = _score_by_turns(groups, results)
         problems[task.name], grader_errors[task.name] = len(results), len(results) - len(graded)
         truncated[task.name] = sum(g.rollouts[0].finish_reason == "length" for g in groups)
+        if means := component_means(getattr(metrics[task.metric], "summary", ()), results):
+            components[task.name] = means
         if groups:
             examples[task.name] = {"prompt": str(groups[0].problem.prompt), "completion": transcript(groups[0].rollouts[0])}
     bar.close()
     known = [value for value in per_task.values() if value is not None]
     return {"accuracy": sum(known) / len(known) if known else None, "per_task": per_task, "problems": problems,
-            "grader_errors": grader_errors, "truncated": truncated, "examples": examples, "score_by_turns": by_turns}
+            "grader_errors": grader_errors, "truncated": truncated, "examples": examples, "score_by_turns": by_turns,
+            "components": components}
 
 
 def accuracy_by_length(generator: HFGenerator, tasks: Sequence[Task], problems_per_length: int,
@@ -127,6 +133,21 @@ def _grade(generator: HFGenerator, task: Task, problems: Sequence, metrics: Mapp
     groups = generator.generate(problems, group_size=1, params=params)
     return groups, score_contained(metrics[task.metric], task.metric, [g.problem for g in groups],
                                    [g.rollouts[0] for g in groups])
+
+
+def component_means(names: Sequence[str], results: Sequence) -> dict[str, float]:
+    """The mean of each of the components ``names`` over the graded results that carry it.
+
+    >>> from tempering.types import RewardResult
+    >>> component_means(["fixed"], [RewardResult(1.0, {"fixed": 1.0}), RewardResult(0.0, {"fixed": 0.0})])
+    {'fixed': 0.5}
+    """
+    found = {}
+    for name in names:
+        values = [r.components[name] for r in results if r.error is None and name in r.components]
+        if values:
+            found[name] = sum(values) / len(values)
+    return found
 
 
 def _mean(values: Sequence[float]) -> float | None:

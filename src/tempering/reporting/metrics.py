@@ -112,6 +112,27 @@ def by_round_table(before: dict[str, dict[str, Any]], after: dict[str, dict[str,
     return "\n".join(f"{r[0]:<{widths[0]}}{r[1]:<{widths[1]}}{r[2]:>6}{r[3]:>8}{r[4]:>9}".rstrip() for r in rows)
 
 
+def components_table(before: dict, after: dict) -> str:
+    """The held-out means of the components each task's metric summarizes (evaluation's
+    ``components``: task -> component -> mean), before and after training, as plain numbers
+    (a rate such as ``fixed`` is a share; ``test_runs`` a count per episode).
+
+    >>> print(components_table({"components": {"repo": {"fixed": 0.25, "test_runs": 0.5}}},
+    ...                        {"components": {"repo": {"fixed": 0.5, "test_runs": 1.0}}}))
+    task  component  before   after   change
+    repo  fixed       0.250   0.500   +0.250
+    repo  test_runs   0.500   1.000   +0.500
+    """
+    rows = [("task", "component", "before", "after", "change")]
+    for task, means in after.get("components", {}).items():
+        for name, a in means.items():
+            b = before.get("components", {}).get(task, {}).get(name)
+            rows.append((task, name, "n/a" if b is None else f"{b:.3f}", f"{a:.3f}",
+                         "n/a" if b is None else f"{a - b:+.3f}"))
+    widths = [max(len(r[i]) for r in rows) + 2 for i in range(2)]
+    return "\n".join(f"{r[0]:<{widths[0]}}{r[1]:<{widths[1]}}{r[2]:>6}{r[3]:>8}{r[4]:>9}".rstrip() for r in rows)
+
+
 def _gap(values: list) -> float | None:
     return None if not values or values[0] is None or values[-1] is None else values[-1] - values[0]
 

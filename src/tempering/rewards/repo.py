@@ -237,6 +237,9 @@ class RepoReward:
     ``memory_mb``: each test job's limits; the other options choose the sandbox, as the
     ``code`` reward's do."""
 
+    summary = ("fixed", "broke_other_module", "test_runs")
+    """The components a held-out evaluation reports as means (``tempering.eval.greedy``)."""
+
     def __init__(self, *, partial: bool = False, timeout_s: float = 10.0, memory_mb: int = 512, workers: int = 0,
                  isolation: str = "auto", url: str = "", token: str = "", retries: int = 1, ready: int = 0):
         self.partial, self.retries = partial, retries

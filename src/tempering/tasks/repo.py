@@ -48,6 +48,7 @@ from typing import Any, Optional
 from tempering.registry import typed_options
 from tempering.tasks.base import StreamState
 from tempering.tasks.records import DatasetError, read_records
+from tempering.tasks.repo_corpus import Mistakes, corpus_env, episode_calls, render
 from tempering.tasks.repo_families import Defect, RepoFamily, build_instance, find_tests, split_key
 from tempering.tasks.repo_families_money import FAMILIES as MONEY
 from tempering.tasks.repo_families_text import FAMILIES as TEXT
@@ -95,10 +96,21 @@ def _check_style(style: str) -> None:
 
 class RepoTask(StreamState):
     """Generated repositories of ``families`` (all by default) at ``levels`` (1..3, one drawn
-    per problem; all three by default)."""
+    per problem; all three by default).
+
+    Pre-training transcripts (:mod:`tempering.tasks.repo_corpus`, style ``raw``):
+    ``corpus_env``: the options of ``env: repo`` the transcripts are played with (the training
+    config's, so that the model learns the very text its episodes show; empty = the defaults);
+    ``corpus_naive_share``: the share of level-2 transcripts whose fix is the naive one that
+    breaks another module; ``corpus_untested_share``: the share submitted without a test run;
+    ``corpus_wrong_span_share``: the share whose replace quotes text the file does not hold
+    (nothing changes). 0 = no such transcript.
+    """
 
     def __init__(self, name: str, seed: int, families: Optional[list[str]] = None, levels: Optional[list[int]] = None,
-                 style: str = "chat", domain: str = "", rewards: Optional[dict[str, float]] = None):
+                 style: str = "chat", domain: str = "", rewards: Optional[dict[str, float]] = None,
+                 corpus_env: Optional[dict[str, Any]] = None, corpus_naive_share: float = 0.5,
+                 corpus_untested_share: float = 0.0, corpus_wrong_span_share: float = 0.0):
         if unknown := sorted(set(families or ()) - set(FAMILY_BY_NAME)):
             raise ValueError(f"unknown repo families {unknown}; known: {', '.join(FAMILY_BY_NAME)}")
         # not ``levels``: that name is the scheduler's curriculum protocol (a count of levels)
@@ -111,6 +123,10 @@ class RepoTask(StreamState):
         self.domain = domain_of(name, domain)
         self.rewards = dict(rewards or REWARDS)
         self.metric = "repo"
+        self.mistakes = Mistakes(corpus_naive_share, corpus_untested_share, corpus_wrong_span_share)
+        self.mistakes.check()
+        self.corpus_env_options = dict(corpus_env or {})
+        self._corpus_env: Optional[Any] = None
 
     @staticmethod
     def is_held_out(key: str) -> bool:
@@ -146,6 +162,18 @@ class RepoTask(StreamState):
             problem = self._problem(*self._draw(rng, want_eval=True))
             found.setdefault(problem.id, problem)
         return list(found.values())
+
+    def corpus_document(self, index: int, wrong_share: float = 0.0, tool_share: float = 0.0) -> str:
+        """Training problem ``index`` as an episode transcript (:mod:`tempering.tasks.repo_corpus`),
+        its mistakes drawn at the task's ``corpus_*_share`` options; the corpus's ``wrong_share``
+        and ``tool_share`` are not read."""
+        if self.style != "raw":
+            raise ValueError(f"{self.name}: pre-training transcripts are written in style 'raw', not {self.style!r}")
+        if self._corpus_env is None:
+            self._corpus_env = corpus_env(self.corpus_env_options)
+        problem = self.train_problem(index)
+        calls = episode_calls(problem, random.Random(f"corpus:{self.seed}:{self.name}:{index}"), self.mistakes)
+        return render(self._corpus_env, problem, calls)
 
     def _extra_state(self) -> dict[str, Any]:
         return {"families": [f.name for f in self.families], "drawn_levels": self.drawn_levels}

@@ -147,6 +147,10 @@ def fresh_groups(groups: list[Group], learner_version: int,
     return kept, stale
 
 
+def _tokens(groups: list[Group]) -> int:
+    return sum(len(r.completion_ids) for g in groups for r in g.rollouts)
+
+
 def staleness_record(groups: list[Group], learner_version: int, max_staleness: int) -> dict[str, float]:
     """How far behind the learner the rollouts of a step's batch were sampled:
     ``staleness/mean``, ``staleness/max`` and ``staleness/hist/<k>``, the rollouts exactly
@@ -277,6 +281,8 @@ class Counters:
     rollouts_sampled: int = 0
     rollouts_taken: int = 0
     dropped_stale: int = 0
+    dropped_stale_tokens: int = 0
+    """Completion tokens of the rollouts dropped as too stale: sampling thrown away."""
     weight_syncs: int = 0
     outage_rounds: int = 0
     domains: dict[str, DomainCounts] = field(default_factory=dict)
@@ -531,6 +537,7 @@ class Pipeline:
             kept, stale = fresh_groups(made.groups, self.learner_version, self.max_staleness)
             with self._cond:
                 self.counters.dropped_stale += sum(stale.values())
+                self.counters.dropped_stale_tokens += _tokens(made.groups) - _tokens(kept)
                 for task, count in stale.items():
                     self.counters.domain(task).dropped += count
             if stale and not kept:
@@ -597,6 +604,7 @@ class Pipeline:
         self.reward.load_state_dict(state["reward"])
         self.counters = state["counters"]
         vars(self.counters).setdefault("domains", {})  # a checkpoint written before per-task counts
+        vars(self.counters).setdefault("dropped_stale_tokens", 0)  # or before stale tokens were counted
         self._held = dict(state.get("held", {}))
 
     def close(self) -> None:

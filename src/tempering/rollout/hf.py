@@ -376,11 +376,8 @@ class HFGenerator:
         index_of = {ids: i for i, ids in enumerate(dict.fromkeys(map(tuple, prompts)))}
         distinct = list(index_of)
         prompt_of_row_B = torch.tensor([index_of[tuple(p)] for p in prompts], device=device)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(len(p) for p in distinct)
-        ids_PT = torch.tensor([[pad] * (width - len(p)) + list(p) for p in distinct], device=device)
-        mask_PT = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in distinct], device=device)
-        positions_PT = (mask_PT.cumsum(-1) - 1).clamp(min=0)
+        ids_PT, mask_PT, positions_PT = self._left_padded(distinct)
+        width = ids_PT.shape[1]
 
         n, limit = len(prompts), params.max_new_tokens
         tokens_BT = torch.zeros(n, limit, dtype=torch.long, device=device)
@@ -471,18 +468,23 @@ class HFGenerator:
         """``(logits_UV, cache, mask_UT, position_U)`` of ``histories`` (left-padded, at their
         own positions) under the model's weights now, with cache room for ``room`` more tokens
         and, in the decoder, ``rows`` rows: the state decoding goes on from after new weights."""
-        device = self.model.device
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(map(len, histories))
-        ids_UT = torch.tensor([[pad] * (width - len(h)) + h for h in histories], device=device)
-        mask_UT = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=device)
-        positions_UT = (mask_UT.cumsum(-1) - 1).clamp(min=0)
+        ids_UT, mask_UT, positions_UT = self._left_padded(histories)
+        width = ids_UT.shape[1]
         dtype = torch.bfloat16 if self.bf16 else None
         cache = self._new_cache(width if decoder else width + room, None if decoder else dtype)
         logits_UV, cache = self._forward(ids_UT, mask_UT, positions_UT, cache)
         if decoder:
             decoder.start(cache, width + room, dtype, rows=rows)
         return logits_UV, cache, mask_UT, positions_UT[:, -1]
+
+    def _left_padded(self, rows: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(ids_UT, mask_UT, positions_UT)`` of token sequences left-padded to the longest,
+        each counting positions from 0 at its first token."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(map(len, rows))
+        ids_UT = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], device=self.model.device)
+        mask_UT = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.model.device)
+        return ids_UT, mask_UT, (mask_UT.cumsum(-1) - 1).clamp(min=0)
 
     def _stop_string_ends(self, tokens_BT: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
         """Rows whose newest token completed one of the ``stop`` strings."""

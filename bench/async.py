@@ -13,9 +13,16 @@ Timing covers the training loop only (the sum of the steps' wall time; start-up 
 before/after evaluations are left out). Prints JSON::
 
     {"sync": {"rollouts_per_s", "steps_per_s", "accuracy"},
-     "async": {"rollouts_per_s", "steps_per_s", "accuracy", "dropped_stale"},
+     "async": {"rollouts_per_s", "steps_per_s", "accuracy", "dropped_stale", "dropped_stale_tokens",
+               "token_staleness"},
      "speedup": async steps_per_s / sync steps_per_s,
      "cpu_bound": {"core_s_per_step", "cores", "best_step_s", "max_speedup"}, ...}
+
+With ``--partial`` an asynchronous run with ``pipeline.partial_rollouts`` (new weights taking
+over in the middle of a round) follows, as ``async_partial``, with ``partial_speedup`` (its
+steps_per_s over the plain asynchronous run's). ``dropped_stale_tokens`` are the completion
+tokens of the rollouts dropped as too stale (sampling thrown away); ``token_staleness`` the
+mean over steps of ``staleness/token_mean``, each token by the version that drew it.
 
 ``cpu_bound`` is the ceiling this machine puts on any overlap: a step's work in CPU
 core-seconds (sampling and learning as measured on one thread, plus grading, measured as
@@ -23,7 +30,7 @@ the busy time of all processes while the sandbox grades a step's worth of refere
 programs) spread perfectly over every core, against the synchronous step time. When the
 synchronous run already keeps the cores busy, no asynchronous schedule can beat it by more.
 
-    python bench/async.py [--steps 40] [--quick]
+    python bench/async.py [--steps 40] [--quick] [--partial]
 """
 
 from __future__ import annotations
@@ -41,20 +48,21 @@ from tempering.train import train
 
 
 def overrides(steps: int, mode: str, run_dir: Path, problems: int, threads: int = 0,
-              backend: str = "local") -> list[str]:
+              backend: str = "local", partial: bool = False) -> list[str]:
     task = "{name: add, options: {style: program, digits: [2]}}"
     return [
         f"steps={steps}", f"run_dir={run_dir}", "seed=0", f"tasks=[{task}]", f"pretrain.tasks=[{task}]",
         "rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=48",
         "eval.max_new_tokens=48", f"eval.problems_per_task={problems}", "checkpoint.every=0",
         f"pipeline.mode={mode}", "learner.warmup_steps=5", f"threads={threads}",
-        f"pipeline.backend={backend}",
+        f"pipeline.backend={backend}", f"pipeline.partial_rollouts={str(partial).lower()}",
     ]
 
 
-def run(mode: str, steps: int, problems: int, root: Path, threads: int = 0, backend: str = "local") -> dict:
-    folder = root / f"{mode}-{threads}-{backend}"
-    config = load_config(None, overrides(steps, mode, folder, problems, threads, backend))
+def run(mode: str, steps: int, problems: int, root: Path, threads: int = 0, backend: str = "local",
+        partial: bool = False) -> dict:
+    folder = root / f"{mode}-{threads}-{backend}{'-partial' if partial else ''}"
+    config = load_config(None, overrides(steps, mode, folder, problems, threads, backend, partial))
     summary = train(config, progress=False)
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     loop_s = sum(r["step_s"] for r in records)
@@ -68,6 +76,8 @@ def run(mode: str, steps: int, problems: int, root: Path, threads: int = 0, back
     }
     if mode == "async":
         result["dropped_stale"] = summary["rollouts"]["dropped_stale"]
+        result["dropped_stale_tokens"] = summary["rollouts"]["dropped_stale_tokens"]
+        result["token_staleness"] = sum(r["staleness/token_mean"] for r in records) / steps
         result["wait_s_per_step"] = sum(r["wait_s"] for r in records) / steps
         result["max_staleness_seen"] = max(r["staleness"] for r in records)
     return result
@@ -114,6 +124,12 @@ def cpu_bound(one_thread: dict, sync: dict) -> dict:
             "max_speedup": (1 / sync["steps_per_s"]) / (work / cores)}
 
 
+def partial_arm(plain: dict, steps: int, problems: int, root: Path) -> dict:
+    """The asynchronous run again with partial rollouts, and its speed over ``plain``'s."""
+    partial = run("async", steps, problems, root, partial=True)
+    return {"async_partial": partial, "partial_speedup": partial["steps_per_s"] / plain["steps_per_s"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -122,16 +138,23 @@ def main() -> None:
     parser.add_argument("--backend", default="local", choices=["local", "ray"],
                         help="where the asynchronous run's workers live (ray: separate processes)")
     parser.add_argument("--only", choices=["sync", "async"], help="run one mode only")
+    parser.add_argument("--partial", action="store_true",
+                        help="also an asynchronous run with pipeline.partial_rollouts (async_partial)")
     args = parser.parse_args()
     steps, problems = (3, 16) if args.quick else (args.steps, args.problems)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tempering-bench-async-") as tmp:
         # synchronous with all cores (the default) and with one thread: the better one is the baseline
         if args.only == "async":
-            print(json.dumps(run("async", steps, problems, Path(tmp), backend=args.backend), indent=2))
+            results = {"async": run("async", steps, problems, Path(tmp), backend=args.backend)}
+            if args.partial:
+                results.update(partial_arm(results["async"], steps, problems, Path(tmp)))
+            print(json.dumps(results if args.partial else results["async"], indent=2))
             return
         syncs = {threads: run("sync", steps, problems, Path(tmp), threads) for threads in (0, 1)}
         results = {"async": run("async", steps, problems, Path(tmp), backend=args.backend)}
+        if args.partial:
+            results.update(partial_arm(results["async"], steps, problems, Path(tmp)))
     best = max(syncs, key=lambda t: syncs[t]["steps_per_s"])
     results["sync"] = {**syncs[best], "threads": best or "all cores"}
     results["sync_other_threads"] = {**syncs[1 - best if best in (0, 1) else 1], "threads": (1 - best) or "all cores"}

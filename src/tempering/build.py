@@ -516,6 +516,23 @@ def check_onednn(config: TrainConfig) -> None:
                           "drop rollout.onednn or sample with the built-in sampler")
 
 
+def check_partial_rollouts(config: TrainConfig) -> None:
+    """Partial rollouts need new weights while a round is sampled (async) by a sampler in this
+    process that takes them between decoding steps (the built-in one): refused elsewhere rather
+    than ignored."""
+    pc, rc = config.pipeline, config.rollout
+    if not pc.partial_rollouts:
+        return
+    if pc.mode != "async" or pc.backend != "local":
+        raise ConfigError(f"pipeline.partial_rollouts=true updates weights during an asynchronous round in this "
+                          f"process, but pipeline.mode={pc.mode} and backend={pc.backend}; set mode=async and "
+                          "backend=local, or drop partial_rollouts")
+    if rc.server is not None or rc.engine != "builtin" or env_specs(config) or agent_specs(config):
+        raise ConfigError("pipeline.partial_rollouts=true needs the built-in sampler drawing single completions "
+                          "(no rollout.server, rollout.engine=builtin, no tasks with an environment or agent); "
+                          "drop partial_rollouts for this run")
+
+
 def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:
     rc = config.rollout
     generator = build_generator(config, model, tokenizer, rc.batch_size, rc.bf16, rc.share_decoding)
@@ -559,7 +576,8 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
     return Pipeline(mixture, rollout, reward, config.rollout.prompts_per_step, pc.mode, pc.max_staleness,
                     pc.buffer_rounds, shares_policy=shares, max_outage_rounds=config.rewards.max_outage_rounds,
                     outage_backoff_s=config.rewards.outage_backoff_s, pause_failing=config.scheduler.pause_failing,
-                    probe_rounds=config.scheduler.probe_rounds, max_probe_rounds=config.scheduler.max_probe_rounds)
+                    probe_rounds=config.scheduler.probe_rounds, max_probe_rounds=config.scheduler.max_probe_rounds,
+                    partial_rollouts=pc.partial_rollouts)
 
 
 def normalizes(config: TrainConfig) -> bool:
@@ -640,6 +658,7 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     check_sinks(config.logging.sinks)
     check_mismatch_band(config)
     check_onednn(config)
+    check_partial_rollouts(config)
     check_grad_balance(config)
     if uses_vllm(config):
         vllm_settings(config)

@@ -71,7 +71,7 @@ def refuse_as_train_does(config: TrainConfig) -> Any:
     then refuses: a built-in model name, the tasks and their rewards' options, the algorithm,
     the mixture, the sinks and the pipeline's band. Returns the mixture the run would start with."""
     from tempering.build import (build_mixture, build_rewarder, build_tasks, check_builtin_name, check_mismatch_band,
-                                 check_onednn, resolve_algorithm)
+                                 check_onednn, check_partial_rollouts, resolve_algorithm)
     from tempering.reporting.sinks import check_sinks
 
     check_builtin_name(config.model.path)
@@ -82,6 +82,7 @@ def refuse_as_train_does(config: TrainConfig) -> Any:
     check_sinks(config.logging.sinks)
     check_mismatch_band(config)
     check_onednn(config)
+    check_partial_rollouts(config)
     return mixture
 
 

@@ -26,6 +26,20 @@ trained, the stale among them with the learner's off-policy correction (which we
 row by its own sampler's log-probs; see :func:`fresh_groups` for a group only partly too
 stale, and :func:`staleness_record` for what each step logs).
 
+With ``partial_rollouts`` (async, the built-in sampler in this process) new weights do not
+wait for the round to end: the sampler takes them between two decoding steps
+(:meth:`RolloutWorker.follow`), recomputes the cache of what it has drawn so far with them
+(``tempering.rollout.hf``) and goes on. A rollout then holds tokens of several versions, each
+with its own version (``Rollout.versions``) and its own log-prob under the weights that drew
+it, which is what the learner's correction divides by, token by token. Its
+``policy_version``, and so everything decided per rollout (``max_staleness``, the
+``staleness/*`` record, whether the learner corrects its batch), is its oldest token's: a
+rollout is never kept with a token more than ``max_staleness`` versions behind, whatever its
+newer tokens. What partial rollouts change is how fresh the tokens are
+(``staleness/token_mean``) and that no update waits for a long round to end; they do not make
+a round of old tokens fresh. Async runs are not bitwise reproducible with or without them
+(where new weights land depends on when the learner publishes them).
+
 A round whose every rollout the rewards dropped (a grader that is down: a sandbox service,
 a remote reward model) is an *outage*: counted (``outage_rounds``), and after a wait of
 ``outage_backoff_s`` (doubling with each further outage in a row, at most
@@ -72,7 +86,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -133,11 +147,17 @@ def fresh_groups(groups: list[Group], learner_version: int,
     return kept, stale
 
 
+def _tokens(groups: list[Group]) -> int:
+    return sum(len(r.completion_ids) for g in groups for r in g.rollouts)
+
+
 def staleness_record(groups: list[Group], learner_version: int, max_staleness: int) -> dict[str, float]:
     """How far behind the learner the rollouts of a step's batch were sampled:
     ``staleness/mean``, ``staleness/max`` and ``staleness/hist/<k>``, the rollouts exactly
-    ``k`` versions behind, for every k from 0 to ``max_staleness`` (zeros included, so each
-    is a series over the run).
+    ``k`` versions behind (each by its oldest token, its ``policy_version``), for every k from
+    0 to ``max_staleness`` (zeros included, so each is a series over the run); and
+    ``staleness/token_mean``, the same mean over completion tokens, each by its own version
+    (below the rollouts' mean only with partial rollouts, and by how much they freshen).
 
     >>> from tempering.types import Problem, Rollout
     >>> p = Problem(task="t", id="0", prompt="", answer="")
@@ -146,11 +166,13 @@ def staleness_record(groups: list[Group], learner_version: int, max_staleness: i
     (1, 2, 1)
     """
     behind = [learner_version - r.policy_version for g in groups for r in g.rollouts]
+    tokens = [learner_version - v for g in groups for r in g.rollouts for v in r.token_versions]
     record: dict[str, float] = {f"staleness/hist/{k}": 0 for k in range(max_staleness + 1)}
     for k in behind:
         record[f"staleness/hist/{k}"] = record.get(f"staleness/hist/{k}", 0) + 1
     record["staleness/mean"] = sum(behind) / len(behind) if behind else 0.0
     record["staleness/max"] = max(behind, default=0)
+    record["staleness/token_mean"] = sum(tokens) / len(tokens) if tokens else 0.0
     return record
 
 
@@ -170,6 +192,18 @@ class RolloutWorker:
     def sample(self, problems: list[Problem]) -> list[Group]:
         faults.point("sample")
         return self.generator.generate(problems, self.group_size, self.sampling, self.version, self.rng)
+
+    def follow(self, take: Callable[[], Optional[tuple[dict, int]]]) -> None:
+        """Take new weights from ``take`` (``(weights, version)``, or None when none wait)
+        between the generator's decoding steps too, not only between rounds (partial rollouts;
+        the generator must ask ``updates``, as the built-in sampler does)."""
+        def update() -> Optional[int]:
+            pending = take()
+            if pending is None:
+                return None
+            self.set_weights(*pending)
+            return pending[1]
+        self.generator.updates = update
 
     def sampler_record(self) -> dict[str, float]:
         """What the generator reports about its engines (the servers' state, versions and
@@ -247,6 +281,8 @@ class Counters:
     rollouts_sampled: int = 0
     rollouts_taken: int = 0
     dropped_stale: int = 0
+    dropped_stale_tokens: int = 0
+    """Completion tokens of the rollouts dropped as too stale: sampling thrown away."""
     weight_syncs: int = 0
     outage_rounds: int = 0
     domains: dict[str, DomainCounts] = field(default_factory=dict)
@@ -262,7 +298,7 @@ class Pipeline:
     def __init__(self, mixture: Any, rollout: RolloutHandle, reward: RewardHandle, prompts: int, mode: str = "sync",
                  max_staleness: int = 1, buffer_rounds: int = 1, shares_policy: bool = False,
                  max_outage_rounds: int = 0, outage_backoff_s: float = 0.0, pause_failing: bool = True,
-                 probe_rounds: int = 1, max_probe_rounds: int = 32):
+                 probe_rounds: int = 1, max_probe_rounds: int = 32, partial_rollouts: bool = False):
         if mode not in ("sync", "async"):
             raise ValueError(f"pipeline mode {mode!r}; known: sync, async")
         self.mixture, self.rollout, self.reward = mixture, rollout, reward
@@ -287,6 +323,8 @@ class Pipeline:
         self._last_weights: Optional[tuple[dict, int]] = None
         if hasattr(rollout, "on_restart"):
             rollout.on_restart = self._refresh_rollout
+        if partial_rollouts and mode == "async":
+            rollout.follow(self._take_pending)
 
     def _refresh_rollout(self, handle: RolloutHandle) -> None:
         """A restarted rollout worker: the newest weights, and a random stream of its own."""
@@ -295,14 +333,21 @@ class Pipeline:
         handle.reseed(handle.restarts)
 
     # -- making rounds -------------------------------------------------------------------
+    def _take_pending(self) -> Optional[tuple[dict, int]]:
+        """The newest published weights not yet given to the rollout worker, counted as a sync
+        (None when there are none)."""
+        with self._cond:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self.counters.weight_syncs += 1
+        return pending
+
     def _make_round(self) -> Round:
         faults.point("round")
         sync_s = 0.0
-        with self._cond:
-            pending, self._pending = self._pending, None
+        pending = self._take_pending()
         if pending is not None:
             sync_s = self.rollout.set_weights(*pending)
-            self.counters.weight_syncs += 1
         self._probe_paused()
         with self._cond:
             problems, self._outage_problems = self._outage_problems, None
@@ -492,6 +537,7 @@ class Pipeline:
             kept, stale = fresh_groups(made.groups, self.learner_version, self.max_staleness)
             with self._cond:
                 self.counters.dropped_stale += sum(stale.values())
+                self.counters.dropped_stale_tokens += _tokens(made.groups) - _tokens(kept)
                 for task, count in stale.items():
                     self.counters.domain(task).dropped += count
             if stale and not kept:
@@ -558,6 +604,7 @@ class Pipeline:
         self.reward.load_state_dict(state["reward"])
         self.counters = state["counters"]
         vars(self.counters).setdefault("domains", {})  # a checkpoint written before per-task counts
+        vars(self.counters).setdefault("dropped_stale_tokens", 0)  # or before stale tokens were counted
         self._held = dict(state.get("held", {}))
 
     def close(self) -> None:

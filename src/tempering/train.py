@@ -187,7 +187,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
         "resumed_from": first_step if resume else None,
         "precision": None if run.precision is None else run.precision.describe(),
         "rollouts": {"sampled": counters.rollouts_sampled, "taken": counters.rollouts_taken,
-                     "dropped_stale": counters.dropped_stale, "left_in_buffer": run.pipeline.buffered,
+                     "dropped_stale": counters.dropped_stale, "dropped_stale_tokens": counters.dropped_stale_tokens,
+                     "left_in_buffer": run.pipeline.buffered,
                      "worker_restarts": run.pipeline.restarts, "by_domain": run.pipeline.domain_counts()},
     }
     if by_round := greedy_by_rounds(config, eval_before, eval_after):

@@ -118,7 +118,10 @@ class Rollout:
     ``logprobs`` holds the sampler's log-probability of each completion token under the
     temperature-scaled distribution (top-p truncation excluded), so the learner can form
     importance ratios against it. ``loss_mask`` marks the completion tokens that are trained
-    on (1) or ignored (0). ``policy_version`` is the learner step whose weights sampled it.
+    on (1) or ignored (0). ``policy_version`` is the learner step whose weights sampled it:
+    with partial rollouts (``tempering.pipeline``) new weights may take over while it is
+    decoded, and it is then the version of its first token, the oldest, while ``versions``
+    holds each token's own (and ``logprobs`` each token's under the weights that drew it).
 
     In a multi-turn episode the completion is every token after the first prompt, the model's
     turns and the environment's answers in order; the environment's tokens have log-prob 0
@@ -140,11 +143,19 @@ class Rollout:
     reward_s: float = 0.0
     """Seconds its rewards took, its share of each reward's batch (set by the rewarder): the
     mixture's measure of what a domain's grading costs."""
+    versions: list[int] = field(default_factory=list)
+    """The policy version that drew each completion token, when new weights took over during
+    its decoding (partial rollouts); empty: every token is ``policy_version``'s."""
 
     @property
     def model_turns(self) -> int:
         """Model turns the episode used (what a by-round metric counts); 1 for one completion."""
         return len(self.turns) or 1
+
+    @property
+    def token_versions(self) -> list[int]:
+        """The policy version that drew each completion token."""
+        return self.versions or [self.policy_version] * len(self.completion_ids)
 
     def __post_init__(self) -> None:
         if not self.loss_mask:
@@ -153,6 +164,8 @@ class Rollout:
             raise ValueError(
                 "completion_ids, logprobs and loss_mask must have one entry per completion token"
             )
+        if self.versions and len(self.versions) != len(self.completion_ids):
+            raise ValueError("versions must be empty or hold one entry per completion token")
 
 
 @dataclass

@@ -106,5 +106,19 @@ def test_the_staleness_record_has_a_mean_a_max_and_a_histogram_per_version_behin
     record = staleness_record(groups, learner_version=9, max_staleness=3)
 
     assert record == {"staleness/hist/0": 2, "staleness/hist/1": 1, "staleness/hist/2": 1, "staleness/hist/3": 0,
-                      "staleness/mean": 0.75, "staleness/max": 2}
-    assert staleness_record([], 9, 0) == {"staleness/hist/0": 0, "staleness/mean": 0.0, "staleness/max": 0}
+                      "staleness/mean": 0.75, "staleness/max": 2, "staleness/token_mean": 0.0}
+    assert staleness_record([], 9, 0) == {"staleness/hist/0": 0, "staleness/mean": 0.0, "staleness/max": 0,
+                                          "staleness/token_mean": 0.0}
+
+
+def test_the_token_mean_counts_each_token_by_the_version_that_drew_it():
+    """A partial rollout (new weights from its third token on) is as stale as its oldest token
+    for the rollout counts, and fresher token by token."""
+    problem = Problem(task="t", id="0", prompt="", answer="")
+    partial = Rollout(problem, [1], [2, 3, 4, 5], [-0.5] * 4, "", "stop", 7, versions=[7, 7, 9, 9])
+    whole = Rollout(problem, [1], [2, 3], [-0.5] * 2, "", "stop", 8)
+
+    record = staleness_record([Group(problem, [partial, whole])], learner_version=9, max_staleness=2)
+
+    assert record["staleness/mean"] == 1.5 and record["staleness/max"] == 2
+    assert record["staleness/token_mean"] == (2 + 2 + 0 + 0 + 1 + 1) / 6

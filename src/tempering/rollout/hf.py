@@ -34,6 +34,16 @@ rollouts. The sampler runs where the model's parameters are (cache, masks, every
 makes); the uniform numbers are drawn on the generator's device (a run's seeded generator is
 on CPU) and moved to the logits', and the log-probs come back as Python floats.
 
+New weights may take over in the middle of a call (partial rollouts, ``tempering.pipeline``):
+``updates``, when set, is asked between decoding steps whether it loaded new weights into the
+model. When it did, the cache of every live history is computed again from its prompt and
+tokens so far with the new weights (one prefill, at the positions it had), rather than kept:
+kept keys and values of the old weights would make the next tokens' distributions a mix of
+both policies, and their recorded log-probs the log-probs of no policy the learner can
+compute. Recomputed, each token after the update is drawn from the new policy given its
+prefix, and its log-prob is that policy's (up to floating-point order), which is what the
+learner's off-policy correction divides by. The cost is one prefill of the live rows per update.
+
 Not done here: attention over a prefix shared by histories that have diverged (each keeps
 its own copy of the keys and values before the point where it left), speculative decoding,
 continuous batching across calls.
@@ -236,6 +246,22 @@ def continue_histories(history_B: torch.Tensor, next_B: torch.Tensor, share: boo
     return source_U, token_U, slot_L[of_B]
 
 
+def token_versions(length: int, version: int, switched: list[tuple[int, int]]) -> list[int]:
+    """The version that drew each of ``length`` tokens decoded from ``version`` on, with
+    ``switched``'s ``(step, version)`` updates; empty when there was none (every token is
+    ``version``'s).
+
+    >>> token_versions(5, 3, [(2, 4), (4, 6)]), token_versions(2, 3, [(2, 4)]), token_versions(2, 3, [])
+    ([3, 3, 4, 4, 6], [3, 3], [])
+    """
+    if not switched:
+        return []
+    versions = [version] * length
+    for step, new in switched:
+        versions[step:] = [new] * max(length - step, 0)
+    return versions
+
+
 class HFGenerator:
     """Samples completions from ``model`` (a :class:`~tempering.rollout.base.Generator`); one
     instance per policy copy."""
@@ -257,6 +283,9 @@ class HFGenerator:
         forward = unwrapped(model).forward  # the arguments an adapted model passes on
         self._cache_arg = cache_argument(forward)
         self._keep_arg = logits_to_keep_argument(forward)
+        self.updates: Optional[Callable[[], Optional[int]]] = None
+        """Asked between decoding steps: loads new weights into the model and returns their
+        version, or None when none came (partial rollouts; None: weights stay for the call)."""
 
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -287,13 +316,17 @@ class HFGenerator:
         rollouts: list[Rollout] = []
         for start in range(0, len(flat), self.batch_size):
             chunk = flat[start : start + self.batch_size]
-            outputs = self.sample([ids for _, ids in chunk], params, generator)
+            switched: list[tuple[int, int]] = []
+            outputs = self.sample_with_alternatives([ids for _, ids in chunk], params, generator,
+                                                    switched=switched)[0]
             for (i, prompt_ids), (completion, logprobs, reason) in zip(chunk, outputs):
                 rollouts.append(Rollout(
                     problem=problems[i], prompt_ids=prompt_ids, completion_ids=completion,
                     logprobs=logprobs, finish_reason=reason, policy_version=policy_version,
                     text=self.tokenizer.decode(completion, skip_special_tokens=True),
+                    versions=token_versions(len(completion), policy_version, switched),
                 ))
+            policy_version = switched[-1][1] if switched else policy_version
         return [Group(p, rollouts[i * group_size : (i + 1) * group_size]) for i, p in enumerate(problems)]
 
     def _new_cache(self, capacity: int, dtype: Optional[torch.dtype]):
@@ -324,7 +357,8 @@ class HFGenerator:
     @torch.no_grad()
     def sample_with_alternatives(self, prompts: list[list[int]], params: SamplingParams,
                                  generator: Optional[torch.Generator | RowStreams] = None, alternatives: int = 0,
-                                 on_step: Optional[StepHook] = None
+                                 on_step: Optional[StepHook] = None,
+                                 switched: Optional[list[tuple[int, int]]] = None
                                  ) -> tuple[list[tuple[list[int], list[float], str]], list[list[list[tuple[int, float]]]]]:
         """What :meth:`sample` gives, and for each row, per sampled token, the ``alternatives``
         most likely ``(token id, log-prob)`` under the distribution it was drawn from (what
@@ -334,16 +368,16 @@ class HFGenerator:
         drawn (the rows still running, their tokens, log-probs, :func:`pick_tokens`'
         alternatives, and which rows the token ended):
         ``temper serve`` streams from it. It may return row indices to end at once (a request
-        whose client has gone), which then end there (what they drew is not worth keeping)."""
+        whose client has gone), which then end there (what they drew is not worth keeping).
+
+        ``switched`` receives ``(step, version)`` for each update ``updates`` made during the
+        call: the tokens from decoding step ``step`` on were drawn under ``version``."""
         device = self.model.device
         index_of = {ids: i for i, ids in enumerate(dict.fromkeys(map(tuple, prompts)))}
         distinct = list(index_of)
         prompt_of_row_B = torch.tensor([index_of[tuple(p)] for p in prompts], device=device)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(len(p) for p in distinct)
-        ids_PT = torch.tensor([[pad] * (width - len(p)) + list(p) for p in distinct], device=device)
-        mask_PT = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in distinct], device=device)
-        positions_PT = (mask_PT.cumsum(-1) - 1).clamp(min=0)
+        ids_PT, mask_PT, positions_PT = self._left_padded(distinct)
+        width = ids_PT.shape[1]
 
         n, limit = len(prompts), params.max_new_tokens
         tokens_BT = torch.zeros(n, limit, dtype=torch.long, device=device)
@@ -400,7 +434,13 @@ class HFGenerator:
                         select_cache_rows(cache, source_U)
                 mask_UT = torch.nn.functional.pad(mask_UT[source_U], (0, 1), value=1)
                 position_U = position_U[source_U] + 1
-                if decoder:
+                version = self.updates() if self.updates is not None else None
+                if version is not None:
+                    if switched is not None:
+                        switched.append((step + 1, version))
+                    histories = self._histories(distinct, prompt_of_row_B, row_B, history_B, tokens_BT[:, : step + 1])
+                    logits_UV, cache, mask_UT, position_U = self._prefill(histories, decoder, limit - step - 1, n)
+                elif decoder:
                     logits_UV = decoder.step(token_U, position_U, mask_UT)
                 else:
                     logits_UV, cache = self._forward(token_U[:, None], mask_UT, position_U[:, None], cache)
@@ -412,6 +452,39 @@ class HFGenerator:
         tops = [[list(zip(top_ids[b][t], top_logprobs[b][t])) for t in range(length)] if alternatives else []
                 for b, length in enumerate(lengths)]
         return outputs, tops
+
+    @staticmethod
+    def _histories(distinct: list[tuple[int, ...]], prompt_of_row_B: torch.Tensor, row_B: torch.Tensor,
+                   history_B: torch.Tensor, tokens_BT: torch.Tensor) -> list[list[int]]:
+        """Each cache row's tokens: its prompt and what was drawn after it (``tokens_BT``, by
+        row), from the first live row that follows it (all that follow it drew the same)."""
+        first_U = torch.full((int(history_B.max()) + 1,), len(prompt_of_row_B), device=row_B.device)
+        first_U = first_U.scatter_reduce_(0, history_B, row_B, "amin").tolist()
+        drawn = tokens_BT[first_U].tolist()
+        return [list(distinct[prompt]) + tokens for prompt, tokens in zip(prompt_of_row_B[first_U].tolist(), drawn)]
+
+    def _prefill(self, histories: list[list[int]], decoder: Optional[fast_llama.LlamaDecoder], room: int,
+                 rows: int) -> tuple[torch.Tensor, object, torch.Tensor, torch.Tensor]:
+        """``(logits_UV, cache, mask_UT, position_U)`` of ``histories`` (left-padded, at their
+        own positions) under the model's weights now, with cache room for ``room`` more tokens
+        and, in the decoder, ``rows`` rows: the state decoding goes on from after new weights."""
+        ids_UT, mask_UT, positions_UT = self._left_padded(histories)
+        width = ids_UT.shape[1]
+        dtype = torch.bfloat16 if self.bf16 else None
+        cache = self._new_cache(width if decoder else width + room, None if decoder else dtype)
+        logits_UV, cache = self._forward(ids_UT, mask_UT, positions_UT, cache)
+        if decoder:
+            decoder.start(cache, width + room, dtype, rows=rows)
+        return logits_UV, cache, mask_UT, positions_UT[:, -1]
+
+    def _left_padded(self, rows: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(ids_UT, mask_UT, positions_UT)`` of token sequences left-padded to the longest,
+        each counting positions from 0 at its first token."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(map(len, rows))
+        ids_UT = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], device=self.model.device)
+        mask_UT = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.model.device)
+        return ids_UT, mask_UT, (mask_UT.cumsum(-1) - 1).clamp(min=0)
 
     def _stop_string_ends(self, tokens_BT: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
         """Rows whose newest token completed one of the ``stop`` strings."""

@@ -1,0 +1,191 @@
+"""Partial rollouts: new weights taking over in the middle of a generation, on the miniature model.
+
+A weight update is forced at a fixed decoding step (the sampler asks for updates between
+steps; here the pipeline's publish happens on the third ask). The tokens drawn before it
+must carry the old version and the old policy's log-probs, those after it the new version and
+the new policy's log-probs given their whole prefix (what the learner computes), and the
+learner's correction must weigh each token by its own log-prob: against the new weights, the
+tokens after the update weigh exactly 1 and those before ``pi_new / pi_old``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tempering.algorithms.correction import correct
+from tempering.build import check_partial_rollouts
+from tempering.config import ConfigError, TrainConfig
+from tempering.learner.forward import token_logprobs
+from tempering.learner.step import collate
+from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker, staleness_record
+from tempering.rollout.base import SamplingParams
+from tempering.rollout.hf import HFGenerator
+from tempering.types import Group, Problem
+
+PROMPTS = ["7+8\n", "47+38\n", "123+456\n"]
+SWITCH_STEP = 3
+"""The decoding step from which the new weights draw (the update comes on the third ask)."""
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=10, ignore_eos=True)
+
+
+class Problems:
+    """A mixture that always draws the same problems (the scheduler is not what this tests)."""
+
+    paused: dict = {}
+
+    def next_problems(self, count):
+        return [Problem(task="add", id=str(i), prompt=p, answer="0") for i, p in enumerate(PROMPTS[:count])]
+
+    def observe(self, groups):
+        pass
+
+    def observe_sampling(self, seconds):
+        pass
+
+    def due_probes(self, now):
+        return []
+
+
+class Unscored:
+    """Rewards that keep every rollout and score none (rewards are not what this tests)."""
+
+    def score(self, groups):
+        return {}
+
+    def close(self):
+        pass
+
+
+def _new_policy(model):
+    """The miniature model with every weight moved by seeded noise: the learner's next version."""
+    moved = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.3 * p.std().nan_to_num() * torch.randn(p.shape, generator=gen))
+    return moved
+
+
+def _partial_round(tiny_policy, fast: bool) -> tuple[list[Group], Pipeline, torch.nn.Module]:
+    """One async round with partial rollouts in which the learner publishes version 1 while the
+    sampler is at decoding step ``SWITCH_STEP - 1``; the round's groups, the pipeline and the new model."""
+    model, tokenizer = tiny_policy
+    new = _new_policy(model)
+    generator = HFGenerator(copy.deepcopy(model), tokenizer, fast=fast)
+    worker = RolloutWorker(generator, PARAMS, group_size=4, seed=3)
+    pipeline = Pipeline(Problems(), worker, RewardWorker(Unscored()), prompts=3, mode="async", partial_rollouts=True)
+    follow, asks = generator.updates, []
+
+    def publish_on_third_ask():
+        asks.append(len(asks))
+        if len(asks) == SWITCH_STEP:
+            pipeline.publish(new, 1)
+        return follow()
+
+    generator.updates = publish_on_third_ask
+    pipeline.start()
+    made = pipeline.next_round()
+    pipeline.close()
+    return made.groups, pipeline, new
+
+
+def _logprobs(model, rollouts, pad_id):
+    batch = collate(rollouts, pad_id)
+    with torch.no_grad():
+        logprobs_BT, _ = token_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT)
+    return batch, logprobs_BT * batch.loss_mask_BT
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_decoder", "transformers"])
+def test_tokens_after_an_update_carry_the_new_version_and_the_new_policys_logprobs(tiny_policy, fast):
+    model, tokenizer = tiny_policy
+    groups, pipeline, new = _partial_round(tiny_policy, fast)
+    rollouts = [r for g in groups for r in g.rollouts]
+    assert pipeline.counters.weight_syncs == 1
+    assert all(r.policy_version == 0 for r in rollouts), "a rollout's version is its oldest token's"
+    assert all(r.token_versions == [0] * SWITCH_STEP + [1] * (10 - SWITCH_STEP) for r in rollouts)
+
+    batch, old_BT = _logprobs(model, rollouts, tokenizer.pad_token_id)
+    _, new_BT = _logprobs(new, rollouts, tokenizer.pad_token_id)
+    versions_BT = torch.zeros_like(batch.loss_mask_BT)
+    for row, r in enumerate(rollouts):
+        versions_BT[row, len(r.prompt_ids) : len(r.prompt_ids) + len(r.completion_ids)] = torch.tensor(r.versions) + 1
+    before_BT, after_BT = (versions_BT == 1).float(), (versions_BT == 2).float()
+    sampled_BT = batch.old_logprobs_BT
+    assert float(((sampled_BT - old_BT) * before_BT).abs().max()) < 1e-4
+    assert float(((sampled_BT - new_BT) * after_BT).abs().max()) < 1e-4
+    # the update matters: kept old keys and values, or the old policy, would be far from these
+    assert float(((new_BT - old_BT) * after_BT).abs().max()) > 0.05
+
+    record = staleness_record(groups, 1, 1)
+    assert record["staleness/mean"] == 1 and record["staleness/token_mean"] == pytest.approx(SWITCH_STEP / 10)
+
+
+def test_the_correction_weighs_each_token_by_its_own_logprob(tiny_policy):
+    """Against the new weights (the proximal policy of the learner at version 1), the tokens the
+    new weights drew weigh 1 and the older ones ``pi_new / pi_old``: a correction that took the
+    old policy's log-probs for every token (the rollout's first version) weighs the newer ones
+    away from 1 and fails here."""
+    model, tokenizer = tiny_policy
+    groups, _, new = _partial_round(tiny_policy, fast=True)
+    rollouts = [r for g in groups for r in g.rollouts]
+    batch, prox_BT = _logprobs(new, rollouts, tokenizer.pad_token_id)
+    _, old_BT = _logprobs(model, rollouts, tokenizer.pad_token_id)
+    weight_BT, _ = correct("tis", prox_BT, batch.old_logprobs_BT, batch.loss_mask_BT, 0.0, 100.0)
+    after_BT = torch.zeros_like(batch.loss_mask_BT)
+    for row, r in enumerate(rollouts):
+        after_BT[row, len(r.prompt_ids) + SWITCH_STEP : len(r.prompt_ids) + len(r.completion_ids)] = 1
+    before_BT = batch.loss_mask_BT - after_BT
+    assert float(((weight_BT - 1) * after_BT).abs().max()) < 1e-3
+    expected_BT = torch.exp(prox_BT - old_BT) * before_BT
+    assert float(((weight_BT - expected_BT) * before_BT).abs().max()) < 1e-3
+    assert float(((weight_BT - 1) * before_BT).abs().max()) > 0.05, "the older tokens are corrected"
+
+
+def test_a_forced_update_gives_the_same_rollouts_twice(tiny_policy):
+    first, _, _ = _partial_round(tiny_policy, fast=True)
+    second, _, _ = _partial_round(tiny_policy, fast=True)
+    assert [(r.completion_ids, r.logprobs, r.versions) for g in first for r in g.rollouts] == \
+        [(r.completion_ids, r.logprobs, r.versions) for g in second for r in g.rollouts]
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"mode": "sync"}, "mode=sync"),
+    ({"mode": "async", "backend": "ray"}, "backend=ray"),
+])
+def test_partial_rollouts_outside_async_in_this_process_are_refused(overrides, field):
+    config = TrainConfig.model_validate({"pipeline": {"partial_rollouts": True, **overrides}})
+    with pytest.raises(ConfigError, match=f"pipeline.partial_rollouts.*{field}"):
+        check_partial_rollouts(config)
+
+
+@pytest.mark.slow
+def test_an_async_run_with_partial_rollouts_trains_and_resumes(tmp_path: Path, tiny_model_dir: Path):
+    """A short real run, SIGKILLed inside a learner step and resumed: every step is logged once,
+    every rollout sampled is accounted for, and no token is older than its rollout (slow: two
+    runs of the CLI, about 30 s of CPU)."""
+    run = tmp_path / "run"
+    args = ["steps=6", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24",
+            "eval.problems_per_task=2", "eval.max_new_tokens=8",
+            "checkpoint.every=1", f"model.path={tiny_model_dir}", "pipeline.mode=async",
+            "pipeline.partial_rollouts=true"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TEMPERING_KILL_AT": "learn:3"}
+    base = [sys.executable, "-m", "tempering.cli", "train", "--quiet"]
+    killed = subprocess.run([*base, *args, "--run-dir", str(run)], env=env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    env.pop("TEMPERING_KILL_AT")
+    resumed = subprocess.run([*base, "--resume", str(run)], env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 7))
+    assert all(r["staleness/token_mean"] <= r["staleness/mean"] for r in records)
+    counts = json.loads((run / "summary.json").read_text())["rollouts"]
+    assert counts["sampled"] == counts["taken"] + counts["dropped_stale"] + counts["left_in_buffer"], counts

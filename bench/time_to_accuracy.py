@@ -249,11 +249,23 @@ def markdown(name: str, result: dict, version: str) -> str:
 COLOURS = {"tempering": "#1f77b4", "trl": "#d62728"}
 
 
+def tick_step(longest: float) -> float:
+    """A round step (1, 2 or 5 times a power of ten) that cuts ``longest`` into at most 5 parts.
+
+    >>> tick_step(15.8), tick_step(3.0), tick_step(0.4)
+    (5, 1.0, 0.1)
+    """
+    magnitude = 10 ** math.floor(math.log10(longest / 5))
+    return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude * 5 >= longest)
+
+
 def chart_svg(name: str, result: dict, version: str) -> str:
     """Held-out accuracy against training seconds: a line per side and seed, dashed targets."""
     width, height, left, right, top, bottom = 640, 360, 56, 150, 30, 44
     plot_w, plot_h = width - left - right, height - top - bottom
-    x_max = max(p["train_s"] for run in result["per_seed"] for side in COLOURS for p in run[side]["curve"]) or 1.0
+    longest = max(p["train_s"] for run in result["per_seed"] for side in COLOURS for p in run[side]["curve"]) or 1.0
+    step = tick_step(longest)
+    x_max = step * math.ceil(longest / step)
 
     def x(seconds: float) -> float:
         return left + plot_w * seconds / x_max
@@ -266,10 +278,10 @@ def chart_svg(name: str, result: dict, version: str) -> str:
              'training time</text>',
              f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>']
     for tick in range(6):
-        value = tick / 5
-        parts.append(f'<text x="{left - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{value:.0%}</text>')
-        parts.append(f'<text x="{x(x_max * value):.1f}" y="{top + plot_h + 16}" text-anchor="middle">'
-                     f'{x_max * value:.3g}</text>')
+        parts.append(f'<text x="{left - 6}" y="{y(tick / 5) + 4:.1f}" text-anchor="end">{tick / 5:.0%}</text>')
+    for tick in range(round(x_max / step) + 1):
+        parts.append(f'<text x="{x(tick * step):.1f}" y="{top + plot_h + 16}" text-anchor="middle">'
+                     f'{tick * step:g}</text>')
     parts.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">training seconds '
                  '(evaluations excluded)</text>')
     for target in result["targets"]:

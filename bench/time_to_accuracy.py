@@ -163,8 +163,8 @@ def ratios(name: str, result: dict) -> list[dict]:
         theirs = result["trl"]["to_target"][target]
         if not ours["median"]:
             continue  # tempering not there (or there before training): no ratio to state
-        what = (f"time to {float(target):.0%} held-out accuracy, {name} ({ours['seeds']} seeds, median, "
-                f"one thread)")
+        seeds = f"{ours['seeds']} seeds, median" if ours["seeds"] > 1 else "1 seed"
+        what = f"time to {float(target):.0%} held-out accuracy, {name} ({seeds}, one thread)"
         if theirs["median"]:
             found.append({"what": what, "ratio": theirs["median"] / ours["median"]})
         elif theirs["reached"] == 0:

@@ -1,7 +1,7 @@
 """tempering against TRL's GRPOTrainer on the same model, task and settings; prints one JSON object.
 
     python bench/vs_trl.py [--models tiny,smollm2] [--bf16] [--no-savings] [--quick]
-        [--steps-tiny N] [--steps-smollm2 N] [--seeds-tiny 0,1,2] [--seeds-smollm2 0]
+        [--steps-tiny N] [--steps-smollm2 N] [--seeds-tiny 0,1,2] [--seeds-smollm2 0] [--save DIR]
 
 For each model both sides start from the same weights and train on the same problems (the
 first ``steps x prompts`` training problems of tempering's ``add`` task, in order), with the
@@ -18,8 +18,9 @@ are means over seeds, ``per_seed`` has each run. The
 tiny model reaches 99.5-100% here, where one problem is 0.5%, so a single run cannot tell
 the sides apart: it is run with three seeds by default.
 
-What cannot be matched exactly is listed under ``"unmatched"`` in the output. Needs
-``pip install -e '.[bench]'`` (TRL and datasets).
+What cannot be matched exactly is listed under ``"unmatched"`` in the output. ``ratios`` holds
+each model's TRL / tempering seconds per step and ``--save DIR`` writes the JSON for
+``bench/report.py`` (its convention). Needs ``pip install -e '.[bench]'`` (TRL and datasets).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import measured, save
 
 from tempering.build import load_policy
 from tempering.config import PretrainConfig, load_config
@@ -86,35 +88,46 @@ def _accuracy(model, tokenizer, spec: dict, seed: int, problems: int, max_new_to
                     {spec["reward"]: spec["reward_options"]})["accuracy"]
 
 
-def run_tempering(spec: dict, steps: int, bf16: bool, seed: int, savings: bool = True) -> dict:
+def tempering_overrides(spec: dict, steps: int, bf16: bool, seed: int, savings: bool = True) -> list[str]:
+    """``temper train`` overrides that set tempering's side to the settings both sides share."""
+    return [
+        f"model.path={spec['path']}", f"steps={steps}", f"seed={seed}", "threads=1",
+        "tasks=[{name: add, options: {digits: [2], style: " + spec["style"] + ", metric: " + spec["reward"]
+        + "}, rewards: {" + spec["reward"] + ": 1.0}}]",
+        "rewards.options=" + json.dumps({spec["reward"]: spec["reward_options"]}),
+        f"rollout.prompts_per_step={SHARED['prompts_per_step']}", f"rollout.group_size={SHARED['group_size']}",
+        f"rollout.max_new_tokens={spec['max_completion']}", f"rollout.temperature={SHARED['temperature']}",
+        f"learner.lr={spec['lr']}", "learner.warmup_steps=0", "learner.schedule=constant",
+        f"learner.betas=[{SHARED['betas'][0]}, {SHARED['betas'][1]}]", f"learner.grad_clip={SHARED['grad_clip']}",
+        f"learner.bf16={str(bf16).lower()}", f"rollout.bf16={str(bf16).lower()}", "learner.micro_batch_size=64",
+        f"learner.token_budget={spec['token_budget']}",
+        f"algorithm.clip_low={SHARED['clip']}", f"algorithm.clip_high={SHARED['clip']}",
+        "algorithm.advantage=grpo", "algorithm.aggregation=token_mean", "algorithm.kl_coef=0",
+        f"eval.problems_per_task={spec['eval_problems']}", f"eval.max_new_tokens={spec['max_completion']}",
+    ] + ([] if savings else [f"{name}=false" for name in SAVINGS])
+
+
+def train_tempering(overrides: list[str]) -> tuple[dict, list[dict]]:
+    """One ``temper train`` run in a scratch folder: its summary and its step records."""
     with tempfile.TemporaryDirectory() as run_dir:
-        config = load_config(None, [
-            f"model.path={spec['path']}", f"steps={steps}", f"seed={seed}", "threads=1",
-            f"run_dir={run_dir}",
-            "tasks=[{name: add, options: {digits: [2], style: " + spec["style"] + ", metric: " + spec["reward"]
-            + "}, rewards: {" + spec["reward"] + ": 1.0}}]",
-            "rewards.options=" + json.dumps({spec["reward"]: spec["reward_options"]}),
-            f"rollout.prompts_per_step={SHARED['prompts_per_step']}", f"rollout.group_size={SHARED['group_size']}",
-            f"rollout.max_new_tokens={spec['max_completion']}", f"rollout.temperature={SHARED['temperature']}",
-            f"learner.lr={spec['lr']}", "learner.warmup_steps=0", "learner.schedule=constant",
-            f"learner.betas=[{SHARED['betas'][0]}, {SHARED['betas'][1]}]", f"learner.grad_clip={SHARED['grad_clip']}",
-            f"learner.bf16={str(bf16).lower()}", f"rollout.bf16={str(bf16).lower()}", "learner.micro_batch_size=64",
-            f"learner.token_budget={spec['token_budget']}",
-            f"algorithm.clip_low={SHARED['clip']}", f"algorithm.clip_high={SHARED['clip']}",
-            "algorithm.advantage=grpo", "algorithm.aggregation=token_mean", "algorithm.kl_coef=0",
-            f"eval.problems_per_task={spec['eval_problems']}", f"eval.max_new_tokens={spec['max_completion']}",
-        ] + ([] if savings else [f"{name}=false" for name in SAVINGS]))
-        summary = train(config, progress=False)
+        summary = train(load_config(None, [*overrides, f"run_dir={run_dir}"]), progress=False)
         records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return summary, records
+
+
+def run_tempering(spec: dict, steps: int, bf16: bool, seed: int, savings: bool = True) -> dict:
+    summary, records = train_tempering(tempering_overrides(spec, steps, bf16, seed, savings))
     return {"s_per_step": statistics.fmean(r["step_s"] for r in records),
             "split": {key: statistics.fmean(r[key] for r in records) for key in ("generate_s", "reward_s", "learn_s")},
             "rows_left_out": {key: statistics.fmean(r[key] for r in records) for key in ("skipped_rows", "merged_rows")},
             "accuracy_before": summary["eval_before"]["accuracy"], "accuracy": summary["eval_after"]["accuracy"]}
 
 
-def run_trl(spec: dict, steps: int, bf16: bool, seed: int) -> dict:
+def train_trl(spec: dict, steps: int, bf16: bool, seed: int, callbacks: list) -> tuple[object, object, float]:
+    """TRL's GRPOTrainer run for ``steps`` steps on the problems and settings tempering's side
+    gets, with ``callbacks``: the trained model, its tokenizer and the ``perf_counter`` time at
+    which ``train()`` was called. The Trainer's own prints go to stderr: stdout carries the JSON."""
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     task = _task(spec, seed)
@@ -127,12 +140,6 @@ def run_trl(spec: dict, steps: int, bf16: bool, seed: int) -> dict:
         return [as_result(grade(problems[i], text)).score for i, text in zip(index, texts)]
 
     reward.__name__ = spec["reward"]  # TRL logs rewards under the function's name
-
-    ends: list[float] = []
-
-    class StepClock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            ends.append(time.perf_counter())
 
     model, tokenizer, _ = load_policy(spec["path"], "float32", PretrainConfig(), progress=False)
     torch.manual_seed(seed)
@@ -150,12 +157,25 @@ def run_trl(spec: dict, steps: int, bf16: bool, seed: int) -> dict:
             report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True,
         )
         trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[StepClock()])
+                              processing_class=tokenizer, callbacks=callbacks)
         start = time.perf_counter()
-        with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout carries the JSON
+        with contextlib.redirect_stdout(sys.stderr):
             trainer.train()
-    durations = [b - a for a, b in zip([start] + ends, ends)]
     model.eval()
+    return model, tokenizer, start
+
+
+def run_trl(spec: dict, steps: int, bf16: bool, seed: int) -> dict:
+    from transformers import TrainerCallback
+
+    ends: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            ends.append(time.perf_counter())
+
+    model, tokenizer, start = train_trl(spec, steps, bf16, seed, [StepClock()])
+    durations = [b - a for a, b in zip([start] + ends, ends)]
     return {"s_per_step": statistics.fmean(durations),
             "accuracy": _accuracy(model, tokenizer, spec, seed, spec["eval_problems"],
                                   spec["max_completion"])}
@@ -189,6 +209,7 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast on both sides (TRL's default)")
     parser.add_argument("--no-savings", action="store_true",
                         help="also time tempering with " + ", ".join(SAVINGS) + " off (tempering_no_savings_s_per_step)")
+    parser.add_argument("--save", help="folder to save the JSON in for bench/report.py")
     for name, spec in MODELS.items():
         parser.add_argument(f"--steps-{name}", type=int, default=spec["steps"])
         parser.add_argument(f"--seeds-{name}", type=seed_list, default=seed_list(spec["seeds"]),
@@ -197,7 +218,8 @@ def main(argv: list[str]) -> dict:
     version = trl_version()
     torch.set_num_threads(1)
     result: dict = {"trl_version": version, "threads": 1, "precision": "bf16 autocast" if options.bf16
-                    else "fp32", "settings": {**SHARED, "betas": list(SHARED["betas"])}, "unmatched": UNMATCHED}
+                    else "fp32", "settings": {**SHARED, "betas": list(SHARED["betas"])}, "unmatched": UNMATCHED,
+                    "ratios": [], "measured": measured("vs_trl", argv)}
     for name in options.models.split(","):
         spec = dict(MODELS[name])
         steps = getattr(options, f"steps_{name}")
@@ -233,6 +255,11 @@ def main(argv: list[str]) -> dict:
             "reward_options": spec["reward_options"],
             "trl_micro_batch": spec["trl_micro_batch"], "token_budget": spec["token_budget"],
         }
+        result["ratios"].append({"what": f"seconds per RL step, {name} ({result['precision']}, {steps} steps, "
+                                 f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}, one thread)",
+                                 "ratio": result[name]["ratio"]})
+    if options.save:
+        save(result, options.save, "-".join(options.models.split(",")) + ("-bf16" if options.bf16 else ""))
     return result
 
 

@@ -91,7 +91,7 @@ def make_batch(groups: list[Group], estimator: AdvantageFn, pad_id: int, learner
 
 
 TIMING_KEYS = frozenset({"generate_s", "reward_s", "learn_s", "step_s", "generate_tok_s", "train_tok_s",
-                         "weight_sync_s", "wait_s", "checkpoint_s", "grad_share_s", "scheduler/s_per_token"})
+                         "weight_sync_s", "wait_s", "checkpoint_s", "grad_share_s", "eval_s", "scheduler/s_per_token"})
 """Record keys that measure wall-clock time: with :data:`TIMING_SUFFIXES`, the only ones a resumed
 run may not repeat exactly."""
 
@@ -146,7 +146,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
             for key in timings:
                 timings[key] += record[key]
             if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
-                record.update(eval_record(run.evaluate()))
+                t_eval = time.perf_counter()
+                record.update(eval_record(run.evaluate()), eval_s=time.perf_counter() - t_eval)
             record.update(run.monitors.update(groups, record), **run.threads.update())
             with run.pipeline.scheduler_lock():
                 record.update(run.mixture.update(), **run.mixture.pause_record())

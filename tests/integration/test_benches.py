@@ -57,9 +57,31 @@ QUICK = {
                     and out["http_s"]["min"] > 0 and out["http_mib_per_s"] > 0),
     "quickstart": (["steps=1", "model.path={model}", *SMALL],
                    lambda out: out["steps"] == 1 and out["seconds_per_step"]["total"] > 0),
+    "report": (["--check"], lambda out: not out["stale"]),
+    "time_to_accuracy": (["--quick", "--model", "{model}", "--targets", "0,0.99", "--budget-s", "1000",
+                          "--out", "{out}", "--save", "{out}"],
+                         lambda out: time_to_accuracy_holds(out["runs"]["tiny"], Path(out["out"]))),
 }
 """Benches with a run of seconds: the arguments (``{model}``: the miniature model, ``{out}``: a
 fresh folder) and a check of the JSON."""
+
+def time_to_accuracy_holds(run: dict, out: Path) -> bool:
+    """The quick run's two curves: evaluated before training and after each of its 2 steps, from the
+    same start on the same problems, with training time rising; target 0 reached before training;
+    the run shorter than its budget, so the accuracy within it is the last; files written."""
+    (seed,) = run["per_seed"]
+    sides = [seed["tempering"], seed["trl"]]
+    saved = json.loads((out / "time_to_accuracy-tiny.json").read_text())
+    return (all([p["step"] for p in side["curve"]] == [0, 1, 2] for side in sides)
+            and all(0 == side["curve"][0]["train_s"] < side["curve"][1]["train_s"] < side["curve"][2]["train_s"]
+                    for side in sides)
+            and sides[0]["curve"][0]["accuracy"] == sides[1]["curve"][0]["accuracy"]
+            and all(side["to_target"]["0.0"] == 0.0 and side["eval_s"] > 0 for side in sides)
+            and all(side["short_of_budget"] and side["within_budget"] == side["final_accuracy"] for side in sides)
+            and saved["measured"]["command"].startswith("python bench/time_to_accuracy.py --quick")
+            and "| 0% | 0.0 s (0.0-0.0) |" in (out / "time_to_accuracy.md").read_text()
+            and (out / "time_to_accuracy-tiny.svg").read_text().count("<polyline") == 2)
+
 
 SKIPS = {"gpu": None if torch.cuda.is_available() else "no CUDA device"}
 """Benches that print only ``{"skipped": why}`` on this machine: the start of the reason."""
@@ -155,3 +177,29 @@ def test_joint_bench_trains_joint_arms_apart_and_continues_where_it_stopped(tiny
     assert other.returncode != 0 and other.stdout == ""
     assert "arithmetic-seed0 holds a run of another config" in other.stderr
     assert (tmp_path / "runs" / "arithmetic-seed0" / "summary.json").is_file()
+
+
+def test_report_rewrites_its_table_and_nothing_else(tmp_path, bench_module):
+    """A stale table between the markers: ``--check`` fails and leaves the page, a plain run
+    rewrites it to the handbook's own (which the ``--check`` run above holds current)."""
+    begin, end = bench_module("report").BEGIN, bench_module("report").END
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    head, rest = page.split(begin)
+    tail = rest.split(end)[1]
+    stale = f"{head}{begin}\n| an old row |\n{end}{tail}"
+    copy = tmp_path / "benchmarks.md"
+    copy.write_text(stale)
+    checked = run_bench("report", "--check", "--page", str(copy))
+    assert checked.returncode == 1 and json.loads(checked.stdout)["stale"]
+    assert "run python bench/report.py" in checked.stderr and copy.read_text() == stale
+    written = printed_json(run_bench("report", "--page", str(copy)))
+    assert written["stale"] and copy.read_text() == page
+
+
+def test_report_on_a_page_without_markers_names_them(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n")
+    result = run_bench("report", "--page", str(page))
+    assert result.returncode == 2 and result.stdout == ""
+    assert "lacks the markers" in result.stderr and "side-by-side: begin" in result.stderr
+    assert "Traceback" not in result.stderr and page.read_text() == "# Benchmarks\n"

@@ -106,7 +106,16 @@ class Server(WeightEndpoints):
         self.batcher = Batcher(sampler, batch_size, gather_s, limits)
         self.adapter: Optional[str] = None  # the LoRA adapter's name, once one is loaded
         self.replaced_adapters: set[str] = set()
-        self.assembly = Assembly(transfer_limit(sampler.model))
+        self._assembly: Optional[Assembly] = None
+
+    @property
+    def assembly(self) -> Assembly:
+        """The weight transfer over HTTP, made at the first one: its size limit reads the served
+        model, which a server over another sampler (an agent's calls recorded on their way to a
+        remote server or to vLLM) does not hold, and which never takes a transfer."""
+        if self._assembly is None:
+            self._assembly = Assembly(transfer_limit(self.sampler.model))
+        return self._assembly
 
     def models(self) -> dict:
         about = {"object": "model", "owned_by": "tempering", "created": 0,

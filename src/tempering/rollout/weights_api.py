@@ -61,8 +61,9 @@ class WeightEndpoints:
         refused = {path: (lambda body, path=path: not_supported(path)) for path in RL_API}
         return {"/update_weights_from_disk": self.update_weights, "/v1/load_lora_adapter": self.load_lora_adapter,
                 "/v1/unload_lora_adapter": self.unload_lora_adapter, "/reset_prefix_cache": self.reset_prefix_cache,
-                "/update_weight_version": self.update_weight_version, "/weights/begin": self.assembly.begin,
-                "/weights/chunk": self.assembly.chunk, "/weights/commit": self.commit_transfer, **refused}
+                "/update_weight_version": self.update_weight_version, "/weights/begin": lambda body: self.assembly.begin(body),
+                "/weights/chunk": lambda body: self.assembly.chunk(body), "/weights/commit": self.commit_transfer,
+                **refused}
 
     def version(self) -> dict:
         """vLLM's ``/version``, with this server's own version (it is not vLLM) and name."""

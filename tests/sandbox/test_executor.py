@@ -32,6 +32,19 @@ def test_large_stdin_and_output_round_trip(executor):
     assert result.status == "ok" and result.stdout == text
 
 
+def test_each_run_gets_fresh_pipe_streams(executor):
+    """The streams a Python run finds were made once in the worker: they must still be the
+    run's pipes (not seekable, as ``python solution.py < file`` is not either), UTF-8, stderr
+    line-buffered, ``sys.__stdin__`` the same object, and unused by any earlier run (a run
+    that reads half its stdin and leaves text unflushed changes nothing for the next)."""
+    code = ("import sys\nhead = sys.stdin.read(3)\nprint(head, sys.stdin.read(), sys.stdin.seekable(),"
+            " sys.stdout.seekable(), sys.stderr.line_buffering, sys.stdin.encoding,"
+            " sys.stdin is sys.__stdin__, sys.stdout is sys.__stdout__)\nsys.stdout.write('no newline')")
+    first, second = executor.run_many([RunRequest(code, stdin="αβγδ\n"), RunRequest(code, stdin="xyz")])
+    assert first.stdout == "αβγ δ\n False False True utf-8 True True\nno newline"
+    assert second.stdout == "xyz  False False True utf-8 True True\nno newline"
+
+
 def test_same_program_same_result(executor):
     """Hash seed, random seed, environment, cwd and locale are fixed."""
     code = ("import os, random, locale\nprint(hash('tempering'), random.random(), os.getcwd(),"

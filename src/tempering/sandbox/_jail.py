@@ -65,9 +65,15 @@ def umount(target: str) -> None:
     _check(_libc.umount2(os.fsencode(target), ctypes.c_int(MNT_DETACH)), f"umount {target}")
 
 
+# Typed once, so that a call converts plain ints and makes no ctypes objects: a run's child
+# calls it after its fork, where every object made or touched costs a page copied.
+_prctl = _libc.prctl
+_prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+_prctl.restype = ctypes.c_int
+
+
 def prctl(option: int, arg: int = 0) -> None:
-    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0),
-                       ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl")
+    _check(_prctl(option, arg, 0, 0, 0), "prctl")
 
 
 def die_with_parent() -> None:
@@ -189,24 +195,26 @@ def mount_scratch(path: str, size_mb: int, uid: int, gid: int) -> None:
           f"size={size_mb}m,nr_inodes=4096,mode=700,uid={uid},gid={gid}")
 
 
+_RLIMITS = {
+    "address_space": resource.RLIMIT_AS,
+    "cpu_s": resource.RLIMIT_CPU,
+    "file_size": resource.RLIMIT_FSIZE,
+    "open_files": resource.RLIMIT_NOFILE,
+    "processes": resource.RLIMIT_NPROC,
+    "core": resource.RLIMIT_CORE,
+    "stack": resource.RLIMIT_STACK,
+    "locked_memory": resource.RLIMIT_MEMLOCK,
+    "message_queue": resource.RLIMIT_MSGQUEUE,
+}
+
+
 def apply_rlimits(limits: dict) -> None:
     """Set the per-job resource limits; hard limits are set too, so they cannot be raised."""
-    table = {
-        "address_space": resource.RLIMIT_AS,
-        "cpu_s": resource.RLIMIT_CPU,
-        "file_size": resource.RLIMIT_FSIZE,
-        "open_files": resource.RLIMIT_NOFILE,
-        "processes": resource.RLIMIT_NPROC,
-        "core": resource.RLIMIT_CORE,
-        "stack": resource.RLIMIT_STACK,
-        "locked_memory": resource.RLIMIT_MEMLOCK,
-        "message_queue": resource.RLIMIT_MSGQUEUE,
-    }
     for name, value in limits.items():
         # The CPU hard limit sits one second above the soft one so the program first gets
         # SIGXCPU, which the parent reads as a timeout rather than an unexplained kill.
         hard = value + 1 if name == "cpu_s" else value
-        resource.setrlimit(table[name], (value, hard))
+        resource.setrlimit(_RLIMITS[name], (value, hard))
 
 
 PR_SET_KEEPCAPS, CAP_DAC_READ_SEARCH = 8, 2
@@ -279,7 +287,7 @@ DENIED_SYSCALLS = (
 
 
 def seccomp_program(private_unix: bool = False) -> bytes:
-    """Compile the job filter once and return its BPF bytes for :func:`load_seccomp`.
+    """Compile the job filter once and return its BPF bytes for :class:`SeccompFilter`.
 
     Default allow, with EPERM for :data:`DENIED_SYSCALLS`, for sockets of any family but
     AF_UNIX, and for clone() with namespace flags; clone3 answers ENOSYS so libc falls back
@@ -338,14 +346,22 @@ def seccomp_program_apart(private_unix: bool = False) -> bytes:
     return program
 
 
-def load_seccomp(program: bytes) -> None:
-    """Install a compiled filter on this thread (needs no_new_privs or CAP_SYS_ADMIN)."""
-    count = len(program) // 8
-    buffer = ctypes.create_string_buffer(program, len(program))
-    fprog = struct.pack("HL", count, ctypes.addressof(buffer))
-    fprog_buffer = ctypes.create_string_buffer(fprog, len(fprog))
-    _check(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
-                       fprog_buffer, ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+class SeccompFilter:
+    """A compiled filter (:func:`seccomp_program`'s bytes) held ready to load: its BPF
+    program and the ``sock_fprog`` that points at it are built once, in the worker, so that
+    loading it in a run's child builds nothing (55 of the child's page faults, 0.5 ms of its
+    CPU, when each child built them)."""
+
+    def __init__(self, program: bytes):
+        self.program = ctypes.create_string_buffer(program, len(program))
+        fprog = struct.pack("HL", len(program) // 8, ctypes.addressof(self.program))
+        self.fprog = ctypes.create_string_buffer(fprog, len(fprog))
+        self.address = ctypes.addressof(self.fprog)
+
+
+def load_seccomp(flt: SeccompFilter) -> None:
+    """Install a prepared filter on this thread (needs no_new_privs or CAP_SYS_ADMIN)."""
+    _check(_prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, flt.address, 0, 0), "seccomp")
 
 
 def python_paths() -> list:

@@ -26,14 +26,41 @@ import _codec
 _MESSAGE_CHARS = 2000
 
 
+# The run's stdin, stdout and stderr, made once in the worker (:func:`prepare_stdio`).
+_STDIO = ()
+
+
+def _stdio_wrappers() -> tuple:
+    return (io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace"),
+            io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace"),
+            io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                             line_buffering=True))
+
+
+def prepare_stdio() -> None:
+    """Make the runs' text streams over descriptors 0-2 once, in the worker, while a pipe
+    stands on each as in a run's child (so they take a pipe's properties: not seekable),
+    then put the worker's own descriptors back. Each child forked later starts with them
+    unused and only installs them: making them in the child cost it 75 page faults (0.4 ms
+    of CPU) copied from the worker's memory."""
+    global _STDIO
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    read_end, write_end = os.pipe()
+    try:
+        for fd, end in ((0, read_end), (1, write_end), (2, write_end)):
+            os.dup2(end, fd)
+        _STDIO = _stdio_wrappers()
+    finally:
+        for fd, copy in zip((0, 1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(read_end)
+        os.close(write_end)
+
+
 def _reopen_stdio() -> None:
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
-        io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-        line_buffering=True)
+    sys.stdin, sys.stdout, sys.stderr = _STDIO or _stdio_wrappers()
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
 
 
 def _line(message: dict) -> bytes:

@@ -88,13 +88,18 @@ class Worker:
         self.ready = collections.deque()
         self.nice = os.getpriority(os.PRIO_PROCESS, 0)
         # bwrap: compiled by the executor, once for all its jobs' workers.
-        self.seccomp = bytes.fromhex(seccomp) or _jail.seccomp_program_apart(private_unix=mode == "landlock")
+        self.seccomp = _jail.SeccompFilter(
+            bytes.fromhex(seccomp) or _jail.seccomp_program_apart(private_unix=mode == "landlock"))
+        # Python's own SIGINT handler needs no resetting in a run's child (41 page faults
+        # there); bwrap's worker ignores SIGINT, which its runs must not inherit.
+        self.reset_sigint = signal.getsignal(signal.SIGINT) is not signal.default_int_handler
         # bwrap: where the executor had bubblewrap mount the job's tmpfs.
         self.scratch = _jail.scratch_point(_jail.python_paths()) if mode == "jail" else scratch
         self.scratch_cap = None
         # Where per-job scratch directories go, read before TMPDIR becomes the runs' scratch.
         self.scratch_parent = tempfile.gettempdir() if mode in ("none", "landlock") else None
         self._set_environment()  # before any child is forked ahead of a job
+        _runner.prepare_stdio()
         if mode == "landlock":
             # Orphans of a job become this worker's children, so none escapes the reaping.
             _jail.prctl(_jail.PR_SET_CHILD_SUBREAPER, 1)
@@ -291,7 +296,8 @@ class Worker:
     def _take_descriptors(self, pipes: dict) -> None:
         """A new session and the run's pipes on descriptors 0-4 (the environment is the
         worker's: :meth:`_set_environment`)."""
-        _signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the worker chose
+        if self.reset_sigint:
+            _signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()
         for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr"), (3, "result"), (4, "setup")):
             os.dup2(pipes[name][1 if name != "stdin" else 0], fd)
@@ -509,9 +515,13 @@ def _landlock_read_paths() -> list:
 
 
 def _children() -> list:
-    """This process's children (zombies included), from /proc."""
-    with open(f"/proc/self/task/{os.getpid()}/children") as listing:
-        return [int(pid) for pid in listing.read().split()]
+    """This process's children (zombies included), from /proc; read without a file object,
+    since the worker runs this while a run's child may still share its pages."""
+    fd = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY)
+    try:
+        return [int(pid) for pid in _read_to_end(fd).split()]
+    finally:
+        os.close(fd)
 
 
 def _send_run(fd: int, run: dict) -> None:

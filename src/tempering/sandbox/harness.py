@@ -147,7 +147,7 @@ def _run_stdio(execute, spec: TestSpec) -> TestResult:
         return TestResult.from_cases(CaseResult(failed.status, 0.0, failed.stderr) for _ in cases)
     results, tampering = [], set()
     for case, outcome in zip(cases, reply["runs"]):
-        tampering |= _tampering(outcome, [])
+        tampering |= _tampering(_messages(outcome), outcome["status"], [])
         status = outcome["status"]
         if status == "ok":
             same = normalize_output(outcome["stdout"]) == normalize_output(case.stdout)
@@ -164,8 +164,9 @@ def _run_program_check(execute, spec: TestSpec) -> TestResult:
     if failed:
         return TestResult.from_cases([CaseResult(failed.status, 0.0, failed.stderr)], "program")
     outcome = reply["runs"][0]
-    done = any(_parse(line).get("done") is True for _, line in outcome["events"])
-    tampering = _tampering(outcome, [("done", None)], finished=done)
+    messages = _messages(outcome)
+    done = any(message.get("done") is True for message in messages)
+    tampering = _tampering(messages, outcome["status"], [("done", None)], finished=done)
     status = outcome["status"]
     if status == "ok":
         status = "passed" if done else "runtime_error"
@@ -181,17 +182,22 @@ def _parse(line: str) -> dict:
     return message if isinstance(message, dict) else {}
 
 
-def _tampering(outcome: dict, expected: list, finished: bool = True) -> set:
-    """The kinds of tampering one run shows. ``expected``: the ``(kind, case)`` messages the
-    runner sends in this run, in order (a run cut short stops anywhere; a ``memory_error``
-    report may come last); ``finished``: whether the run's checks all reported."""
-    messages = [_parse(line) for _, line in outcome["events"]]
+def _messages(outcome: dict) -> list:
+    """The run's result-channel messages, each parsed once ({} for a line that is not one)."""
+    return [_parse(line) for _, line in outcome["events"]]
+
+
+def _tampering(messages: list, status: str, expected: list, finished: bool = True) -> set:
+    """The kinds of tampering one run shows, from its parsed ``messages`` and ``status``.
+    ``expected``: the ``(kind, case)`` messages the runner sends in this run, in order (a run
+    cut short stops anywhere; a ``memory_error`` report may come last); ``finished``: whether
+    the run's checks all reported."""
     if messages and messages[-1] == {"memory_error": True}:
-        messages.pop()
+        messages = messages[:-1]
     kinds = set()
     if len(messages) > len(expected) or any(_shape(m) != e for m, e in zip(messages, expected)):
         kinds.add("result_channel")
-    if outcome["status"] == "ok" and not finished:
+    if status == "ok" and not finished:
         kinds.add("early_exit")
     return kinds
 
@@ -232,18 +238,18 @@ def _run_call(execute, spec: TestSpec) -> TestResult:
 def _judge_call_run(spec: TestSpec, outcome: dict, pending: list, results: list, tampering: set) -> list:
     """Fill ``results`` from one run's reports and ``tampering`` with what the run shows;
     return the cases still to run."""
-    starts, reports = {}, {}
-    for arrived, line in outcome["events"]:
-        message = _parse(line)
+    starts, reports, waiting = {}, {}, set(pending)
+    messages = _messages(outcome)
+    for (arrived, _), message in zip(outcome["events"], messages):
         index = message.get("start", message.get("case"))
-        if type(index) is not int or index not in pending:
+        if type(index) is not int or index not in waiting:
             continue
         if "start" in message:
             starts.setdefault(index, arrived)
         else:
             reports.setdefault(index, (arrived, message))
     expected = [step for index in pending for step in (("start", index), ("case", index))]
-    tampering |= _tampering(outcome, expected, finished=len(reports) == len(pending))
+    tampering |= _tampering(messages, outcome["status"], expected, finished=len(reports) == len(pending))
     run_status = "runtime_error" if outcome["status"] == "ok" else outcome["status"]
     remaining = []
     for index in pending:

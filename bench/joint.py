@@ -102,11 +102,11 @@ def earlier_run(config: TrainConfig, run_dir: Path) -> dict | None:
     if not saved.is_file():
         return None
     if {**yaml.safe_load(saved.read_text()), "run_dir": None} != {**config.model_dump(mode="json"), "run_dir": None}:
-        raise SystemExit(f"joint bench: {run_dir} holds a run of another config; give another --out or remove it")
+        raise SystemExit(f"bench: {run_dir} holds a run of another config; give another --out or remove it")
     if (run_dir / "summary.json").is_file():
-        print(f"joint bench: {run_dir} already ran under this config; read back", file=sys.stderr, flush=True)
+        print(f"bench: {run_dir} already ran under this config; read back", file=sys.stderr, flush=True)
         return json.loads((run_dir / "summary.json").read_text())
-    print(f"joint bench: {run_dir} stopped before its end; run again", file=sys.stderr, flush=True)
+    print(f"bench: {run_dir} stopped before its end; run again", file=sys.stderr, flush=True)
     shutil.rmtree(run_dir)
     return None
 

@@ -175,3 +175,42 @@ def test_the_corpus_interleaves_tasks_by_weight_and_evenly_by_default():
     assert adds == [add.corpus_document(i, 0.0) for i in range(300)]  # each task's problems in order
     with pytest.raises(ValueError, match="every weight is 0"):
         next(corpus(PretrainConfig(tasks=[TaskSpec(name="add", weight=0)])))
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_a_lucky_solution_reaches_the_right_answer_not_following_from_its_steps_where_a_carry_or_borrow_is_needed(
+        operation):
+    from tempering.rewards.process import check_steps, exact_steps, steps
+
+    task = build_task(operation, seed=0, digits=[2])
+    lucky, plain = 0, 0
+    for i in range(200):
+        problem = task.train_problem(i)
+        text = task.lucky_solution(problem)
+        verdicts, _ = check_steps(text)
+        result = exact_steps(problem, text)
+        assert result.score == 1.0   # the answer is always right
+        if task.solution(problem) == task.solution(problem, buggy=True):
+            plain += 1
+            assert text == task.solution(problem) and all(verdicts) and result.components["steps_right"] == 1.0
+        else:
+            lucky += 1
+            assert text.splitlines()[:-1] == task.solution(problem, buggy=True).splitlines()[:-1]
+            assert steps(problem, text).components["leads"] == 0.0 and result.components["steps_right"] == 0.0
+    assert lucky > 20 and plain > 5
+
+
+def test_the_lucky_share_writes_lucky_solutions_among_the_buggy_ones_and_zero_leaves_the_corpus_as_it_was():
+    plain = build_task("add", seed=0, digits=[2])
+    lucky = build_task("add", seed=0, digits=[2], corpus_lucky_share=1.0)
+    for i in range(50):
+        problem = plain.train_problem(i)
+        assert lucky.corpus_document(i, wrong_share=1.0) == f"{problem.id}\n{plain.lucky_solution(problem)}"
+        assert lucky.corpus_document(i, wrong_share=0.0) == plain.corpus_document(i, wrong_share=0.0)
+    half = build_task("add", seed=0, digits=[2], corpus_lucky_share=0.5)
+    written = [half.corpus_document(i, wrong_share=0.6) for i in range(400)]
+    assert written != [plain.corpus_document(i, wrong_share=0.6) for i in range(400)]
+    assert [build_task("add", seed=0, digits=[2], corpus_lucky_share=0.0).corpus_document(i, 0.6) for i in range(400)] \
+        == [plain.corpus_document(i, 0.6) for i in range(400)]
+    with pytest.raises(ValueError, match="corpus_lucky_share must be between 0 and 1"):
+        build_task("add", seed=0, corpus_lucky_share=1.5)

@@ -116,3 +116,17 @@ def test_format_with_tags(completion, expected):
 def test_format_with_reasoning_wants_a_line_before_the_answer():
     assert answer_format(ADD, "7+8=15\nanswer: 85", reasoning=True) == 1.0
     assert answer_format(ADD, "answer: 85", reasoning=True) == 0.0
+
+
+def test_exact_steps_as_a_metric_names_steps_right_for_held_out_evaluation():
+    from tempering.eval.greedy import component_means
+    from tempering.rewards.base import build_reward
+    from tempering.types import Problem, Rollout
+
+    reward = build_reward("exact_steps")
+    assert reward.summary == ("steps_right",)
+    p = Problem(task="add", id="47+38", prompt="47+38\n", answer="85")
+    texts = ["7+8=15\n4+3+1=8\nanswer: 85", "7+8=15\n4+3=8\nanswer: 85", "7+8=15\n4+3=7\nanswer: 75"]
+    results = reward.score_batch([p] * 3, [Rollout(p, [1], [2], [0.0], t, "stop", 0) for t in texts])
+    assert [r.score for r in results] == [1.0, 1.0, 0.0]
+    assert component_means(reward.summary, results) == {"steps_right": 1 / 3}

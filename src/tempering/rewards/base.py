@@ -82,6 +82,7 @@ class FunctionReward:
         _check_options(fn, name, options)
         self.fn, self.options = fn, dict(options)
         self.needs_rollout = getattr(fn, "needs_rollout", False)
+        self.summary = getattr(fn, "summary", ())
 
     def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]:
         return [as_result(self.fn(p, r if self.needs_rollout else r.text, **self.options))

@@ -2,6 +2,9 @@
 
 - ``steps``: every ``expression = value`` line is checked exactly (by :mod:`.arith`, never
   ``eval``), and the final answer must follow from the steps.
+- ``exact_steps``: the outcome (``exact_match``) as the score, and as a component whether the
+  whole solution is sound (``steps_right``): a held-out metric that tells a right answer
+  reached by right steps from one reached by luck.
 - ``repetition``: repeated word n-grams and repeated lines or sentences.
 - ``length``: DAPO's soft overlong penalty, and optional shaping towards a target length.
 
@@ -17,7 +20,7 @@ from typing import Literal, Optional
 from tempering.algorithms.dapo import overlong_penalty
 from tempering.rewards.arith import try_evaluate
 from tempering.rewards.base import RewardResult, register_reward
-from tempering.rewards.basic import ANSWER_LINE, final_answer, parse_number
+from tempering.rewards.basic import ANSWER_LINE, exact_match, final_answer, parse_number
 from tempering.types import Problem, Rollout
 
 _BARE_NUMBER = re.compile(r"\s*-?\d+(\.\d+)?\s*")
@@ -97,6 +100,29 @@ def steps(problem: Problem, completion: str, *,
     leads = float(claimed is not None and claimed in candidates)  # None candidates never equal a number
     return RewardResult(0.5 * correct + 0.5 * leads, {"correct": correct, "leads": leads},
                         {"steps": len(verdicts), "wrong_steps": verdicts.count(False)})
+
+
+@register_reward("exact_steps")
+def exact_steps(problem: Problem, completion: str) -> RewardResult:
+    """``exact_match``'s score; the component ``steps_right`` is 1 when, beyond that, the
+    solution has steps, every one holds, and the answer follows from them (``steps`` scores 1).
+
+    As a task's ``metric`` it makes held-out evaluation report the share of fully correct
+    solutions (``eval/<task>/steps_right``) beside accuracy, which outcome-only training
+    cannot tell apart from answers reached through a wrong step.
+
+    >>> p = Problem(task="add", id="47+38", prompt="47+38\\n", answer="85")
+    >>> [exact_steps(p, c).components["steps_right"] for c in ("7+8=15\\n4+3+1=8\\nanswer: 85",
+    ...                                                       "7+8=15\\n4+3=8\\nanswer: 85", "answer: 85")]
+    [1.0, 0.0, 0.0]
+    """
+    right = exact_match(problem, completion)
+    sound = right == 1.0 and steps(problem, completion).score == 1.0
+    return RewardResult(right, {"steps_right": float(sound)})
+
+
+exact_steps.summary = ("steps_right",)
+"""The component a held-out evaluation reports as a mean (``tempering.eval.greedy``)."""
 
 
 def _repeated_share(items: list) -> float:

@@ -169,6 +169,10 @@ class ArithmeticTask(StreamState):
 
     ``style="raw"`` prompts are ``"47+38\\n"``, for the built-in character-level model;
     ``style="chat"`` prompts are chat messages with an instruction, for chat models.
+    ``corpus_lucky_share``: the share of the corpus's buggy solutions that end with the right
+    answer anyway (:meth:`lucky_solution`), so that a model pre-trained on it sometimes reaches
+    a right answer after wrong steps, which an outcome reward pays in full and a process reward
+    does not; 0 (the default) writes none and leaves the corpus as it was.
     """
 
     name: str
@@ -181,10 +185,13 @@ class ArithmeticTask(StreamState):
     metric: str = "exact_match"
     grading: str = "strict"
     template: str = ""
+    corpus_lucky_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.operation not in OPERATIONS:
             raise ValueError(f"operation must be one of {sorted(OPERATIONS)}, got {self.operation!r}")
+        if not 0 <= self.corpus_lucky_share <= 1:
+            raise ValueError(f"corpus_lucky_share must be between 0 and 1, got {self.corpus_lucky_share!r}")
         if not self.digits or any(not 1 <= d <= 6 for d in self.digits):
             raise ValueError(f"digits must be a non-empty list of sizes 1..6, got {self.digits!r}")
         if self.style not in ("raw", "chat", "program"):
@@ -256,6 +263,19 @@ class ArithmeticTask(StreamState):
         lines, answer = self._op.solve(problem.meta["a"], problem.meta["b"], buggy)
         return "\n".join(lines + [f"answer: {answer}"])
 
+    def lucky_solution(self, problem: Problem) -> str:
+        """The classic mistake's steps, then the right answer, which does not follow from them:
+        a right answer reached through wrong reasoning where a carry or borrow is needed, the
+        right solution elsewhere.
+
+        >>> task = ArithmeticTask(name="add", seed=0)
+        >>> problem = Problem(task="add", id="47+38", prompt="47+38\\n", answer="85", meta={"a": 47, "b": 38})
+        >>> task.lucky_solution(problem)
+        '7+8=15\\n4+3=7\\nanswer: 85'
+        """
+        steps, _ = self._op.solve(problem.meta["a"], problem.meta["b"], True)
+        return "\n".join(steps + [f"answer: {problem.answer}"])
+
     def corpus_document(self, index: int, wrong_share: float, tool_share: float = 0.0) -> str:
         """A pre-training document: a training problem and a worked solution that is buggy
         with probability ``wrong_share`` (visible only where a carry or borrow is needed),
@@ -265,8 +285,11 @@ class ArithmeticTask(StreamState):
         rng = random.Random(f"corpus:{self.seed}:{self.name}:{index}")
         prompt = problem.prompt if isinstance(problem.prompt, str) else f"{problem.id}\n"
         buggy = rng.random() < wrong_share
+        lucky = buggy and self.corpus_lucky_share > 0 and rng.random() < self.corpus_lucky_share
         if self.style != "program" and rng.random() < tool_share:
             return f"{prompt}{calc_transcript(problem.id, problem.answer)}\nanswer: {problem.answer}"
+        if lucky and self.style != "program":
+            return prompt + self.lucky_solution(problem)
         return prompt + self.solution(problem, buggy)
 
 

@@ -1,0 +1,175 @@
+"""Outcome reward alone against outcome plus a process reward (a learned process reward model, or
+the rule-based ``steps`` reward), on arithmetic whose model reaches right answers through wrong
+steps; prints one JSON object.
+
+    python bench/process_rewards.py [--model DIR] [--prm DIR] [--steps 60] [--seeds 0,1,2]
+                                    [--arms outcome,prm,steps] [--weight 0.5] [--label-problems 120]
+                                    [--out DIR] [key=value ...]
+
+The model (unless ``--model``): the built-in tiny model's small recipe (:data:`PRETRAIN`: 128
+wide, 2 layers, 400 steps of 32 documents, float32; about 4 minutes on one thread) pre-trained
+on the quickstart's add, sub and mul with ``corpus_lucky_share`` 0.5: of the corpus's solutions
+written with the classic mistake (the dropped carry or borrow), half end with the right answer
+anyway. The model so made sometimes writes wrong steps and then the right answer, which an
+outcome reward pays in full.
+
+The process reward model (unless ``--prm``): ``temper prm label`` on that model's own samples of
+``--label-problems`` training problems per task (4 solutions, 4 continuations a step), then
+``temper prm train`` on the built-in tiny model (6 epochs, lr 1e-3). Its labels say how often a
+step's continuations reach a right answer, so a wrong step after which the right answer is only
+sometimes written is valued low.
+
+Arms, the quickstart config otherwise (same seed, steps, batch, evaluation):
+
+- ``outcome``: ``exact_match`` 1 and ``format`` 0.1, the quickstart's rewards;
+- ``prm``: those and ``process_model`` at ``--weight`` (``min`` over steps);
+- ``steps``: those and ``steps`` at ``--weight`` (every ``a = b`` line checked, and the answer
+  following from them).
+
+Every task's metric is ``exact_steps``, so each evaluation reports held-out accuracy and
+``steps_right``, the share of fully correct solutions (right answer, every step holding and
+leading to it). Per arm the JSON gives both after training (mean over tasks, then the mean over
+seeds and the half-width of its 95% t-interval), their change from before, and per seed; under
+``checks``, for each process arm, its ``steps_right`` margin over ``outcome``, the seed spread
+(the larger of the two arms' ranges over seeds), whether the margin exceeds it, and the accuracy
+difference (within 2 points counts as equal). Runs stay under ``--out`` and a finished run of the
+same config is read back (as ``bench/joint.py`` does), so a stopped bench continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from joint import earlier_run, interval
+
+from tempering.build import resolve_model_path
+from tempering.config import load_config
+from tempering.train import train
+
+TASKS = ("add", "sub", "mul")
+PRETRAIN = ["pretrain.hidden_size=128", "pretrain.layers=2", "pretrain.heads=4", "pretrain.steps=400",
+            "pretrain.batch_docs=32", "pretrain.lr=0.003", "pretrain.warmup_steps=20", "pretrain.bf16=false",
+            "pretrain.tasks=[" + ", ".join(f"{{name: {t}, options: {{digits: [2], corpus_lucky_share: 0.5}}}}"
+                                           for t in TASKS) + "]"]
+OUTCOME = {"exact_match": 1.0, "format": 0.1}
+EXTRA = {"outcome": None, "prm": "process_model", "steps": "steps"}
+
+
+def temper(*args: str) -> None:
+    """A temper command; its printed tables go to stderr, so that stdout holds only the JSON."""
+    subprocess.run([sys.executable, "-m", "tempering.cli", *args], check=True, stdout=sys.stderr)
+
+
+def lucky_model(threads: str) -> str:
+    """The small tiny model pre-trained with lucky answers (cached like every built-in model)."""
+    config = load_config("quickstart", [*PRETRAIN, threads])
+    return str(resolve_model_path("builtin:tiny", config.pretrain, progress=True))
+
+
+def trained_prm(model: str, out: Path, problems: int, threads: str) -> str:
+    """``out/prm``, labelled on ``model``'s samples and trained, unless it is there already."""
+    prm = out / "prm"
+    if not (prm / "prm.json").is_file():
+        labels = out / "prm-labels.jsonl"
+        temper("prm", "label", model, threads, "--problems", str(problems), "--solutions", "4",
+               "--continuations", "4", "--out", str(labels), "--quiet")
+        temper("prm", "train", str(labels), "--out", str(prm), "--epochs", "6", "--lr", "1e-3",
+               "--threads", threads.partition("=")[2] or "1", "--quiet")
+    return str(prm)
+
+
+def arm_overrides(arm: str, weight: float, prm: str | None) -> list[str]:
+    """The tasks with the arm's rewards and ``exact_steps`` as their metric."""
+    rewards = dict(OUTCOME)
+    if EXTRA[arm]:
+        rewards[EXTRA[arm]] = weight
+    written = "{" + ", ".join(f"{name}: {value}" for name, value in rewards.items()) + "}"
+    tasks = ", ".join(f"{{name: {t}, options: {{digits: [2], metric: exact_steps}}, rewards: {written}}}"
+                      for t in TASKS)
+    extra = [f"rewards.options.process_model.path={prm}"] if arm == "prm" else []
+    return [f"tasks=[{tasks}]", *extra]
+
+
+def one_run(overrides: list[str], run_dir: Path) -> dict:
+    """Accuracy and ``steps_right`` (means over the tasks) before and after, a run read back where it
+    finished under the same config."""
+    config = load_config("quickstart", [*overrides, f"run_dir={run_dir}"])
+    summary = earlier_run(config, run_dir) or train(config, progress=False)
+
+    def means(result: dict) -> dict:
+        right = [result["components"][t]["steps_right"] for t in TASKS if t in result.get("components", {})]
+        return {"accuracy": result["accuracy"], "steps_right": sum(right) / len(right) if right else None}
+
+    return {"before": means(summary["eval_before"]), "after": means(summary["eval_after"]),
+            "wall_s": summary["wall_s"]}
+
+
+def summarize(runs: list[dict]) -> dict:
+    found = {}
+    for name in ("accuracy", "steps_right"):
+        after = [run["after"][name] for run in runs]
+        found[name] = {**interval(after), "change": interval([run["after"][name] - run["before"][name] for run in runs]),
+                       "per_seed": after}
+    return found
+
+
+def checks(arms: dict) -> dict:
+    """Each process arm against ``outcome``: the ``steps_right`` margin, the seed spread, and the
+    accuracy difference."""
+    if "outcome" not in arms:
+        return {}
+    base = arms["outcome"]
+    found = {}
+    for arm in (a for a in arms if a != "outcome"):
+        margin = arms[arm]["steps_right"]["mean"] - base["steps_right"]["mean"]
+        spread = max(max(a["steps_right"]["per_seed"]) - min(a["steps_right"]["per_seed"]) for a in (base, arms[arm]))
+        accuracy = arms[arm]["accuracy"]["mean"] - base["accuracy"]["mean"]
+        found[arm] = {"steps_right_margin": margin, "seed_spread": spread, "beyond_spread": margin > spread,
+                      "accuracy_difference": accuracy, "accuracy_within_2_points": abs(accuracy) <= 0.02}
+    return found
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="the policy; default: the small tiny model pre-trained with lucky answers")
+    parser.add_argument("--prm", help="a trained process reward model; default: labelled and trained here")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--arms", default="outcome,prm,steps")
+    parser.add_argument("--weight", type=float, default=0.5, help="the process reward's weight beside the outcome's 1")
+    parser.add_argument("--label-problems", type=int, default=120, help="training problems per task to label")
+    parser.add_argument("--out", default="runs/process-rewards")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides for every run (threads=1, eval sizes)")
+    args = parser.parse_args(argv)
+    arms = args.arms.split(",")
+    if unknown := sorted(set(arms) - set(EXTRA)):
+        raise SystemExit(f"--arms: unknown arm {unknown[0]!r}; the arms are {', '.join(EXTRA)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    threads = next((o for o in args.overrides if o.startswith("threads=")), "threads=1")
+    model = args.model or lucky_model(threads)
+    prm = (args.prm or trained_prm(model, out, args.label_problems, threads)) if "prm" in arms else None
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for seed in seeds:
+        for arm in arms:
+            overrides = [*args.overrides, f"model.path={model}", f"steps={args.steps}", f"seed={seed}",
+                         *arm_overrides(arm, args.weight, prm)]
+            runs[arm].append(one_run(overrides, out / f"{arm}-s{seed}"))
+    summary = {arm: summarize(found) for arm, found in runs.items()}
+    before = {name: interval([run["before"][name] for run in next(iter(runs.values()))])["mean"]
+              for name in ("accuracy", "steps_right")}
+    report = {"model": model, "prm": prm, "steps": args.steps, "seeds": seeds, "weight": args.weight,
+              "before": before, "arms": summary, "checks": checks(summary), "out": str(out),
+              "wall_s": {arm: sum(run["wall_s"] for run in found) for arm, found in runs.items()}}
+    (out / "process_rewards.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -3,7 +3,7 @@ the rule-based ``steps`` reward), on arithmetic whose model reaches right answer
 steps; prints one JSON object.
 
     python bench/process_rewards.py [--model DIR] [--prm DIR] [--steps 60] [--seeds 0,1,2]
-                                    [--arms outcome,prm,steps] [--weight 0.5] [--label-problems 120]
+                                    [--arms outcome,prm,steps] [--weight 0.5] [--gate] [--label-problems 120]
                                     [--out DIR] [key=value ...]
 
 The model (unless ``--model``): the built-in tiny model's small recipe (:data:`PRETRAIN`: 128
@@ -22,7 +22,8 @@ sometimes written is valued low.
 Arms, the quickstart config otherwise (same seed, steps, batch, evaluation):
 
 - ``outcome``: ``exact_match`` 1 and ``format`` 0.1, the quickstart's rewards;
-- ``prm``: those and ``process_model`` at ``--weight`` (``min`` over steps);
+- ``prm``: those and ``process_model`` at ``--weight`` (``min`` over steps; with ``--gate``
+  only where the answer is right, ``gate: exact_match``);
 - ``steps``: those and ``steps`` at ``--weight`` (every ``a = b`` line checked, and the answer
   following from them).
 
@@ -82,7 +83,7 @@ def trained_prm(model: str, out: Path, problems: int, threads: str) -> str:
     return str(prm)
 
 
-def arm_overrides(arm: str, weight: float, prm: str | None) -> list[str]:
+def arm_overrides(arm: str, weight: float, prm: str | None, gate: bool) -> list[str]:
     """The tasks with the arm's rewards and ``exact_steps`` as their metric."""
     rewards = dict(OUTCOME)
     if EXTRA[arm]:
@@ -91,6 +92,8 @@ def arm_overrides(arm: str, weight: float, prm: str | None) -> list[str]:
     tasks = ", ".join(f"{{name: {t}, options: {{digits: [2], metric: exact_steps}}, rewards: {written}}}"
                       for t in TASKS)
     extra = [f"rewards.options.process_model.path={prm}"] if arm == "prm" else []
+    if arm == "prm" and gate:
+        extra.append("rewards.options.process_model.gate=exact_match")
     return [f"tasks=[{tasks}]", *extra]
 
 
@@ -112,8 +115,8 @@ def summarize(runs: list[dict]) -> dict:
     found = {}
     for name in ("accuracy", "steps_right"):
         after = [run["after"][name] for run in runs]
-        found[name] = {**interval(after), "change": interval([run["after"][name] - run["before"][name] for run in runs]),
-                       "per_seed": after}
+        change = [run["after"][name] - run["before"][name] for run in runs]
+        found[name] = {**interval(after), "change": interval(change), "per_seed": after}
     return found
 
 
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--arms", default="outcome,prm,steps")
     parser.add_argument("--weight", type=float, default=0.5, help="the process reward's weight beside the outcome's 1")
+    parser.add_argument("--gate", action="store_true", help="pay the PRM's score only to right answers")
     parser.add_argument("--label-problems", type=int, default=120, help="training problems per task to label")
     parser.add_argument("--out", default="runs/process-rewards")
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run (threads=1, eval sizes)")
@@ -158,12 +162,13 @@ def main(argv: list[str] | None = None) -> dict:
     for seed in seeds:
         for arm in arms:
             overrides = [*args.overrides, f"model.path={model}", f"steps={args.steps}", f"seed={seed}",
-                         *arm_overrides(arm, args.weight, prm)]
+                         *arm_overrides(arm, args.weight, prm, args.gate)]
             runs[arm].append(one_run(overrides, out / f"{arm}-s{seed}"))
     summary = {arm: summarize(found) for arm, found in runs.items()}
     before = {name: interval([run["before"][name] for run in next(iter(runs.values()))])["mean"]
               for name in ("accuracy", "steps_right")}
     report = {"model": model, "prm": prm, "steps": args.steps, "seeds": seeds, "weight": args.weight,
+              "gate": args.gate,
               "before": before, "arms": summary, "checks": checks(summary), "out": str(out),
               "wall_s": {arm: sum(run["wall_s"] for run in found) for arm, found in runs.items()}}
     (out / "process_rewards.json").write_text(json.dumps(report, indent=2))

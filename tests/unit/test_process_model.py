@@ -60,6 +60,20 @@ def test_the_reward_aggregates_the_head_at_the_step_ends(fresh_model_dir):
     assert not math.isclose(AGGREGATIONS["min"](expected[0]), AGGREGATIONS["mean"](expected[0]))
 
 
+def test_a_gated_reward_pays_the_process_score_only_to_a_right_answer(fresh_model_dir):
+    problem = Problem(task="add", id="47+38", prompt="47+38\n", answer="85")
+    texts = ["7+8=15\n4+3+1=8\nanswer: 85", "7+8=15\n4+3=7\nanswer: 75"]
+    rollouts = [Rollout(problem, [], [], [], t, "stop", 0) for t in texts]
+    plain = build_reward("process_model", {"path": str(fresh_model_dir)}).score_batch([problem] * 2, rollouts)
+    gated = build_reward("process_model", {"path": str(fresh_model_dir), "gate": "exact_match"}
+                         ).score_batch([problem] * 2, rollouts)
+    assert all(r.score > 0 for r in plain)
+    assert gated[0].score == pytest.approx(plain[0].score) and gated[1].score == 0.0
+    assert [r.diagnostics["gate"] for r in gated] == [1.0, 0.0]
+    with pytest.raises(ValueError, match="no_such_reward"):
+        build_reward("process_model", {"path": str(fresh_model_dir), "gate": "no_such_reward"})
+
+
 def test_a_bad_option_names_itself(fresh_model_dir):
     with pytest.raises(ValueError, match="aggregation must be one of min, product, last, mean"):
         build_reward("process_model", {"path": str(fresh_model_dir), "aggregation": "max"})

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tempering.rewards.base import RewardResult, register_reward
+from tempering.rewards.base import RewardResult, build_reward, register_reward
 from tempering.rewards.model import load_reward_model
 from tempering.types import Problem, Prompt, Rollout
 
@@ -132,11 +132,14 @@ class ProcessModelReward:
 
     ``path``: the PRM (a folder ``temper prm train`` saved). ``aggregation``: a key of
     :data:`AGGREGATIONS`. ``device``: empty = CUDA when available, else CPU. A completion
-    without a step scores 0.
+    without a step scores 0. ``gate``: an outcome reward's name (``exact_match``); the PRM's
+    score is multiplied by that reward's, so that it only ranks right answers among themselves.
+    A policy can learn to write steps a PRM over-values; gated, such steps earn nothing unless
+    the answer is right, and the PRM's value cannot outweigh the outcome.
     """
 
     def __init__(self, *, path: str, aggregation: str = "min", batch_size: int = 32, device: str = "",
-                 max_length: int = 1024):
+                 max_length: int = 1024, gate: str = ""):
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
         if batch_size < 1 or max_length < 2:
@@ -146,6 +149,7 @@ class ProcessModelReward:
         self.model, self.tokenizer = load_reward_model(path, head="token")
         self.model.to(self.device).eval()
         self._lock = threading.Lock()
+        self.gate = build_reward(gate) if gate else None
 
     def step_probs(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[list[float]]:
         """Each completion's step probabilities (empty for one without a step)."""
@@ -162,4 +166,9 @@ class ProcessModelReward:
 
     def score_batch(self, problems: Sequence[Problem], rollouts: Sequence[Rollout]) -> list[RewardResult]:
         probs = self.step_probs(problems, [r.text for r in rollouts])
-        return [RewardResult(self.aggregate(p) if p else 0.0, diagnostics={"steps": len(p)}) for p in probs]
+        found = [RewardResult(self.aggregate(p) if p else 0.0, diagnostics={"steps": len(p)}) for p in probs]
+        if self.gate is None:
+            return found
+        gates = self.gate.score_batch(problems, rollouts)
+        return [RewardResult(r.score * g.score, diagnostics={**r.diagnostics, "gate": g.score}, error=g.error)
+                for r, g in zip(found, gates)]

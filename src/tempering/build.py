@@ -623,7 +623,8 @@ class Run:
     rewarder: Rewarder
     monitors: RewardMonitors
     mixture: Mixture
-    learner: Learner
+    learner: Learner | RayLearner
+    """In this process (or torchrun's), or on Ray actors (``pipeline.learner=ray``)."""
     pipeline: Pipeline
     evaluate: Callable[[], dict]
     """Greedy held-out accuracy of the current policy (see ``tempering.eval.greedy``)."""

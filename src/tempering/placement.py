@@ -102,8 +102,9 @@ class ActorResources:
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
         if not any(all(offer.get(key, 0) >= amount for key, amount in self.custom.items()) for offer in nodes):
             amounts = {key: int(value) if float(value).is_integer() else value for key, value in self.custom.items()}
+            offers = "; ".join(_shown(_custom(offer)) for offer in nodes) or "none"
             raise ConfigError(f"{self.field_name}={_shown(amounts)}: no live node of the Ray cluster offers that much "
-                              f"(the nodes' custom resources: {[_shown(_custom(offer)) for offer in nodes]}); start a "
+                              f"(the live nodes' custom resources: {offers}); start a "
                               f"node with `ray start --address HEAD:PORT --resources '{json.dumps(amounts)}'`, or "
                               f"change {self.field_name}")
 

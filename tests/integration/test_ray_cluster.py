@@ -51,8 +51,10 @@ class RayNode:
         if head:
             ports.update({"--port": head_port, "--ray-client-server-port": free_port(),
                           "--dashboard-port": free_port()})
-            where = ["--head", "--include-dashboard", "false", "--temp-dir", tempfile.mkdtemp(prefix="tr", dir="/tmp")]
+            self.temp_dir = tempfile.mkdtemp(prefix="tr", dir="/tmp")  # short: Ray's socket paths must fit
+            where = ["--head", "--include-dashboard", "false", "--temp-dir", self.temp_dir]
         else:
+            self.temp_dir = None  # the head's holds this node's session too
             where = ["--address", f"127.0.0.1:{head_port}"]
         command = [str(Path(sys.executable).parent / "ray"), "start", "--block", *where, "--node-ip-address",
                    "127.0.0.1", "--num-cpus", "1", "--resources", json.dumps({resource: 1}),
@@ -79,6 +81,8 @@ class RayNode:
             os.killpg(self.process.pid, signal.SIGKILL)  # whatever it left behind
         except ProcessLookupError:
             pass
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def live_nodes() -> dict[str, dict]:

@@ -36,7 +36,7 @@ from tempering.eval.greedy import evaluate
 from tempering.learner.forward import plain_head
 from tempering.learner.optim import adamw, lr_factor
 from tempering.learner.packing import parameter_count, tokens_for_memory
-from tempering.learner.parallel import DataParallel, distribute, from_env, local_device
+from tempering.learner.parallel import DataParallel, distribute, follow, from_env, local_device
 from tempering.learner.step import Learner, LearnerSettings
 from tempering.models import loading, precision
 from tempering.models.cache import cache_root, ensure_converted
@@ -46,8 +46,8 @@ from tempering.models.loading import ModelLoadError
 from tempering.models.lora import apply_lora
 from tempering.models.precision import Choice
 from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
-from tempering.placement import (RayReward, RayRollout, RewardHandle, RolloutHandle, actor_placement, ray_running,
-                                 reward_pool, rollout_pool, start_ray)
+from tempering.placement import (ActorResources, RayLearner, RayReward, RayRollout, RewardHandle, RolloutHandle,
+                                 actor_nodes, actor_placement, ray_running, reward_pool, rollout_pool, start_ray)
 from tempering.registry import resolve
 from tempering.reporting.sinks import check_sinks
 from tempering.rewards import (MonitorSettings, NormalizeSettings, RewardMonitors, Rewarder, TaskRewards,
@@ -594,12 +594,14 @@ def ray_workers(config: TrainConfig) -> tuple[RolloutHandle, RewardHandle]:
     tag = f"{os.getpid()}-{id(config):x}"
     threads = max(1, config.threads // 2) if config.threads else auto_threads(share=2)
     bundles = actor_placement(config)
+    rollout_resources = ActorResources(pc.rollout_resources, "pipeline.rollout_resources", pc.actor_start_s)
+    reward_resources = ActorResources(pc.reward_resources, "pipeline.reward_resources", pc.actor_start_s)
     rollouts = [RayRollout(remote_rollout_worker, (data, threads, i),
                            f"tempering-rollout-{tag}" + (f"-{i}" if i else ""), pc.restart_limit, pc.rollout_cpus,
-                           num_gpus=pc.rollout_gpus, placement=next(bundles))
+                           num_gpus=pc.rollout_gpus, placement=next(bundles), resources=rollout_resources)
                 for i in range(pc.rollout_workers)]
     rewards = [RayReward(remote_reward_worker, (data,), f"tempering-reward-{tag}" + (f"-{i}" if i else ""),
-                         pc.restart_limit, pc.reward_cpus, placement=next(bundles))
+                         pc.restart_limit, pc.reward_cpus, placement=next(bundles), resources=reward_resources)
                for i in range(pc.reward_workers)]
     return rollout_pool(rollouts), reward_pool(rewards)
 
@@ -621,7 +623,8 @@ class Run:
     rewarder: Rewarder
     monitors: RewardMonitors
     mixture: Mixture
-    learner: Learner
+    learner: Learner | RayLearner
+    """In this process (or torchrun's), or on Ray actors (``pipeline.learner=ray``)."""
     pipeline: Pipeline
     evaluate: Callable[[], dict]
     """Greedy held-out accuracy of the current policy (see ``tempering.eval.greedy``)."""
@@ -634,9 +637,16 @@ class Run:
     def run_dir(self) -> Path:
         return self.folder.path
 
+    def ray_nodes(self) -> dict[str, list[str]]:
+        """The ids of the Ray nodes each kind of actor runs on, one per actor (none in this process)."""
+        return {"learner": list(getattr(self.learner, "nodes", [])), "rollout": actor_nodes(self.pipeline.rollout),
+                "reward": actor_nodes(self.pipeline.reward)}
+
     def close(self) -> None:
         if self.learner.parallel is not None:
             self.learner.parallel.tell("stop")
+        if isinstance(self.learner, RayLearner):
+            self.learner.close()
         self.pipeline.close()
         if self.config.pipeline.backend != "local":
             self.rewarder.close()  # the driver's copy only named the rewards; the actor's did the work
@@ -674,18 +684,57 @@ def build_run(config: TrainConfig, progress: bool, resume: bool) -> Run:
     rc = config.rollout
     screen_datasets(tasks, eval_generator.encode_prompt, prompt_limit(model.config, rc.max_prompt_tokens,
                     rc.max_new_tokens), rc.long_prompts, longest_token(tokenizer))
-    teacher = load_teacher(config, tokenizer, progress)
     folder = checkpoint.open_run(config.run_dir, resume)
     record_precision(folder.path, choice)
-    learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)
+    owns_ray = uses_ray(config) and not ray_running()
+    if config.pipeline.learner == "ray":
+        learner = ray_learner(config, policy)
+    else:
+        teacher = load_teacher(config, tokenizer, progress)
+        learner = build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)
     ec = config.eval
     evaluation = lambda: evaluate(eval_generator, tasks, ec.problems_per_task, ec.max_new_tokens,  # noqa: E731
                                   config.rewards.options, stop=config.rollout.stop,
                                   problems_per_length=ec.problems_per_length)
-    owns_ray = config.pipeline.backend == "ray" and not ray_running()
     pipeline = build_pipeline(config, mixture, policy, tokenizer, rewarder)
     return Run(config, threads, folder, policy, tokenizer, model_path, tasks, algorithm, rewarder, monitors,
                mixture, learner, pipeline, evaluation, owns_ray, choice)
+
+
+def uses_ray(config: TrainConfig) -> bool:
+    """Whether the run puts workers or its learner on Ray actors."""
+    return config.pipeline.backend == "ray" or config.pipeline.learner == "ray"
+
+
+def ray_learner(config: TrainConfig, mirror: Any) -> RayLearner:
+    """The learner as ``pipeline.learner_workers`` Ray actors, each built by :func:`remote_learner`
+    from the (resolved) config; ``mirror``, the driver's policy, is the weights they start from."""
+    pc = config.pipeline
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("pipeline.learner=ray runs the learner's ranks as Ray actors (pipeline.learner_workers); "
+                          "start the run without torchrun")
+    start_ray(pc.ray_address)
+    threads = config.threads or auto_threads()
+    return RayLearner(remote_learner, (config.model_dump(mode="json"), threads), mirror,
+                      f"tempering-learner-{os.getpid()}-{id(config):x}", pc.learner_workers, pc.learner_cpus,
+                      pc.learner_gpus, ActorResources(pc.learner_resources, "pipeline.learner_resources",
+                                                      pc.actor_start_s), follow)
+
+
+def remote_learner(data: dict, threads: int) -> Learner:
+    """One rank of a learner on Ray (in another process: a Ray actor), its model loaded there;
+    with several ranks, the process group is joined from the environment the actor set."""
+    torch.set_num_threads(threads)
+    config = TrainConfig.model_validate(data)
+    torch.manual_seed(config.seed)
+    algorithm = resolve_algorithm(config)
+    parallel = learner_processes(config)
+    model, tokenizer, _ = load_model(config, config.model.path, progress=False)
+    model = with_lora(config, model)
+    leads = parallel is None or parallel.leads  # as under torchrun: the others hold no whole copy, no teacher
+    policy = sampling_copy(model, parallel) if leads else model
+    teacher = load_teacher(config, tokenizer, progress=False) if leads else None
+    return build_learner(model, config, algorithm, teacher, parallel, None if policy is model else policy)
 
 
 def learner_processes(config: TrainConfig) -> Optional[DataParallel]:

@@ -18,7 +18,7 @@ from tempering.threads import passive_waits
 passive_waits()  # before anything imports torch: OpenMP reads its wait policy once, when loaded
 
 from tempering.config import ConfigError, load_config  # noqa: E402
-from tempering.faults import TrainingDiverged  # noqa: E402
+from tempering.faults import TrainingDiverged, WorkerLost  # noqa: E402
 from tempering.rm import add_parser as add_rm_parser  # noqa: E402
 from tempering.sandbox.cli import add_parser as add_sandbox_parser  # noqa: E402
 
@@ -395,7 +395,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     except (ConfigError, ModelLoadError, StorageError, ServerError) as exc:
         print(f"temper {args.command}: {exc}", file=sys.stderr)
         status = USER_ERROR
-    except TrainingDiverged as exc:
+    except (TrainingDiverged, WorkerLost) as exc:
         print(f"temper {args.command}: {exc}", file=sys.stderr)
         status = 1
     except KeyboardInterrupt:

@@ -359,6 +359,14 @@ class PipelineConfig(Strict):
     rollout_gpus: float = Field(0.0, ge=0, description="ray: GPUs per rollout actor (fractions share one); 0 = CPU")
     reward_cpus: float = Field(0.0, ge=0, description="ray: CPUs reserved per reward actor; 0 = none reserved")
     placement: Literal["none", "pack", "spread"] = Field("none", description="ray: none places each actor where Ray likes; pack / spread reserve every actor's resources at once in a placement group, packed onto few nodes or spread across nodes")
+    rollout_resources: dict[str, float] = Field(default_factory=dict, description="ray: custom Ray resources each rollout actor asks for, e.g. {rollout: 1} to put it on a node started with ray start --resources '{\"rollout\": 1}'; empty = none asked (any node)")
+    reward_resources: dict[str, float] = Field(default_factory=dict, description="ray: custom Ray resources each reward actor asks for (as rollout_resources); empty = none asked")
+    learner: Literal["local", "ray"] = Field("local", description="where the learner runs: local = this process (or the processes torchrun started); ray = Ray actors (learner_workers of them, each a data-parallel rank as learner.parallel says) that hold the policy's trained copy and its optimizer, while this process (the driver) samples or sends sampling to its workers, keeps a copy of the policy for the sampler's weights, evaluation and checkpoints, and sends each step's batch to the actors")
+    learner_workers: int = Field(1, ge=1, description="learner=ray: learner actors, the data-parallel ranks of one learner (torch.distributed among them, gloo on CPU, NCCL on GPU); 1 = one actor")
+    learner_cpus: float = Field(0.0, ge=0, description="learner=ray: CPUs reserved per learner actor; 0 = none reserved")
+    learner_gpus: float = Field(0.0, ge=0, description="learner=ray: GPUs per learner actor (it trains on CUDA when given one and model.device allows); 0 = CPU")
+    learner_resources: dict[str, float] = Field(default_factory=dict, description="learner=ray: custom Ray resources each learner actor asks for, e.g. {learner: 1} for a node started with ray start --resources '{\"learner\": 1}'; empty = none asked")
+    actor_start_s: float = Field(300.0, gt=0, description="ray: seconds an actor may take to be placed and to load its model before the run fails, naming the resources no node could give it")
 
 
 class CheckpointConfig(Strict):

@@ -28,6 +28,11 @@ class TrainingDiverged(RuntimeError):
     """Repeated non-finite steps and nothing to roll back to: the run cannot go on."""
 
 
+class WorkerLost(RuntimeError):
+    """A Ray actor the run needs is gone and cannot be started again (its node stopped, or no
+    node left offers its resources): the run stops, to be continued from its last checkpoint."""
+
+
 def _targets(variable: str) -> set[tuple[str, int]]:
     spec = os.environ.get(variable, "")
     targets = set()

@@ -34,10 +34,10 @@ from tempering import checkpoint
 from tempering.algorithms import AdvantageInputs
 from tempering.algorithms.advantages import AdvantageFn
 from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_penalty
-from tempering.build import Run, build_follower, build_run, saves_merged
+from tempering.build import Run, build_follower, build_run, saves_merged, uses_ray
 from tempering.config import AlgorithmConfig, ConfigError, TrainConfig
 from tempering.eval.sampled import greedy_by_round
-from tempering.faults import TrainingDiverged
+from tempering.faults import TrainingDiverged, WorkerLost
 from tempering.learner.parallel import follow
 from tempering.learner.step import Learner, collate
 from tempering.pipeline import GraderOutage, staleness_record
@@ -142,6 +142,10 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                 groups, record = learn_step(run)
             except GraderOutage as outage:
                 raise stop_for_outage(run, step, eval_before, timings, outage) from None
+            except WorkerLost as lost:
+                raise WorkerLost(f"{lost}\nThe run stopped in step {step + 1}; once the cluster offers what it "
+                                 f"needs again, continue from its last checkpoint with "
+                                 f"`temper train --resume {run.run_dir}`") from None
             record["step"] = step + 1
             for key in timings:
                 timings[key] += record[key]
@@ -192,6 +196,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False) -> d
                      "left_in_buffer": run.pipeline.buffered,
                      "worker_restarts": run.pipeline.restarts, "by_domain": run.pipeline.domain_counts()},
     }
+    if uses_ray(config):
+        summary["ray_nodes"] = run.ray_nodes()
     if by_round := greedy_by_rounds(config, eval_before, eval_after):
         summary["greedy_by_round"] = by_round
     run.folder.finish(summary)

@@ -135,3 +135,33 @@ def test_a_reward_pool_probes_a_paused_domain_on_its_first_worker():
     assert pool.probe(group) == ("code", "refused")
     assert (first.given, second.given) == ([group], [])
     pool.close()
+
+
+def test_the_ray_learner_answers_every_call_the_loop_makes_with_the_learners_parameters():
+    from tempering.learner.step import Learner
+    from tempering.placement import RayLearner
+
+    for name in ("step", "values", "reward_penalty", "teacher_logprobs", "grad_shares", "state_dict",
+                 "load_state_dict"):
+        assert list(inspect.signature(getattr(RayLearner, name)).parameters) == \
+            list(inspect.signature(getattr(Learner, name)).parameters), name
+    assert RayLearner.parallel is None, "the loop leaves the ranks to the actors"
+
+
+def test_a_custom_resource_no_live_node_offers_is_refused_naming_the_field(monkeypatch):
+    ray = pytest.importorskip("ray")
+    from tempering.config import ConfigError
+    from tempering.placement import ActorResources
+
+    monkeypatch.setattr(ray, "nodes", lambda: [
+        {"Alive": True, "Resources": {"CPU": 2.0, "rollout": 1.0, "node:10.0.0.2": 1.0}},
+        {"Alive": False, "Resources": {"CPU": 2.0, "learner": 1.0}}])  # stopped: offers nothing
+    ActorResources({"rollout": 0.5}, "pipeline.rollout_resources").check_offered()
+    ActorResources({}, "pipeline.reward_resources").check_offered()
+    with pytest.raises(ConfigError) as refused:
+        ActorResources({"learner": 1.0}, "pipeline.learner_resources").check_offered()
+    assert str(refused.value).startswith("pipeline.learner_resources={learner: 1}: no live node")
+    assert "custom resources: {rollout: 1})" in str(refused.value)
+    assert """--resources '{"learner": 1}'""" in str(refused.value)
+    with pytest.raises(ConfigError, match="rollout_resources"):
+        ActorResources({"rollout": 2.0}, "pipeline.rollout_resources").check_offered()

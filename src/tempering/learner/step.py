@@ -234,6 +234,16 @@ class Learner:
         if "reference" in state:
             self.reference.load_state_dict(state["reference"])
 
+    def load_weights(self, weights: Optional[dict[str, torch.Tensor]]) -> None:
+        """The policy's whole weights (a driver's copy of them, ``pipeline.learner=ray``); among
+        several learners, the leader's call gives every rank them (the others are told, with None)."""
+        if self.parallel is not None and self.parallel.leads:
+            self.parallel.tell("load_weights", None)
+        if weights is not None:
+            (self.whole if self.whole is not None else self.model).load_state_dict(weights)
+        if self.parallel is not None:
+            self.parallel.share_weights(self.model, self.whole)
+
     @property
     def device(self) -> torch.device:
         """Where the policy's parameters are: batches move there, and autocast is of its type."""

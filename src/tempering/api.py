@@ -112,8 +112,8 @@ def evaluate(model: Optional[str] = None, config: ConfigSource = None, overrides
 
 def load_model(path: str = "builtin:tiny", *, dtype: str = "float32", device: str = "auto",
                progress: bool = False) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of anything ``model.path`` takes: ``builtin:tiny`` and
-    ``builtin:generalist`` (pre-trained on first use, then cached), ``builtin:smollm2``, a
+    """``(model, tokenizer)`` of anything ``model.path`` takes: ``builtin:tiny``,
+    ``builtin:generalist`` and ``builtin:tiny-long`` (pre-trained on first use, then cached), ``builtin:smollm2``, a
     model folder or checkpoint, a hub id,
     a ``.gguf`` file. The model is a transformers ``PreTrainedModel`` in eval mode on ``device``
     (``auto``: CUDA when torch sees a GPU)."""

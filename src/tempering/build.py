@@ -66,7 +66,7 @@ def run_device(config: TrainConfig) -> torch.device:
     return local_device(resolve_device(config.model.device))
 
 
-BUILTIN_MODELS = ("builtin:tiny", "builtin:generalist", "builtin:smollm2")
+BUILTIN_MODELS = ("builtin:tiny", "builtin:generalist", "builtin:tiny-long", "builtin:smollm2")
 
 
 def smollm2_gguf() -> Path:
@@ -82,8 +82,8 @@ def smollm2_gguf() -> Path:
 
 
 def resolve_model_path(path: str, pretrain: PretrainConfig, progress: bool = True) -> str:
-    """Turn the ``builtin:`` names into files, pre-training the tiny model or the generalist
-    when needed, and a run or checkpoint folder into the model folder it holds."""
+    """Turn the ``builtin:`` names into files, pre-training the tiny model, the generalist or
+    tiny-long when needed, and a run or checkpoint folder into the model folder it holds."""
     from tempering.pretrain import PRETRAINED_BUILTINS, builtin_pretrain, ensure_pretrained
 
     if path in PRETRAINED_BUILTINS:

@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     dpo.set_defaults(func=cmd_dpo, items_into="items")
 
     pretrain = sub.add_parser("pretrain", help="pre-train the built-in tiny model into the cache (with "
-                              "model.path=builtin:generalist: the generalist)")
+                              "model.path=builtin:generalist or builtin:tiny-long: that model, by its recipe)")
     _add_config_args(pretrain)
     pretrain.add_argument("--force", action="store_true", help="pre-train again even if cached")
     pretrain.set_defaults(func=cmd_pretrain)
@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         "eval", help="held-out accuracy of a model: greedy, and with --n samples per problem pass@k, maj@k, best-of-k")
     evaluate.add_argument(
         "inputs", nargs="*", metavar="[MODEL] [CONFIG] [key=value ...]",
-        help="a model (builtin:tiny, builtin:generalist, builtin:smollm2, a folder, a .gguf, a hub id; default: the config's model.path), "
+        help="a model (builtin:tiny, builtin:generalist, builtin:tiny-long, builtin:smollm2, a folder, a .gguf, a hub id; default: the config's model.path), "
              "a YAML config or shipped config name (default: quickstart) and dotted overrides, in any order")
     evaluate.add_argument("--model", help="the model, as MODEL")
     evaluate.add_argument("--config", help="the config, as CONFIG")

@@ -74,6 +74,7 @@ class PretrainConfig(Strict):
     max_positions: int = Field(256, ge=32, description="longest sequence the model handles, in tokens")
     steps: int = Field(600, ge=1, description="optimizer steps")
     batch_docs: int = Field(128, ge=1, description="documents per optimizer step")
+    batch_tokens: int = Field(0, ge=0, description="instead of batch_docs: an optimizer step takes the next documents while they fit this many tokens once padded to the longest (at least one document), so a corpus of growing lengths keeps steps of even cost; 0 = batch_docs documents per step")
     lr: float = Field(2e-3, gt=0, description="peak learning rate")
     warmup_steps: int = Field(30, ge=0, description="linear warm-up steps; 0 = none")
     bf16: bool = Field(True, description="bfloat16 autocast for the forward pass where this CPU computes bf16 natively (AVX512-BF16, AMX, Arm's bf16); float32 elsewhere, where bf16 would be emulated and about 10x slower (the model is then cached as bf16: false)")
@@ -93,7 +94,7 @@ class LoraConfig(Strict):
 class ModelConfig(Strict):
     path: str = Field(
         "builtin:tiny",
-        description="builtin:tiny (pre-trained on first use as the pretrain section says, then cached), builtin:generalist (the tiny model pre-trained by a fixed recipe on arithmetic, code and reasoning-gym domains; see tempering.generalist), builtin:smollm2, a model directory, a hub id, or a .gguf file",
+        description="builtin:tiny (pre-trained on first use as the pretrain section says, then cached), builtin:generalist (the tiny model pre-trained by a fixed recipe on arithmetic, code and reasoning-gym domains; see tempering.generalist), builtin:tiny-long (a narrower tiny model with 8,320 positions pre-trained by a fixed recipe on long_context documents of up to 4,096 characters; see tempering.tiny_long), builtin:smollm2, a model directory, a hub id, or a .gguf file",
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="weight dtype")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$", description="where the policy, its reference model and critic, the learner and the sampler run: auto = CUDA when torch sees a GPU, else CPU; cpu; cuda or cuda:N")
@@ -457,9 +458,10 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _pretrain_with_its_model(self) -> "TrainConfig":
-        if self.model.path == "builtin:generalist" and self.pretrain != PretrainConfig():
-            raise ValueError("the pretrain section applies to builtin:tiny; builtin:generalist is pre-trained by "
-                             "its fixed recipe (tempering.generalist). Use model.path=builtin:tiny with this "
+        recipes = {"builtin:generalist": "tempering.generalist", "builtin:tiny-long": "tempering.tiny_long"}
+        if self.model.path in recipes and self.pretrain != PretrainConfig():
+            raise ValueError(f"the pretrain section applies to builtin:tiny; {self.model.path} is pre-trained by "
+                             f"its fixed recipe ({recipes[self.model.path]}). Use model.path=builtin:tiny with this "
                              "pretrain section for a variant of it")
         return self
 

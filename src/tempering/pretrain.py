@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from tqdm import tqdm
 
+from tempering import generalist, tiny_long
 from tempering.config import PretrainConfig
 from tempering.learner.optim import guarded_step, lr_factor
 from tempering.models.cache import cache_root, write_entry
@@ -38,8 +39,9 @@ def cache_key(config: PretrainConfig) -> str:
     fields existed keep their keys, and the ``corpus_version`` of each corpus task that has
     moved past 1 (a task's documents changed under an unchanged config)."""
     exclude: dict = {"tasks": {"__all__": {"env"}}}
-    if config.tool_share == 0:
-        exclude["tool_share"] = True
+    for unset in ("tool_share", "batch_tokens"):
+        if getattr(config, unset) == 0:
+            exclude[unset] = True
     fields = config.model_dump(mode="json", exclude=exclude)
     tasks = {spec.name: getattr(build_task(spec.name, seed=config.seed, **spec.options), "corpus_version", 1)
              for spec in config.tasks}
@@ -49,18 +51,17 @@ def cache_key(config: PretrainConfig) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-PRETRAINED_BUILTINS = ("builtin:tiny", "builtin:generalist")
+RECIPES: dict[str, Callable[[], PretrainConfig]] = {"builtin:generalist": generalist.recipe,
+                                                    "builtin:tiny-long": tiny_long.recipe}
+"""The built-in models pre-trained by a fixed recipe, whatever the config's ``pretrain`` says."""
+PRETRAINED_BUILTINS = ("builtin:tiny", *RECIPES)
 """The built-in models made by pre-training here (the rest are converted or loaded)."""
 
 
 def builtin_pretrain(path: str, pretrain: PretrainConfig) -> PretrainConfig:
     """The pre-training behind a built-in model: the config's ``pretrain`` section for
-    builtin:tiny, the fixed recipe for builtin:generalist (``tempering.generalist``)."""
-    if path == "builtin:generalist":
-        from tempering import generalist
-
-        return generalist.recipe()
-    return pretrain
+    builtin:tiny, the fixed recipe of the others (``tempering.generalist``, ``tempering.tiny_long``)."""
+    return RECIPES[path]() if path in RECIPES else pretrain
 
 
 def as_run_here(config: PretrainConfig, cpuinfo: Optional[str] = None, machine: Optional[str] = None
@@ -103,19 +104,37 @@ def corpus(config: PretrainConfig) -> Iterator[str]:
 
 def document_batches(config: PretrainConfig, token_ids: Callable[[str], list[int]], pad_id: int
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``(input_ids_BT, labels_BT)`` of ``batch_docs`` documents each, right-padded.
+    """``(input_ids_BT, labels_BT)`` of ``batch_docs`` documents each (or as many as
+    ``batch_tokens`` holds), right-padded.
 
     One document per row, rather than documents packed back to back, so that attention
     never reaches into an unrelated problem: that matters for a model this small, whose
     whole job is to copy digits from the right places.
     """
-    documents = corpus(config)
-    while True:
-        rows = [token_ids(next(documents))[: config.max_positions] for _ in range(config.batch_docs)]
+    documents = (token_ids(text)[: config.max_positions] for text in corpus(config))
+    for rows in step_rows(documents, config.batch_docs, config.batch_tokens):
         width = max(len(r) for r in rows)
         input_ids_BT = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows])
         labels_BT = torch.tensor([r + [-100] * (width - len(r)) for r in rows])
         yield input_ids_BT, labels_BT
+
+
+def step_rows(documents: Iterator[list[int]], batch_docs: int, batch_tokens: int) -> Iterator[list[list[int]]]:
+    """The documents of each step: ``batch_docs`` of them, or with ``batch_tokens`` the next
+    ones while they fit it once padded to the longest, at least one.
+
+    >>> [len(rows) for _, rows in zip(range(3), step_rows(iter([[0]] * 4 + [[0] * 3] * 9), 8, 6))]
+    [4, 2, 2]
+    """
+    if not batch_tokens:
+        while True:
+            yield [next(documents) for _ in range(batch_docs)]
+    rows = [next(documents)]
+    for row in documents:
+        if (len(rows) + 1) * max(len(row), *map(len, rows)) > batch_tokens:
+            yield rows
+            rows = []
+        rows.append(row)
 
 
 def document_ids(text: str, vocab: dict[str, int], tokenizer) -> list[int]:
@@ -135,6 +154,7 @@ def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threa
     """
     governor = ThreadGovernor(threads) if threads is not None else None
     tokenizer = build_tokenizer()
+    tokenizer.model_max_length = max(tokenizer.model_max_length, config.max_positions)
     model = build_model(
         vocab_size=len(tokenizer), hidden_size=config.hidden_size, layers=config.layers,
         heads=config.heads, max_positions=config.max_positions, seed=config.seed,

@@ -23,7 +23,7 @@ def _temper(args, cwd, cache):
     (["train", "rollout.temperature=abc"], "rollout.temperature='abc': Input should be a valid number"),
     (["train", "nosuch.key=1"], "nosuch: unknown key (allowed here: algorithm, checkpoint, dpo, eval,"),
     (["train", "tasks.0.name=nosuch"],
-     "tasks.0 (nosuch): unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, mul, repo, rg:<type>, sub"),
+     "tasks.0 (nosuch): unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, long_context:<type>, mul, repo, rg:<type>, sub"),
     (["train", "tasks.0.options.digits=abc"], "tasks.0 (add): options.digits='abc': expected list[int]"),
     (["train", "tasks.0.rewards={nosuch: 1}"], ("unknown reward 'nosuch'; known: code, code_format, consistency, exact_match, format, "
      "humaneval, length, match, math, model, process_model, reasoning_gym, repetition, repo, steps")),
@@ -58,7 +58,7 @@ def _temper(args, cwd, cache):
      "tasks.0 (code): options.partial='maybe': expected bool"),
     # explain refuses what train refuses, rather than passing it as "could not be inspected"
     (["explain", "model.path=builtin:nonsense"],
-     "model.path 'builtin:nonsense': known built-in models are builtin:tiny, builtin:generalist, builtin:smollm2"),
+     "model.path 'builtin:nonsense': known built-in models are builtin:tiny, builtin:generalist, builtin:tiny-long, builtin:smollm2"),
     (["explain", "tasks.0.name=nosuch"], "tasks.0 (nosuch): unknown task 'nosuch'"),
 ])
 def test_a_bad_config_exits_2_with_a_short_message_and_no_traceback(tmp_path, args, expected):

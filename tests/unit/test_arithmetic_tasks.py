@@ -143,7 +143,7 @@ def test_tasks_own_their_rewards_and_metric():
 
 
 @pytest.mark.parametrize("name, options, message", [
-    ("nosuch", {}, "unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, mul, repo, rg:<type>, sub"),
+    ("nosuch", {}, "unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, long_context:<type>, mul, repo, rg:<type>, sub"),
     ("add", {"digits": [0]}, "digits must be a non-empty list of sizes 1..6"),
     ("add", {"digits": []}, "digits must be a non-empty list"),
     ("add", {"style": "poem"}, "style must be 'raw', 'chat' or 'program'"),

@@ -46,10 +46,11 @@ ALLOWED: dict[str, set[str]] = {
     "reporting": FOUNDATIONS,
     "pipeline": FOUNDATIONS | {"placement", "rollout"},
     "placement": FOUNDATIONS,
-    # pre-training makes builtin:tiny and, by the generalist's recipe (a list of task specs),
-    # builtin:generalist, which build resolves; build makes everything below it
-    "pretrain": FOUNDATIONS | {"learner", "models", "tasks", "generalist"},
+    # pre-training makes builtin:tiny and, by their recipes (lists of task specs),
+    # builtin:generalist and builtin:tiny-long, which build resolves; build makes everything below it
+    "pretrain": FOUNDATIONS | {"learner", "models", "tasks", "generalist", "tiny_long"},
     "generalist": FOUNDATIONS,
+    "tiny_long": FOUNDATIONS,
     "build": FOUNDATIONS | BELOW_BUILD | {"pretrain"},
     # the commands, then the argument parser over them
     **{name: FOUNDATIONS | BELOW_BUILD | {"build", "pretrain"} for name in COMMANDS - {"pretrain"}},

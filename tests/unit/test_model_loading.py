@@ -26,7 +26,7 @@ def test_a_folder_without_a_model_cannot_be_loaded(tmp_path):
 
 
 def test_an_unknown_builtin_model_lists_the_known_ones():
-    with pytest.raises(ModelLoadError, match="known built-in models are builtin:tiny, builtin:generalist, builtin:smollm2"):
+    with pytest.raises(ModelLoadError, match="known built-in models are builtin:tiny, builtin:generalist, builtin:tiny-long, builtin:smollm2"):
         resolve_model_path("builtin:huge", PretrainConfig())
 
 

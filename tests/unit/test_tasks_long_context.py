@@ -1,6 +1,7 @@
 """Long-context tasks: the length in tokens, the facts that answer the question, the decoys, and the split."""
 
 import json
+import random
 import re
 
 import pytest
@@ -178,6 +179,26 @@ def test_a_length_curriculum_draws_at_its_level_and_resumes_there():
     assert build_task("long_context", seed=0, length_tokens=256).levels == 0
 
 
+def test_a_corpus_document_answers_its_problem_or_with_its_wrong_share_a_decoys_value():
+    task = build_task("long_context", seed=0, updates=1, near_misses=2, length_tokens=512, chars_per_token=1.0)
+    for index in range(20):
+        right, wrong = task.corpus_document(index, 0.0), task.corpus_document(index, 1.0)
+        assert right.rsplit("answer: ", 1)[0] == wrong.rsplit("answer: ", 1)[0] and len(right) <= 512 + 14
+        problem = task._draw(random.Random(f"0:long_context:{index}"), want_eval=False, length=512)
+        decoys = [problem.meta["sentences"][i] for i in problem.meta["decoys"]]
+        assert right.endswith(f"answer: {problem.answer}")
+        assert any(d.endswith(f" {wrong.rsplit('answer: ', 1)[1]}.") for d in decoys)
+    total = build_task("long_context", seed=0, kind="consistency", updates=2, length_tokens=512, chars_per_token=1.0)
+    assert total.corpus_document(0, 1.0) == total.corpus_document(0, 0.0)
+
+
+def test_corpus_docs_make_pre_training_a_length_curriculum():
+    task = build_task("long_context", seed=0, lengths=[256, 1024], corpus_docs=[3, 2], chars_per_token=1.0)
+    assert [task.corpus_length(i) for i in range(7)] == [256, 256, 256, 1024, 1024, 1024, 1024]
+    assert len(task.corpus_document(0, 0.0)) < 300 and len(task.corpus_document(4, 0.0)) > 900
+    assert build_task("long_context", seed=0, length_tokens=512).corpus_length(99) == 512
+
+
 @pytest.mark.parametrize("options, message", [
     ({"kind": "summary"}, "kind must be one of 'retrieval', 'multihop', 'consistency', got 'summary'"),
     ({"order": "reversed"}, "order 'reversed' orders a chain: it needs kind 'multihop'"),
@@ -194,6 +215,7 @@ def test_a_length_curriculum_draws_at_its_level_and_resumes_there():
     ({"kind": "multihop", "hops": 6, "near_misses": 6, "length_tokens": 64},
      "length_tokens=64 is too short: the question and its statements alone take about"),
     ({"near_misses": "many"}, r"options.near_misses='many': expected int"),
+    ({"lengths": [256, 512], "corpus_docs": [10]}, r"one count of at least 1 per length, got \[10\]"),
 ])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):

@@ -2,7 +2,8 @@
 
 Cached tiny models are found by ``cache_key``; a key that changes for an unchanged corpus
 makes every user pre-train again (minutes). The golden keys below are those of the code before
-multi-turn environments added ``TaskSpec.env`` and ``PretrainConfig.tool_share``.
+multi-turn environments added ``TaskSpec.env`` and ``PretrainConfig.tool_share`` (and token-budget
+steps ``PretrainConfig.batch_tokens``).
 """
 
 import hashlib
@@ -19,8 +20,9 @@ from tempering.tasks import build_task
 
 
 def _old_key(config: PretrainConfig) -> str:
-    """``cache_key`` as it was written before the multi-turn fields existed."""
-    fields = config.model_dump(mode="json", exclude={"tool_share": True, "tasks": {"__all__": {"env"}}})
+    """``cache_key`` as it was written before the multi-turn fields (and ``batch_tokens``) existed."""
+    fields = config.model_dump(mode="json", exclude={"tool_share": True, "batch_tokens": True,
+                                                     "tasks": {"__all__": {"env"}}})
     return hashlib.sha256(json.dumps({"v": CORPUS_VERSION, **fields}, sort_keys=True).encode()).hexdigest()[:16]
 
 

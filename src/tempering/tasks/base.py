@@ -100,6 +100,7 @@ LAZY_TASKS: dict[str, str] = {"rg:": "tempering.tasks.reasoning_gym:build_rg_tas
                               "code:": "tempering.tasks.code:build_code_task",
                               "humaneval": "tempering.tasks.humaneval:HumanEvalTask",
                               "long_context": "tempering.tasks.long_context:LongContextTask",
+                              "long_context:": "tempering.tasks.long_context:LongContextTask",
                               "repo": "tempering.tasks.repo:build_repo_task"}
 """Task name, or ``prefix:`` for a family named on the fly (``rg:<type>``) -> ``module:factory``.
 The module is imported when the first such task is built: some pull in heavy packages or

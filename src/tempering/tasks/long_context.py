@@ -35,6 +35,10 @@ character-level model) converts the target to characters. A prompt is at most
 task also lists them as ``eval_lengths``, and ``eval_problems_at(n, length)`` draws held-out
 problems at any one of them whatever the level, so evaluation can read accuracy against length.
 
+Pre-training documents (:meth:`LongContextTask.corpus_document`): the prompt and its answer
+line, with a share of them answered by the classic mistake, a decoy's value; ``corpus_docs``
+(one count per entry of ``lengths``) makes such a corpus a length curriculum.
+
 The held-out split is a fixed hash partition of (kind, asked name, answer): one problem in
 ``EVAL_EVERY`` is evaluation-only, so training and evaluation never share a question.
 
@@ -45,6 +49,7 @@ saying which is later.
 from __future__ import annotations
 
 import random
+import re
 import zlib
 from typing import Any, Optional
 
@@ -109,6 +114,17 @@ def _check_spec(kind: str, spec: Spec, cite: str, style: str) -> None:
             raise ValueError(message)
 
 
+def _check_corpus_docs(corpus_docs: Optional[list[int]], lengths: list[int]) -> Optional[list[int]]:
+    if corpus_docs is not None and (len(corpus_docs) != len(lengths) or any(n < 1 for n in corpus_docs)):
+        raise ValueError(f"corpus_docs gives the pre-training documents at each of lengths {lengths}: one count "
+                         f"of at least 1 per length, got {corpus_docs}")
+    return corpus_docs
+
+
+STATED_VALUE = re.compile(r" (?:is|was changed to) (.+)\.$")
+"""A value statement's value (retrieval and multihop), as its decoys state one."""
+
+
 class LongContextTask(StreamState):
     """Problems of one ``kind`` over documents of ``length_tokens`` (or the current level of
     ``lengths``); the options are the module docstring's, checked when the task is built."""
@@ -117,7 +133,8 @@ class LongContextTask(StreamState):
                  lengths: Optional[list[int]] = None, hops: int = 2, near_misses: int = 0, updates: int = 0,
                  order: str = "random", value: str = "number", parts: int = 3, cite: str = "none",
                  tokenizer: Optional[str] = None, chars_per_token: float = 4.0, style: str = "raw",
-                 domain: str = "", rewards: Optional[dict[str, float]] = None):
+                 corpus_docs: Optional[list[int]] = None, domain: str = "",
+                 rewards: Optional[dict[str, float]] = None):
         self.spec = Spec(hops=hops, near_misses=near_misses, updates=updates, order=order, value=value, parts=parts)
         _check_spec(kind, self.spec, cite, style)
         if chars_per_token <= 0:
@@ -137,6 +154,7 @@ class LongContextTask(StreamState):
 
             self._tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self._check_fits()
+        self.corpus_docs = _check_corpus_docs(corpus_docs, self.lengths)
 
     @property
     def level(self) -> int:
@@ -236,6 +254,33 @@ class LongContextTask(StreamState):
         training problems meanwhile)."""
         rng = random.Random(f"eval:{self.name}:{self.kind}:{length}")
         return [self._draw(rng, want_eval=True, length=length) for _ in range(n)]
+
+    def corpus_length(self, index: int) -> int:
+        """The length of pre-training document ``index``: with ``corpus_docs``, the first
+        ``corpus_docs[0]`` documents at ``lengths[0]``, the next ``corpus_docs[1]`` at
+        ``lengths[1]`` and so on (a length curriculum in pre-training), the last length past
+        their sum; without it, the current level's length."""
+        for length, count in zip(self.lengths, self.corpus_docs or []):
+            if index < count:
+                return length
+            index -= count
+        return self.lengths[-1] if self.corpus_docs else self.length_tokens
+
+    def corpus_document(self, index: int, wrong_share: float, tool_share: float = 0.0) -> str:
+        """A pre-training document: training problem ``index`` at :meth:`corpus_length` and its
+        answer line, with probability ``wrong_share`` the classic mistake instead: the value of
+        a decoy (a stale value or a near miss's), where the problem has one that states a value
+        (``consistency`` totals have none, and are always written right). The mistake is drawn
+        per document, so the model learns both readings and RL has a choice to sharpen.
+        ``tool_share`` is ignored: the task has no tool to call."""
+        problem = self._draw(random.Random(f"{self.seed}:{self.name}:{index}"), want_eval=False,
+                             length=self.corpus_length(index))
+        rng = random.Random(f"corpus:{self.seed}:{self.name}:{index}")
+        stated = [STATED_VALUE.search(problem.meta["sentences"][i]) for i in problem.meta["decoys"]]
+        wrong = sorted(m.group(1) for m in stated if m and m.group(1) != problem.answer)
+        answer = rng.choice(wrong) if wrong and rng.random() < wrong_share else problem.answer
+        text = problem.prompt if isinstance(problem.prompt, str) else problem.prompt[-1]["content"]
+        return f"{text}answer: {answer}"
 
     def _extra_state(self) -> dict[str, Any]:
         return {"level": self.level, "lengths": self.lengths}

@@ -1,0 +1,95 @@
+"""``builtin:tiny-long``: the small model that long-context RL starts from.
+
+The built-in tiny model reads 256 positions and knows arithmetic; the generalist reads 320.
+builtin:tiny-long is the same character-level Llama, narrower (128 wide, 2 layers, so that a
+4,096-character document costs seconds, not tens of seconds, forward and backward on one
+core), with room for 8,320 positions, pre-trained offline on ``long_context`` documents
+(:data:`CORPUS`): retrieval of a code whose value was changed later in the document, and a
+chained lookup (who keeps the key of a name, then that keeper's code). Its positions are
+rotary, so lengths past the longest trained one can be read without new weights
+(extrapolation, which the shipped ``long`` config evaluates).
+
+The corpus is a length curriculum (the task's ``corpus_docs``): most documents at the
+shortest length, where the lookup is learned cheaply, then fewer and fewer at each doubling up
+to :data:`LONGEST`, with steps of an even token count (``batch_tokens``), so each long document
+is a step of its own. In :data:`WRONG_SHARE` of the documents the answer is the classic
+mistake, the stale value (the code before it was changed) or a decoy's, so that held-out
+problems start part right and RL has something to fix. As measured (docs/models.md) this
+recipe does not get there yet: the model writes answer lines but has not learned to copy the
+value from the document, so it starts at 0% at every length.
+
+:func:`domains` are the tasks the shipped ``long`` config trains and evaluates, with the
+corpus's options, and :func:`extrapolation` the one it only evaluates (a test keeps them in
+step). Not done here: natural text, span answers, citations.
+"""
+
+from __future__ import annotations
+
+from tempering.config import PretrainConfig, TaskSpec
+
+LENGTHS = [256, 512, 1024, 2048, 4096]
+"""The curriculum's lengths, in characters (the tokenizer's tokens)."""
+LONGEST = LENGTHS[-1]
+DOCS = [10000, 1200, 240, 60, 24]
+"""Pre-training documents at each length, all kinds together: the short ones teach the
+lookup, the long ones teach the attention to find one sentence in many."""
+BATCH_TOKENS = 1100
+"""Tokens in one optimizer step (padded): four documents at 256, two at 512, one from 1,024 on.
+Small steps: the copying this model has to learn forms after a number of steps more than of
+tokens (with 15 documents a step it had not formed in 200 steps)."""
+ANSWER_ROOM = 16
+"""Tokens of a document past its prompt's length: the answer line, begin and end."""
+WRONG_SHARE = 0.5
+"""Share of documents answered with the mistake: at one half neither reading wins outright."""
+
+CORPUS: dict[str, tuple[float, dict]] = {
+    "retrieval": (3.0, {"kind": "retrieval", "updates": 1}),
+    "multihop": (1.0, {"kind": "multihop", "hops": 1}),
+}
+"""The corpus's kinds: a weight (its share of the documents) and the task's options."""
+
+
+TRAINED = ("retrieval",)
+"""The kinds the shipped ``long`` config trains: retrieval, whose classic mistake (the stale
+value) RL can fix. The chained lookup stays in the corpus for the copying it teaches, and is
+left out of RL, where every length's evaluation would double the run's cost."""
+
+
+def _spec(kind: str) -> TaskSpec:
+    """One corpus kind as a task: a curriculum over :data:`LENGTHS`, one token a character."""
+    return TaskSpec(name=f"long_context:{kind}", options={**CORPUS[kind][1], "lengths": LENGTHS, "chars_per_token": 1.0})
+
+
+def domains() -> list[TaskSpec]:
+    """The tasks as RL trains them (:data:`TRAINED`)."""
+    return [_spec(kind) for kind in TRAINED]
+
+
+def extrapolation() -> TaskSpec:
+    """The evaluation-only task (weight 0) at twice :data:`LONGEST`: retrieval past every
+    trained length, read by the model's rotary positions without new weights."""
+    kind, (_, options) = next(iter(CORPUS.items()))
+    return TaskSpec(name=f"long_context:{kind}-{2 * LONGEST}", weight=0.0,
+                    options={**options, "length_tokens": 2 * LONGEST, "chars_per_token": 1.0})
+
+
+def corpus_tasks() -> list[TaskSpec]:
+    """Every kind of :data:`CORPUS` with its weight and its share of :data:`DOCS` at each length."""
+    total = sum(weight for weight, _ in CORPUS.values())
+    return [_spec(kind).model_copy(update={"weight": weight, "options": {
+                **_spec(kind).options, "corpus_docs": [max(1, round(n * weight / total)) for n in DOCS]}})
+            for kind, (weight, _) in CORPUS.items()]
+
+
+def steps() -> int:
+    """Optimizer steps that take the whole curriculum once: at each length, its documents over
+    the documents a step holds there."""
+    return sum(-(-n // max(1, BATCH_TOKENS // (length + ANSWER_ROOM))) for n, length in zip(DOCS, LENGTHS))
+
+
+def recipe() -> PretrainConfig:
+    """The pre-training of builtin:tiny-long (its cache entry is keyed by this). In float32,
+    as the generalist's: a bf16 model would be another model on each kind of CPU."""
+    return PretrainConfig(tasks=corpus_tasks(), wrong_share=WRONG_SHARE, hidden_size=128, layers=2, heads=4,
+                          max_positions=2 * LONGEST + 128, steps=steps(), batch_docs=1, batch_tokens=BATCH_TOKENS,
+                          lr=3e-3, warmup_steps=30, bf16=False, seed=0)

@@ -54,7 +54,7 @@ import yaml
 
 from tempering import generalist
 from tempering.build import resolve_model_path
-from tempering.config import TaskSpec, TrainConfig, load_config
+from tempering.config import ConfigError, TaskSpec, TrainConfig, load_config, validate_config
 from tempering.reporting.html import build_report
 from tempering.train import train
 
@@ -94,6 +94,15 @@ def interval(values: list[float]) -> dict[str, float]:
     return {"mean": mean(values), "ci95": T95.get(len(values) - 1, 1.96) * stdev(values) / math.sqrt(len(values))}
 
 
+def saved_config(path: Path) -> dict | None:
+    """A run's saved ``config.yaml`` as this version reads it (fields added since with their
+    defaults), its folder apart; None when this version refuses it."""
+    try:
+        return {**validate_config(yaml.safe_load(path.read_text())).model_dump(mode="json"), "run_dir": None}
+    except (ConfigError, ValueError):
+        return None
+
+
 def earlier_run(config: TrainConfig, run_dir: Path) -> dict | None:
     """The summary of a run already in ``run_dir`` under this same config (its folder apart: a
     copied run counts), or None where there is none. A run of this config that stopped before its
@@ -101,7 +110,7 @@ def earlier_run(config: TrainConfig, run_dir: Path) -> dict | None:
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return None
-    if {**yaml.safe_load(saved.read_text()), "run_dir": None} != {**config.model_dump(mode="json"), "run_dir": None}:
+    if saved_config(saved) != {**config.model_dump(mode="json"), "run_dir": None}:
         raise SystemExit(f"bench: {run_dir} holds a run of another config; give another --out or remove it")
     if (run_dir / "summary.json").is_file():
         print(f"bench: {run_dir} already ran under this config; read back", file=sys.stderr, flush=True)

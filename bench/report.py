@@ -3,8 +3,9 @@
     python bench/report.py [--results bench/results] [--page docs/benchmarks.md] [--check]
 
 The convention: a bench that compares tempering with a peer puts ``ratios`` in its JSON, each
-``{"what", "ratio"}`` (how many times faster tempering is: above 1 favours tempering; with
-``"at_least": true`` when the peer never got there and the ratio is a lower bound), and a
+``{"what", "ratio"}`` (how many times better tempering does, the peer's time over tempering's or
+tempering's length over the peer's, as ``what`` says: above 1 favours tempering; with
+``"at_least": true`` when the ratio is a lower bound, as where the peer never got there), and a
 ``measured`` block ``{"bench", "date", "cpu", "command"}`` (:func:`measured`). Given ``--save
 DIR`` it also writes that JSON to ``DIR/<bench>-<label>.json`` (:func:`save`). This script reads
 every such file under ``--results`` and rewrites the part of ``--page`` between the markers
@@ -84,11 +85,11 @@ def table(found: list[dict]) -> str:
 
     >>> print(table([{"what": "s/step", "ratio": 5.04, "command": "python bench/x.py", "date": "2026-01-02",
     ...               "cpu": "AMD EPYC"}]))
-    | what | TRL / tempering | command | date | CPU |
+    | what | ratio (above 1: tempering ahead) | command | date | CPU |
     | --- | --- | --- | --- | --- |
     | s/step | 5.0x | `python bench/x.py` | 2026-01-02 | AMD EPYC |
     """
-    lines = ["| what | TRL / tempering | command | date | CPU |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| what | ratio (above 1: tempering ahead) | command | date | CPU |", "| --- | --- | --- | --- | --- |"]
     for row in found:
         ratio = f"{'at least ' if row.get('at_least') else ''}{row['ratio']:.1f}x"
         lines.append(f"| {row['what']} | {ratio} | `{row['command']}` | {row['date']} | {row['cpu']} |")

@@ -47,7 +47,7 @@ import sys
 import time
 
 import torch
-from memory import (CHUNK, PROMPT, ladder, length_list, load_for_length, model_label, peak_kb, position_limit,
+from memory import (CHUNK, PROMPT, checked_limit, ladder, length_list, load_for_length, model_label, peak_kb,
                     reset_peak, run_child, run_script, sequences, tempering_step)
 from report import measured, save
 
@@ -135,8 +135,7 @@ def max_trainable(options, model: str) -> dict:
             "at_least": longest["tempering"] == max(options.trl_lengths), "peak_mb": found["peak_mb"]}
 
 
-def one_model(options, model: str) -> dict:
-    limit = position_limit(model)
+def one_model(options, model: str, limit: int) -> dict:
     budget_kb = int(options.budget_gb * 1024 * 1024)
     learner = sweep(options, model, "learner", budget_kb)
     kernels = sorted({kernel for result in learner.values() for kernel in result.get("kernels", [])})
@@ -184,7 +183,8 @@ def main(argv: list[str]) -> dict:
     if options.micro_batch_tokens < max(options.lengths):
         parser.error(f"--micro-batch-tokens {options.micro_batch_tokens} is under the longest length "
                      f"{max(options.lengths)}: one sequence is the smallest micro-batch")
-    results = {model_label(model): one_model(options, model) for model in options.models.split(",")}
+    limits = {model: checked_limit(parser, "--models", model) for model in options.models.split(",")}
+    results = {model_label(model): one_model(options, model, limit) for model, limit in limits.items()}
     result = {"models": results, "lengths": options.lengths, "micro_batch_tokens": options.micro_batch_tokens,
               "new_tokens": options.new_tokens, "precision": "fp32", "threads": 1, "ratios": ratio_rows(results),
               "measured": measured("long_context", argv)}

@@ -279,6 +279,16 @@ def position_limit(model: str) -> int:
     return config.max_position_embeddings
 
 
+def checked_limit(parser: argparse.ArgumentParser, flag: str, model: str) -> int:
+    """:func:`position_limit`, or a usage error naming ``flag`` when the model cannot be found."""
+    from tempering.models.loading import ModelLoadError
+
+    try:
+        return position_limit(model)
+    except (ModelLoadError, OSError, ValueError) as err:
+        parser.error(f"{flag} {model}: {err}")
+
+
 def model_label(model: str) -> str:
     """A short name for file names and table rows: ``builtin:smollm2`` -> ``smollm2``, a folder -> its name."""
     return model.removeprefix("builtin:") if model.startswith("builtin:") else Path(model).name
@@ -300,7 +310,7 @@ def main(argv: list[str]) -> dict:
     if options.child:
         child(options.child[0], options.model, int(options.child[1]), options.bf16)
         sys.exit(0)
-    limit = position_limit(options.model)
+    limit = checked_limit(parser, "--model", options.model)
     lengths = [n for n in options.lengths if n <= limit]
     precision = "bf16 autocast" if options.bf16 else "fp32"
     found = ladder(options.sides.split(","), options.model, lengths, options.bf16, options.budgets_gb,

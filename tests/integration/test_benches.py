@@ -50,8 +50,12 @@ QUICK = {
               lambda out: set(out["arms"]) == {"arithmetic", "static", "adaptive"} and len(out["before"]) == 12
               and set(out["checks"]) == {"lopsided", "adaptive_below_best_single", "adaptive_over_static"}
               and all(Path(out["out"], name).stat().st_size > 0 for name in ("joint.md", "joint.svg", "report.html"))),
-    "memory": (["--model", "{model}", "--lengths", "128", "--sides", "tempering", "--budget-gb", "4"],
-               lambda out: out["max_len_tempering"] == 128 and out["peak_mb"]["tempering"]["128"] > 0),
+    "memory": (["--model", "{model}", "--lengths", "128", "--sides", "tempering", "--budgets-gb", "0.2,4"],
+               lambda out: out["max_len"] == {"0.2": {"tempering": 0}, "4": {"tempering": 128}}
+               and 200 < out["peak_mb"]["tempering"]["128"] < 4096 and out["ratios"] == []
+               and [note.split(":")[0] for note in out["notes"]] == ["0.2 GB"] and out["measured"]["bench"] == "memory"),
+    "long_context": (["--models", "{model}", "--lengths", "96,320", "--micro-batch-tokens", "320", "--growth-from", "96",
+                      "--budget-gb", "4", "--trl-lengths", "128"], lambda out: long_context_holds(out)),
     "weight_sync": (["--model", "{model}", "--syncs", "2", "--chunk-mib", "0.01"],
                     lambda out: out["syncs"] == 2 and out["payload_mib"] > 0.05 and out["disk_s"]["median"] > 0
                     and out["http_s"]["min"] > 0 and out["http_mib_per_s"] > 0),
@@ -75,6 +79,25 @@ QUICK = {
 }
 """Benches with a run of seconds: the arguments (``{model}``: the miniature model, ``{out}``: a
 fresh folder) and a check of the JSON."""
+
+def long_context_holds(out: dict) -> bool:
+    """The miniature model (256 positions) at 96 and 320 tokens in a 320-token micro-batch: 3
+    rows of 96, then one row of 320 past its position limit; the sampler's prefill and
+    decoding timed; the flash kernel of SDPA named; TRL beside at 128 tokens, the ratio saved."""
+    (model,) = out["models"].values()
+    learner, sampler = model["learner"], model["sampler"]
+    return ([learner[n]["rows"] for n in ("96", "320")] == [3, 1] and learner["320"]["tokens"] == 320
+            and model["beyond_position_limit"] == [320] and model["position_limit"] == 256
+            and all(200 < r["peak_mb"] < 4096 and r["s_per_token"] > 0 for r in learner.values())
+            and model["learner_growth"]["from"] == 96 and model["learner_growth"]["to"] == 320
+            and 0.5 < model["learner_growth"]["ratio"] < 1.5
+            and all(r["new_tokens"] == 8 and r["prefill_s_per_token"] > 0 and r["decode_s_per_token"] > 0
+                    for r in sampler.values())
+            and model["attention"]["implementation"] == "sdpa"
+            and any("scaled_dot_product" in kernel for kernel in model["attention"]["kernels"])
+            and model["max_trainable"]["tempering"] == model["max_trainable"]["trl"] == 128
+            and out["ratios"] == [{"what": out["ratios"][0]["what"], "ratio": 1.0, "at_least": True}])
+
 
 def time_to_accuracy_holds(run: dict, out: Path) -> bool:
     """The quick run's two curves: evaluated before training and after each of its 2 steps, from the
@@ -151,10 +174,10 @@ def broken_trl(tmp_path) -> dict:
 
 def test_memory_bench_with_a_crashing_trl_side_fails_and_prints_no_length(tiny_model_dir, broken_trl):
     result = run_bench("memory", "--model", str(tiny_model_dir), "--lengths", "128", "--sides", "trl",
-                       "--budget-gb", "4", env=broken_trl)
+                       "--budgets-gb", "4", env=broken_trl)
     assert result.returncode != 0
     assert result.stdout == ""
-    assert "trl side failed at 128 tokens" in result.stderr and "Invalid version: 'N/A'" in result.stderr
+    assert "trl side at 128 tokens failed" in result.stderr and "Invalid version: 'N/A'" in result.stderr
 
 
 def test_vs_trl_with_trl_unimportable_fails_before_any_run_and_names_the_extra(broken_trl):
@@ -214,3 +237,10 @@ def test_report_on_a_page_without_markers_names_them(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert "lacks the markers" in result.stderr and "side-by-side: begin" in result.stderr
     assert "Traceback" not in result.stderr and page.read_text() == "# Benchmarks\n"
+
+
+def test_long_context_with_an_unknown_model_is_a_usage_error_naming_it():
+    result = run_bench("long_context", "--models", "builtin:nonsense", "--lengths", "128")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "--models builtin:nonsense" in result.stderr and "known built-in models are" in result.stderr
+    assert "Traceback" not in result.stderr

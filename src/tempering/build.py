@@ -577,7 +577,7 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
                     pc.buffer_rounds, shares_policy=shares, max_outage_rounds=config.rewards.max_outage_rounds,
                     outage_backoff_s=config.rewards.outage_backoff_s, pause_failing=config.scheduler.pause_failing,
                     probe_rounds=config.scheduler.probe_rounds, max_probe_rounds=config.scheduler.max_probe_rounds,
-                    partial_rollouts=pc.partial_rollouts)
+                    partial_rollouts=pc.partial_rollouts, partial_chunk=pc.partial_chunk_tokens)
 
 
 def normalizes(config: TrainConfig) -> bool:

@@ -298,7 +298,8 @@ class Pipeline:
     def __init__(self, mixture: Any, rollout: RolloutHandle, reward: RewardHandle, prompts: int, mode: str = "sync",
                  max_staleness: int = 1, buffer_rounds: int = 1, shares_policy: bool = False,
                  max_outage_rounds: int = 0, outage_backoff_s: float = 0.0, pause_failing: bool = True,
-                 probe_rounds: int = 1, max_probe_rounds: int = 32, partial_rollouts: bool = False):
+                 probe_rounds: int = 1, max_probe_rounds: int = 32, partial_rollouts: bool = False,
+                 partial_chunk: int = 16):
         if mode not in ("sync", "async"):
             raise ValueError(f"pipeline mode {mode!r}; known: sync, async")
         self.mixture, self.rollout, self.reward = mixture, rollout, reward
@@ -313,7 +314,14 @@ class Pipeline:
         self.counters = Counters()
         self.learner_version = 0
         self._buffer: deque[Round] = deque()
-        self._pending: Optional[tuple[dict, int]] = None
+        self.partial_chunk = partial_chunk
+        # async (see "Repeatable asynchronous runs" in the module docstring)
+        self._plans: deque[list[Problem]] = deque()  # problems drawn for rounds not yet started
+        self._drawn = self._taken = 0  # rounds whose problems were drawn; rounds the learner took
+        self._asked = {t: 0 for t in range(-buffer_rounds, 0)}  # round -> learner version when it asked for it
+        self._published: dict[int, dict] = {}  # version -> weights the sampler may still take
+        self._worker_version, self._loaded = 0, False  # what the rollout worker holds; False: unknown
+        self._round, self._asks = 0, 0  # the round being sampled, the decoding steps it asked about
         self._cond = threading.Condition()
         self._paused = False
         self._busy = False
@@ -324,7 +332,7 @@ class Pipeline:
         if hasattr(rollout, "on_restart"):
             rollout.on_restart = self._refresh_rollout
         if partial_rollouts and mode == "async":
-            rollout.follow(self._take_pending)
+            rollout.follow(self._swap)
 
     def _refresh_rollout(self, handle: RolloutHandle) -> None:
         """A restarted rollout worker: the newest weights, and a random stream of its own."""
@@ -333,41 +341,96 @@ class Pipeline:
         handle.reseed(handle.restarts)
 
     # -- making rounds -------------------------------------------------------------------
-    def _take_pending(self) -> Optional[tuple[dict, int]]:
-        """The newest published weights not yet given to the rollout worker, counted as a sync
-        (None when there are none)."""
+    def _plan(self) -> None:
+        """Async, with the lock held: draw the problems of every round up to ``buffer_rounds``
+        past those the learner took, in the learner's thread (so draws interleave with the
+        scheduler's updates the same way in every run)."""
+        while self._drawn < self._taken + self.buffer_rounds:
+            self._plans.append(self.mixture.next_problems(self.prompts))
+            self._drawn += 1
+
+    def _hold(self, version: int) -> Optional[dict]:
+        """With the lock held: make ``version`` the rollout worker's, forgetting older published
+        weights (no later round starts before it); its weights, or None when it holds them."""
+        newer = [v for v in self._published if v >= version]  # (after a checkpoint of before: the newest)
+        if not newer or (self._loaded and version == self._worker_version):
+            return None  # (nothing published: the worker samples with the weights it was built with)
+        version = min(newer)
+        weights = self._published[version]
+        for old in [v for v in self._published if v < version]:
+            del self._published[old]
+        self._worker_version, self._loaded = version, True
+        self._last_weights = (weights, version)
+        self.counters.weight_syncs += 1
+        return weights
+
+    def _start_weights(self, index: int) -> tuple[float, int]:
+        """Async: load the weights round ``index`` starts with, the learner's when it asked for
+        the round ``buffer_rounds`` before (or newer ones the worker already holds); return the
+        seconds it took and their version."""
         with self._cond:
-            pending, self._pending = self._pending, None
-            if pending is not None:
-                self.counters.weight_syncs += 1
-        return pending
+            version = max(self._asked[index - self.buffer_rounds], self._worker_version)
+            weights = self._hold(version)
+            self._round, self._asks = index, 0
+        return (0.0 if weights is None else self.rollout.set_weights(weights, version)), version
+
+    def _swap(self) -> Optional[tuple[dict, int]]:
+        """Partial rollouts: asked by the sampler after each decoding step of the round. After
+        ``partial_chunk`` steps it waits for the learner to publish the step that took round
+        ``index - buffer_rounds`` or to ask for the next round, whichever the learner does
+        first, and returns the weights published in between, if any (None otherwise, and at
+        every other step)."""
+        with self._cond:
+            self._asks += 1
+            if self._asks != self.partial_chunk:
+                return None
+            base, after = self._round - self.buffer_rounds, self._round - self.buffer_rounds + 1
+            self._cond.wait_for(lambda: self._stop or after in self._asked
+                                or self.learner_version > self._asked[base])
+            version = self._asked.get(after, self.learner_version)  # one publish at most between two asks
+            if self._stop or version <= self._worker_version:
+                return None
+            weights = self._hold(version)
+        faults.point("swap")
+        return weights, version
 
     def _make_round(self) -> Round:
         faults.point("round")
-        sync_s = 0.0
-        pending = self._take_pending()
-        if pending is not None:
-            sync_s = self.rollout.set_weights(*pending)
+        index = self.counters.rounds
+        sync_s, version = self._start_weights(index) if self.mode == "async" else (0.0, None)
         self._probe_paused()
         with self._cond:
             problems, self._outage_problems = self._outage_problems, None
             if problems is None:
-                problems = self.mixture.next_problems(self.prompts)
-        version = pending[1] if pending is not None else None
-        groups, record, generate_s, reward_s = self._sample_and_score(problems)
-        with self._cond:
-            self.mixture.observe(groups)
-            self.mixture.observe_sampling(generate_s)
+                problems = self._plans.popleft() if self.mode == "async" else self.mixture.next_problems(self.prompts)
+        tally: dict = {"sampled": {}, "dropped": {}, "outage_rounds": 0}
+        groups, record, generate_s, reward_s = self._sample_and_score(problems, tally)
         if version is None:
             version = groups[0].rollouts[0].policy_version if groups and groups[0].rollouts else self.learner_version
-        count = sum(len(g.rollouts) for g in groups)
+        tally["rollouts"] = sum(len(g.rollouts) for g in groups)
         self.counters.rounds += 1
-        self.counters.rollouts_sampled += count
-        return Round(groups, record, version, generate_s, reward_s, sync_s, sampler=self.rollout.sampler_record())
+        return Round(groups, record, version, generate_s, reward_s, sync_s, sampler=self.rollout.sampler_record(),
+                     tally=tally)
 
-    def _sample_and_score(self, problems: list[Problem]) -> tuple[list[Group], dict[str, float], float, float]:
+    def _count(self, made: Round) -> bool:
+        """Add a round's tally to the counters, once; False when it was added before."""
+        tally, made.tally = made.tally, None
+        if tally is None:
+            return False
+        with self._cond:
+            self.counters.rollouts_sampled += tally["rollouts"]
+            self.counters.outage_rounds += tally["outage_rounds"]
+            for name, count in tally["sampled"].items():
+                counts = self.counters.domain(name)
+                counts.sampled += count
+                counts.dropped += tally["dropped"][name]
+        return True
+
+    def _sample_and_score(self, problems: list[Problem], tally: dict
+                          ) -> tuple[list[Group], dict[str, float], float, float]:
         """Scored groups of ``problems``, their reward record and the seconds spent sampling and
-        scoring; an outage round is waited out and sampled again (see the module docstring)."""
+        scoring; an outage round is waited out and sampled again (see the module docstring).
+        What it sampled and dropped is counted in ``tally``."""
         generate_s = reward_s = 0.0
         outages = 0
         while True:
@@ -377,7 +440,7 @@ class Pipeline:
             t1 = time.perf_counter()
             groups, record = self.reward.score(groups)
             generate_s, reward_s = generate_s + t1 - t0, reward_s + time.perf_counter() - t1
-            failing = self._count_scored(sampled, groups)
+            failing = self._count_scored(sampled, groups, tally)
             if groups or not record.get("reward/dropped"):
                 self._pause(failing, sampled)
                 return groups, record, generate_s, reward_s
@@ -391,27 +454,25 @@ class Pipeline:
                 with self._cond:
                     self._outage_problems = problems
                 raise GraderOutage(reward, error, outages)
-            self.counters.outage_rounds += 1
+            tally["outage_rounds"] += 1
             wait = min(self.outage_backoff_s * 2 ** (outages - 1), MAX_OUTAGE_WAIT_S)
             LOG.warning("reward outage: %s dropped every rollout of the round (%s); sampling it again in %.1f s "
                         "(%d of at most %d in a row)", reward, error, wait, outages, self.max_outage_rounds)
             time.sleep(wait)
 
     # -- partial outages (see the module docstring) ----------------------------------------
-    def _count_scored(self, sampled: list[Group], scored: list[Group]) -> list[str]:
-        """Count a round's sampled and grader-dropped rollouts per task; return the tasks (in
-        order of first draw) of which no rollout was scored."""
+    def _count_scored(self, sampled: list[Group], scored: list[Group], tally: dict) -> list[str]:
+        """Count a round's sampled and grader-dropped rollouts per task in ``tally``; return the
+        tasks (in order of first draw) of which no rollout was scored."""
         kept: dict[str, int] = {}
         for group in scored:
             kept[group.problem.task] = kept.get(group.problem.task, 0) + len(group.rollouts)
         drawn: dict[str, int] = {}
         for group in sampled:
             drawn[group.problem.task] = drawn.get(group.problem.task, 0) + len(group.rollouts)
-        with self._cond:
-            for name, count in drawn.items():
-                counts = self.counters.domain(name)
-                counts.sampled += count
-                counts.dropped += count - kept.get(name, 0)
+        for name, count in drawn.items():
+            tally["sampled"][name] = tally["sampled"].get(name, 0) + count
+            tally["dropped"][name] = tally["dropped"].get(name, 0) + count - kept.get(name, 0)
         return [name for name, count in drawn.items() if count and not kept.get(name)]
 
     def _pause(self, failing: list[str], sampled: list[Group]) -> bool:
@@ -475,7 +536,7 @@ class Pipeline:
         buffered."""
         with self._cond:
             buffered: dict[str, int] = {}
-            for made in self._buffer:
+            for made in (r for r in self._buffer if r.tally is None):  # counted as sampled
                 for group in made.groups:
                     buffered[group.problem.task] = buffered.get(group.problem.task, 0) + len(group.rollouts)
             return {name: {"sampled": c.sampled, "trained": c.trained, "dropped": c.dropped,
@@ -490,8 +551,9 @@ class Pipeline:
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stop or (not self._paused
-                                                                and len(self._buffer) < self.buffer_rounds))
+                    self._cond.wait_for(lambda: self._stop or (
+                        not self._paused and len(self._buffer) < self.buffer_rounds
+                        and bool(self._plans or self._outage_problems)))
                     if self._stop:
                         return
                     self._busy = True
@@ -513,6 +575,8 @@ class Pipeline:
 
     def start(self) -> None:
         if self.mode == "async" and self._thread is None:
+            with self._cond:
+                self._plan()
             self._thread = threading.Thread(target=self._feed, name="feeder", daemon=True)
             self._thread.start()
 
@@ -527,13 +591,23 @@ class Pipeline:
                 made = self._buffer.popleft() if self._buffer else self._make_round()
             else:
                 with self._cond:
+                    self._asked[self._taken] = self.learner_version
+                    self._cond.notify_all()  # a sampler waiting to swap weights may wait for this ask
                     self._cond.wait_for(lambda: self._buffer or self._error is not None)
                     if isinstance(self._error, (GraderOutage, ServerError)):  # the user's to act on, as it is
                         raise self._error
                     if self._error is not None:
                         raise RuntimeError("the sampling thread failed") from self._error
                     made = self._buffer.popleft()
+                    self._taken += 1
+                    for old in [t for t in self._asked if t < self._taken - 2 * self.buffer_rounds]:
+                        del self._asked[old]
+                    self._plan()
                     self._cond.notify_all()
+            if self._count(made):  # the scheduler learns of a round when the learner takes it
+                with self._cond:
+                    self.mixture.observe(made.groups)
+                    self.mixture.observe_sampling(made.generate_s)
             kept, stale = fresh_groups(made.groups, self.learner_version, self.max_staleness)
             with self._cond:
                 self.counters.dropped_stale += sum(stale.values())
@@ -552,18 +626,20 @@ class Pipeline:
         """New learner weights: the rollout worker gets them now (sync) or before its next round
         (async). Returns the seconds spent here."""
         start = time.perf_counter()
-        self.learner_version = version
         if self.shares_policy:
+            self.learner_version = version
             self.rollout.set_weights({}, version)  # same tensors: only the version moves
             return time.perf_counter() - start
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self._last_weights = (weights, version)
         if self.mode == "sync":
+            self.learner_version, self._last_weights = version, (weights, version)
             self.rollout.set_weights(weights, version)
             self.counters.weight_syncs += 1
         else:
             with self._cond:
-                self._pending = (weights, version)
+                self.learner_version = version
+                self._published[version] = weights
+                self._cond.notify_all()
         return time.perf_counter() - start
 
     @property
@@ -593,9 +669,15 @@ class Pipeline:
 
     def state_dict(self) -> dict:
         """Call with the feeder paused (async)."""
+        floor = max(self._worker_version, self._asked.get(self.counters.rounds - self.buffer_rounds,
+                                                          self.learner_version))
         return {"buffer": [copy.copy(r) for r in self._buffer], "rollout": self.rollout.state_dict(),
                 "reward": self.reward.state_dict(), "counters": copy.deepcopy(self.counters),
-                "outage_problems": self._outage_problems, "held": dict(self._held)}
+                "outage_problems": self._outage_problems, "held": dict(self._held),
+                "plans": list(self._plans), "drawn": self._drawn, "taken": self._taken, "asked": dict(self._asked),
+                "worker_version": self._worker_version,
+                # the learner's own weights are published again when the run resumes
+                "published": {v: w for v, w in self._published.items() if floor <= v < self.learner_version}}
 
     def load_state_dict(self, state: dict) -> None:
         self._buffer = deque(state["buffer"])
@@ -606,6 +688,17 @@ class Pipeline:
         vars(self.counters).setdefault("domains", {})  # a checkpoint written before per-task counts
         vars(self.counters).setdefault("dropped_stale_tokens", 0)  # or before stale tokens were counted
         self._held = dict(state.get("held", {}))
+        self._loaded = False
+        if "plans" in state:
+            self._plans, self._asked = deque(state["plans"]), dict(state["asked"])
+            self._drawn, self._taken = state["drawn"], state["taken"]
+            self._published.update(state["published"])
+            self._worker_version = state["worker_version"]
+        else:  # a checkpoint of before repeatable async runs: the next rounds take the learner's weights
+            self._drawn = self.counters.rounds
+            self._taken = self._drawn - len(self._buffer)
+            self._asked = {t: -1 for t in range(self._taken - 2 * self.buffer_rounds, self._taken)}
+            self._worker_version = -1
 
     def close(self) -> None:
         """Stop the feeder, then both workers: the reward worker (and the sandbox pool or model
@@ -615,6 +708,8 @@ class Pipeline:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        for made in self._buffer:  # left in the buffer: sampled, never taken
+            self._count(made)
         try:
             self.rollout.close()
         finally:

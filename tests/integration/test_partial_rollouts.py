@@ -1,7 +1,8 @@
 """Partial rollouts: new weights taking over in the middle of a generation, on the miniature model.
 
-A weight update is forced at a fixed decoding step (the sampler asks for updates between
-steps; here the pipeline's publish happens on the third ask). The tokens drawn before it
+A round takes new weights at a fixed decoding step (the pipeline's ``partial_chunk``: the
+sampler asks for updates between steps, and at that step the pipeline waits for the learner's
+next version). The tokens drawn before it
 must carry the old version and the old policy's log-probs, those after it the new version and
 the new policy's log-probs given their whole prefix (what the learner computes), and the
 learner's correction must weigh each token by its own log-prob: against the new weights, the
@@ -32,7 +33,7 @@ from tempering.types import Group, Problem
 
 PROMPTS = ["7+8\n", "47+38\n", "123+456\n"]
 SWITCH_STEP = 3
-"""The decoding step from which the new weights draw (the update comes on the third ask)."""
+"""The decoding step from which the new weights draw (the pipeline's ``partial_chunk``)."""
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=10, ignore_eos=True)
 
 
@@ -75,23 +76,21 @@ def _new_policy(model):
 
 
 def _partial_round(tiny_policy, fast: bool) -> tuple[list[Group], Pipeline, torch.nn.Module]:
-    """One async round with partial rollouts in which the learner publishes version 1 while the
-    sampler is at decoding step ``SWITCH_STEP - 1``; the round's groups, the pipeline and the new model."""
+    """The second round of an async run with partial rollouts, in which new weights take over
+    after ``SWITCH_STEP`` decoding steps: the learner takes the first round (version 0) and
+    publishes version 1, which the second round waits for after its chunk of ``SWITCH_STEP``
+    tokens. Returns the round's groups, the pipeline and the new model."""
     model, tokenizer = tiny_policy
     new = _new_policy(model)
     generator = HFGenerator(copy.deepcopy(model), tokenizer, fast=fast)
     worker = RolloutWorker(generator, PARAMS, group_size=4, seed=3)
-    pipeline = Pipeline(Problems(), worker, RewardWorker(Unscored()), prompts=3, mode="async", partial_rollouts=True)
-    follow, asks = generator.updates, []
-
-    def publish_on_third_ask():
-        asks.append(len(asks))
-        if len(asks) == SWITCH_STEP:
-            pipeline.publish(new, 1)
-        return follow()
-
-    generator.updates = publish_on_third_ask
+    pipeline = Pipeline(Problems(), worker, RewardWorker(Unscored()), prompts=3, mode="async", partial_rollouts=True,
+                        partial_chunk=SWITCH_STEP)
+    pipeline.publish(model, 0)
     pipeline.start()
+    first = pipeline.next_round()
+    assert all(r.token_versions == [0] * 10 for g in first.groups for r in g.rollouts), "nothing to swap to yet"
+    pipeline.publish(new, 1)
     made = pipeline.next_round()
     pipeline.close()
     return made.groups, pipeline, new
@@ -109,7 +108,7 @@ def test_tokens_after_an_update_carry_the_new_version_and_the_new_policys_logpro
     model, tokenizer = tiny_policy
     groups, pipeline, new = _partial_round(tiny_policy, fast)
     rollouts = [r for g in groups for r in g.rollouts]
-    assert pipeline.counters.weight_syncs == 1
+    assert pipeline.counters.weight_syncs == 2, "version 0 at the start, version 1 in the second round"
     assert all(r.policy_version == 0 for r in rollouts), "a rollout's version is its oldest token's"
     assert all(r.token_versions == [0] * SWITCH_STEP + [1] * (10 - SWITCH_STEP) for r in rollouts)
 

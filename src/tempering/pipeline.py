@@ -13,22 +13,24 @@ They are plain classes; a *handle* places one, in this process (the worker itsel
 Ray actor, typed by ``tempering.placement``'s protocols.
 
 :class:`Pipeline` turns them into *rounds*: ``prompts`` problems drawn from the scheduler,
-sampled, scored and observed by the scheduler (the groups, and the seconds sampling them took,
-for its cost model); the learner asks for them one at a time
-(``next_round``), each with what it cost. In ``sync`` mode a round is made when the
-learner asks for it, with the learner's current weights (staleness 0). In ``async`` mode a
-feeder thread keeps up to ``buffer_rounds`` rounds ready while the learner trains; new
+sampled and scored; the learner asks for them one at a time (``next_round``), each with what
+it cost, and as it takes one the scheduler observes it (the groups, and the seconds sampling
+them took, for its cost model) and the counters count it. In ``sync`` mode a round is made
+when the learner asks for it, with the learner's current weights (staleness 0). In ``async``
+mode a feeder thread keeps up to ``buffer_rounds`` rounds ready while the learner trains; new
 weights reach the rollout worker between rounds, so a round can be older than the learner
-by a few versions. Staleness is decided per rollout, not per round: every rollout carries
+by a few versions. Which weights and problems each round gets is decided by the learner's
+steps, not by when the feeder gets to them (``tempering.versions``' :class:`Timeline`), so an
+async run repeats itself and resumes bit for bit like a synchronous one. Staleness is decided per rollout, not per round: every rollout carries
 the version that sampled it, and when the learner takes a round, each rollout more than
 ``max_staleness`` versions behind it is dropped and counted (``dropped_stale``), the others
 trained, the stale among them with the learner's off-policy correction (which weighs each
-row by its own sampler's log-probs; see :func:`fresh_groups` for a group only partly too
-stale, and :func:`staleness_record` for what each step logs).
+row by its own sampler's log-probs; see ``tempering.versions``' ``fresh_groups`` for a
+group only partly too stale, and ``staleness_record`` for what each step logs).
 
 With ``partial_rollouts`` (async, the built-in sampler in this process) new weights do not
-wait for the round to end: the sampler takes them between two decoding steps
-(:meth:`RolloutWorker.follow`), recomputes the cache of what it has drawn so far with them
+wait for the round to end: the sampler takes them between two decoding steps, once per round
+after ``partial_chunk`` of them (:meth:`RolloutWorker.follow`), recomputes the cache of what it has drawn so far with them
 (``tempering.rollout.hf``) and goes on. A rollout then holds tokens of several versions, each
 with its own version (``Rollout.versions``) and its own log-prob under the weights that drew
 it, which is what the learner's correction divides by, token by token. Its
@@ -37,8 +39,7 @@ it, which is what the learner's correction divides by, token by token. Its
 rollout is never kept with a token more than ``max_staleness`` versions behind, whatever its
 newer tokens. What partial rollouts change is how fresh the tokens are
 (``staleness/token_mean``) and that no update waits for a long round to end; they do not make
-a round of old tokens fresh. Async runs are not bitwise reproducible with or without them
-(where new weights land depends on when the learner publishes them).
+a round of old tokens fresh.
 
 A round whose every rollout the rewards dropped (a grader that is down: a sandbox service,
 a remote reward model) is an *outage*: counted (``outage_rounds``), and after a wait of
@@ -71,7 +72,9 @@ dynamic sampling, the token cap; :meth:`Pipeline.settle`) or still buffered, so 
 State: ``state_dict`` holds the buffered rounds (sampled and scored, not yet trained on),
 the problems of a round an outage stopped, the rollouts held to probe paused tasks, the
 rollout worker's RNG, the reward normalizer and the counters; in async mode it is
-taken with the feeder paused between rounds, so nothing is in flight.
+taken with the feeder paused between rounds, so nothing is in flight, and holds the
+:class:`Timeline` (problems drawn for rounds not yet made, the learner's asks, weights a
+later round may still start from).
 
 Several workers of a kind share a round through a worker pool (``tempering.placement``).
 An OpenAI-compatible inference server is a generator (``tempering.rollout.remote``)
@@ -92,6 +95,7 @@ import torch
 
 from tempering import faults
 from tempering.rollout.base import Generator, SamplingParams, ServerError
+from tempering.versions import Timeline, fresh_groups, tokens
 from tempering.types import Group, Problem, Round
 
 if TYPE_CHECKING:  # placement reads the config, which the pipeline does not
@@ -113,67 +117,6 @@ class GraderOutage(RuntimeError):
     def __str__(self) -> str:
         return (f"reward {self.reward!r} dropped every rollout of {self.rounds} sampling rounds in a row; "
                 f"its last error: {self.error}")
-
-
-def fresh_groups(groups: list[Group], learner_version: int,
-                 max_staleness: int) -> tuple[list[Group], dict[str, int]]:
-    """The groups with only their rollouts at most ``max_staleness`` versions behind
-    ``learner_version``, and per task how many rollouts were dropped as too stale.
-
-    Staleness belongs to each rollout (the version that sampled it), not to the round that
-    brought it. A group keeps its fresh rollouts when some are too stale: its advantages are
-    then computed among those alone, so a reward earned by a policy further back than
-    ``max_staleness`` never enters the baseline of the rollouts trained on (the group is
-    smaller, its baseline noisier, but unbiased for the kept ones, as after a grader's drop).
-    A group is dropped whole only when every rollout of it is too stale. Groups, and the
-    rollouts within them, keep their order.
-
-    >>> from tempering.types import Problem, Rollout
-    >>> p = Problem(task="t", id="0", prompt="", answer="")
-    >>> group = Group(p, [Rollout(p, [], [], [], "", "stop", v) for v in (3, 1, 2)])
-    >>> kept, stale = fresh_groups([group], learner_version=3, max_staleness=1)
-    >>> [r.policy_version for r in kept[0].rollouts], stale
-    ([3, 2], {'t': 1})
-    """
-    kept: list[Group] = []
-    stale: dict[str, int] = {}
-    for group in groups:
-        fresh = [r for r in group.rollouts if learner_version - r.policy_version <= max_staleness]
-        if len(fresh) < len(group.rollouts):
-            task = group.problem.task
-            stale[task] = stale.get(task, 0) + len(group.rollouts) - len(fresh)
-        if fresh or not group.rollouts:
-            kept.append(group if len(fresh) == len(group.rollouts) else Group(group.problem, fresh))
-    return kept, stale
-
-
-def _tokens(groups: list[Group]) -> int:
-    return sum(len(r.completion_ids) for g in groups for r in g.rollouts)
-
-
-def staleness_record(groups: list[Group], learner_version: int, max_staleness: int) -> dict[str, float]:
-    """How far behind the learner the rollouts of a step's batch were sampled:
-    ``staleness/mean``, ``staleness/max`` and ``staleness/hist/<k>``, the rollouts exactly
-    ``k`` versions behind (each by its oldest token, its ``policy_version``), for every k from
-    0 to ``max_staleness`` (zeros included, so each is a series over the run); and
-    ``staleness/token_mean``, the same mean over completion tokens, each by its own version
-    (below the rollouts' mean only with partial rollouts, and by how much they freshen).
-
-    >>> from tempering.types import Problem, Rollout
-    >>> p = Problem(task="t", id="0", prompt="", answer="")
-    >>> record = staleness_record([Group(p, [Rollout(p, [], [], [], "", "stop", v) for v in (4, 3, 4)])], 4, 1)
-    >>> record["staleness/max"], record["staleness/hist/0"], record["staleness/hist/1"]
-    (1, 2, 1)
-    """
-    behind = [learner_version - r.policy_version for g in groups for r in g.rollouts]
-    tokens = [learner_version - v for g in groups for r in g.rollouts for v in r.token_versions]
-    record: dict[str, float] = {f"staleness/hist/{k}": 0 for k in range(max_staleness + 1)}
-    for k in behind:
-        record[f"staleness/hist/{k}"] = record.get(f"staleness/hist/{k}", 0) + 1
-    record["staleness/mean"] = sum(behind) / len(behind) if behind else 0.0
-    record["staleness/max"] = max(behind, default=0)
-    record["staleness/token_mean"] = sum(tokens) / len(tokens) if tokens else 0.0
-    return record
 
 
 class RolloutWorker:
@@ -314,14 +257,7 @@ class Pipeline:
         self.counters = Counters()
         self.learner_version = 0
         self._buffer: deque[Round] = deque()
-        self.partial_chunk = partial_chunk
-        # async (see "Repeatable asynchronous runs" in the module docstring)
-        self._plans: deque[list[Problem]] = deque()  # problems drawn for rounds not yet started
-        self._drawn = self._taken = 0  # rounds whose problems were drawn; rounds the learner took
-        self._asked = {t: 0 for t in range(-buffer_rounds, 0)}  # round -> learner version when it asked for it
-        self._published: dict[int, dict] = {}  # version -> weights the sampler may still take
-        self._worker_version, self._loaded = 0, False  # what the rollout worker holds; False: unknown
-        self._round, self._asks = 0, 0  # the round being sampled, the decoding steps it asked about
+        self._timeline = Timeline(buffer_rounds, partial_chunk)  # async: what each round gets
         self._cond = threading.Condition()
         self._paused = False
         self._busy = False
@@ -341,58 +277,33 @@ class Pipeline:
         handle.reseed(handle.restarts)
 
     # -- making rounds -------------------------------------------------------------------
-    def _plan(self) -> None:
-        """Async, with the lock held: draw the problems of every round up to ``buffer_rounds``
-        past those the learner took, in the learner's thread (so draws interleave with the
-        scheduler's updates the same way in every run)."""
-        while self._drawn < self._taken + self.buffer_rounds:
-            self._plans.append(self.mixture.next_problems(self.prompts))
-            self._drawn += 1
-
-    def _hold(self, version: int) -> Optional[dict]:
-        """With the lock held: make ``version`` the rollout worker's, forgetting older published
-        weights (no later round starts before it); its weights, or None when it holds them."""
-        newer = [v for v in self._published if v >= version]  # (after a checkpoint of before: the newest)
-        if not newer or (self._loaded and version == self._worker_version):
-            return None  # (nothing published: the worker samples with the weights it was built with)
-        version = min(newer)
-        weights = self._published[version]
-        for old in [v for v in self._published if v < version]:
-            del self._published[old]
-        self._worker_version, self._loaded = version, True
-        self._last_weights = (weights, version)
-        self.counters.weight_syncs += 1
-        return weights
+    def _loading(self, taken: Optional[tuple[dict, int]]) -> Optional[tuple[dict, int]]:
+        """With the lock held: weights the rollout worker is about to load, counted as a sync."""
+        if taken is not None:
+            self._last_weights = taken
+            self.counters.weight_syncs += 1
+        return taken
 
     def _start_weights(self, index: int) -> tuple[float, int]:
-        """Async: load the weights round ``index`` starts with, the learner's when it asked for
-        the round ``buffer_rounds`` before (or newer ones the worker already holds); return the
-        seconds it took and their version."""
+        """Async: load the weights round ``index`` starts with (``tempering.versions``); return
+        the seconds it took and their version."""
         with self._cond:
-            version = max(self._asked[index - self.buffer_rounds], self._worker_version)
-            weights = self._hold(version)
-            self._round, self._asks = index, 0
-        return (0.0 if weights is None else self.rollout.set_weights(weights, version)), version
+            taken, version = self._timeline.start(index)
+            self._loading(taken)
+        return (0.0 if taken is None else self.rollout.set_weights(*taken)), version
 
     def _swap(self) -> Optional[tuple[dict, int]]:
-        """Partial rollouts: asked by the sampler after each decoding step of the round. After
-        ``partial_chunk`` steps it waits for the learner to publish the step that took round
-        ``index - buffer_rounds`` or to ask for the next round, whichever the learner does
-        first, and returns the weights published in between, if any (None otherwise, and at
-        every other step)."""
+        """Partial rollouts: asked by the sampler after each decoding step; at the end of the
+        round's chunk, waits for the learner to decide and returns the weights to take there
+        (``tempering.versions``), else None."""
         with self._cond:
-            self._asks += 1
-            if self._asks != self.partial_chunk:
+            if not self._timeline.at_chunk_end():
                 return None
-            base, after = self._round - self.buffer_rounds, self._round - self.buffer_rounds + 1
-            self._cond.wait_for(lambda: self._stop or after in self._asked
-                                or self.learner_version > self._asked[base])
-            version = self._asked.get(after, self.learner_version)  # one publish at most between two asks
-            if self._stop or version <= self._worker_version:
-                return None
-            weights = self._hold(version)
-        faults.point("swap")
-        return weights, version
+            self._cond.wait_for(lambda: self._stop or self._timeline.decided(self.learner_version))
+            taken = None if self._stop else self._loading(self._timeline.swap(self.learner_version))
+        if taken is not None:
+            faults.point("swap")
+        return taken
 
     def _make_round(self) -> Round:
         faults.point("round")
@@ -402,7 +313,8 @@ class Pipeline:
         with self._cond:
             problems, self._outage_problems = self._outage_problems, None
             if problems is None:
-                problems = self._plans.popleft() if self.mode == "async" else self.mixture.next_problems(self.prompts)
+                problems = (self._timeline.plans.popleft() if self.mode == "async"
+                            else self.mixture.next_problems(self.prompts))
         tally: dict = {"sampled": {}, "dropped": {}, "outage_rounds": 0}
         groups, record, generate_s, reward_s = self._sample_and_score(problems, tally)
         if version is None:
@@ -553,7 +465,7 @@ class Pipeline:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stop or (
                         not self._paused and len(self._buffer) < self.buffer_rounds
-                        and bool(self._plans or self._outage_problems)))
+                        and bool(self._timeline.plans or self._outage_problems)))
                     if self._stop:
                         return
                     self._busy = True
@@ -576,14 +488,14 @@ class Pipeline:
     def start(self) -> None:
         if self.mode == "async" and self._thread is None:
             with self._cond:
-                self._plan()
+                self._timeline.plan(lambda: self.mixture.next_problems(self.prompts))
             self._thread = threading.Thread(target=self._feed, name="feeder", daemon=True)
             self._thread.start()
 
     def next_round(self) -> Round:
         """The next round with a rollout fresh enough to train on: made now (sync) or taken from
         the buffer (async). Each rollout's staleness is decided on its own
-        (:func:`fresh_groups`): those more than ``max_staleness`` versions behind the learner
+        (``fresh_groups``): those more than ``max_staleness`` versions behind the learner
         are dropped and counted, a round left with none is skipped; the one returned carries
         the largest ``staleness`` of the rollouts it keeps."""
         while True:
@@ -591,7 +503,7 @@ class Pipeline:
                 made = self._buffer.popleft() if self._buffer else self._make_round()
             else:
                 with self._cond:
-                    self._asked[self._taken] = self.learner_version
+                    self._timeline.ask(self.learner_version)
                     self._cond.notify_all()  # a sampler waiting to swap weights may wait for this ask
                     self._cond.wait_for(lambda: self._buffer or self._error is not None)
                     if isinstance(self._error, (GraderOutage, ServerError)):  # the user's to act on, as it is
@@ -599,10 +511,8 @@ class Pipeline:
                     if self._error is not None:
                         raise RuntimeError("the sampling thread failed") from self._error
                     made = self._buffer.popleft()
-                    self._taken += 1
-                    for old in [t for t in self._asked if t < self._taken - 2 * self.buffer_rounds]:
-                        del self._asked[old]
-                    self._plan()
+                    self._timeline.took()
+                    self._timeline.plan(lambda: self.mixture.next_problems(self.prompts))
                     self._cond.notify_all()
             if self._count(made):  # the scheduler learns of a round when the learner takes it
                 with self._cond:
@@ -611,7 +521,7 @@ class Pipeline:
             kept, stale = fresh_groups(made.groups, self.learner_version, self.max_staleness)
             with self._cond:
                 self.counters.dropped_stale += sum(stale.values())
-                self.counters.dropped_stale_tokens += _tokens(made.groups) - _tokens(kept)
+                self.counters.dropped_stale_tokens += tokens(made.groups) - tokens(kept)
                 for task, count in stale.items():
                     self.counters.domain(task).dropped += count
             if stale and not kept:
@@ -638,7 +548,7 @@ class Pipeline:
         else:
             with self._cond:
                 self.learner_version = version
-                self._published[version] = weights
+                self._timeline.published[version] = weights
                 self._cond.notify_all()
         return time.perf_counter() - start
 
@@ -669,15 +579,10 @@ class Pipeline:
 
     def state_dict(self) -> dict:
         """Call with the feeder paused (async)."""
-        floor = max(self._worker_version, self._asked.get(self.counters.rounds - self.buffer_rounds,
-                                                          self.learner_version))
         return {"buffer": [copy.copy(r) for r in self._buffer], "rollout": self.rollout.state_dict(),
                 "reward": self.reward.state_dict(), "counters": copy.deepcopy(self.counters),
                 "outage_problems": self._outage_problems, "held": dict(self._held),
-                "plans": list(self._plans), "drawn": self._drawn, "taken": self._taken, "asked": dict(self._asked),
-                "worker_version": self._worker_version,
-                # the learner's own weights are published again when the run resumes
-                "published": {v: w for v, w in self._published.items() if floor <= v < self.learner_version}}
+                "timeline": self._timeline.state_dict(self.counters.rounds, self.learner_version)}
 
     def load_state_dict(self, state: dict) -> None:
         self._buffer = deque(state["buffer"])
@@ -688,17 +593,7 @@ class Pipeline:
         vars(self.counters).setdefault("domains", {})  # a checkpoint written before per-task counts
         vars(self.counters).setdefault("dropped_stale_tokens", 0)  # or before stale tokens were counted
         self._held = dict(state.get("held", {}))
-        self._loaded = False
-        if "plans" in state:
-            self._plans, self._asked = deque(state["plans"]), dict(state["asked"])
-            self._drawn, self._taken = state["drawn"], state["taken"]
-            self._published.update(state["published"])
-            self._worker_version = state["worker_version"]
-        else:  # a checkpoint of before repeatable async runs: the next rounds take the learner's weights
-            self._drawn = self.counters.rounds
-            self._taken = self._drawn - len(self._buffer)
-            self._asked = {t: -1 for t in range(self._taken - 2 * self.buffer_rounds, self._taken)}
-            self._worker_version = -1
+        self._timeline.load_state_dict(state.get("timeline"), self.counters.rounds, len(self._buffer))
 
     def close(self) -> None:
         """Stop the feeder, then both workers: the reward worker (and the sandbox pool or model

@@ -26,7 +26,8 @@ from tempering.build import check_partial_rollouts
 from tempering.config import ConfigError, TrainConfig
 from tempering.learner.forward import token_logprobs
 from tempering.learner.step import collate
-from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker, staleness_record
+from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
+from tempering.versions import staleness_record
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.types import Group, Problem

@@ -136,17 +136,20 @@ class RolloutWorker:
         faults.point("sample")
         return self.generator.generate(problems, self.group_size, self.sampling, self.version, self.rng)
 
-    def follow(self, take: Callable[[], Optional[tuple[dict, int]]]) -> None:
-        """Take new weights from ``take`` (``(weights, version)``, or None when none wait)
-        between the generator's decoding steps too, not only between rounds (partial rollouts;
-        the generator must ask ``updates``, as the built-in sampler does)."""
-        def update() -> Optional[int]:
-            pending = take()
+    def follow(self, take: Callable[[int], Optional[tuple[dict, int]]], chunk: int) -> None:
+        """Take new weights from ``take`` (told the decoding steps done since it was last
+        asked; ``(weights, version)``, or None when none are due) between the generator's
+        decoding steps too, not only between rounds (partial rollouts; the generator must ask
+        ``updates``: the built-in sampler after every step, a request sampler after its first
+        ``chunk`` tokens)."""
+        def update(steps: int = 1) -> Optional[int]:
+            pending = take(steps)
             if pending is None:
                 return None
             self.set_weights(*pending)
             return pending[1]
         self.generator.updates = update
+        self.generator.partial_chunk = chunk
 
     def sampler_record(self) -> dict[str, float]:
         """What the generator reports about its engines (the servers' state, versions and
@@ -268,7 +271,7 @@ class Pipeline:
         if hasattr(rollout, "on_restart"):
             rollout.on_restart = self._refresh_rollout
         if partial_rollouts and mode == "async":
-            rollout.follow(self._swap)
+            rollout.follow(self._swap, partial_chunk)
 
     def _refresh_rollout(self, handle: RolloutHandle) -> None:
         """A restarted rollout worker: the newest weights, and a random stream of its own."""
@@ -292,12 +295,12 @@ class Pipeline:
             self._loading(taken)
         return (0.0 if taken is None else self.rollout.set_weights(*taken)), version
 
-    def _swap(self) -> Optional[tuple[dict, int]]:
-        """Partial rollouts: asked by the sampler after each decoding step; at the end of the
-        round's chunk, waits for the learner to decide and returns the weights to take there
-        (``tempering.versions``), else None."""
+    def _swap(self, steps: int) -> Optional[tuple[dict, int]]:
+        """Partial rollouts: asked by the sampler after ``steps`` more decoding steps; at the
+        end of the round's chunk, waits for the learner to decide and returns the weights to
+        take there (``tempering.versions``), else None."""
         with self._cond:
-            if not self._timeline.at_chunk_end():
+            if not self._timeline.at_chunk_end(steps):
                 return None
             self._cond.wait_for(lambda: self._stop or self._timeline.decided(self.learner_version))
             taken = None if self._stop else self._loading(self._timeline.swap(self.learner_version))

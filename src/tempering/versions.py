@@ -167,10 +167,11 @@ class Timeline:
         self.round, self.steps = index, 0
         return self.hold(version), version
 
-    def at_chunk_end(self) -> bool:
-        """The sampler finished a decoding step: whether it is the one new weights may follow."""
-        self.steps += 1
-        return self.steps == self.chunk
+    def at_chunk_end(self, steps: int) -> bool:
+        """The sampler finished ``steps`` more decoding steps: whether they end the chunk new
+        weights may follow."""
+        self.steps += steps
+        return self.steps - steps < self.chunk <= self.steps
 
     def decided(self, learner_version: int) -> bool:
         """Whether the learner has published after taking round ``round - buffer_rounds``, or

@@ -21,17 +21,20 @@ mode a feeder thread keeps up to ``buffer_rounds`` rounds ready while the learne
 weights reach the rollout worker between rounds, so a round can be older than the learner
 by a few versions. Which weights and problems each round gets is decided by the learner's
 steps, not by when the feeder gets to them (``tempering.versions``' :class:`Timeline`), so an
-async run repeats itself and resumes bit for bit like a synchronous one. Staleness is decided per rollout, not per round: every rollout carries
-the version that sampled it, and when the learner takes a round, each rollout more than
-``max_staleness`` versions behind it is dropped and counted (``dropped_stale``), the others
-trained, the stale among them with the learner's off-policy correction (which weighs each
-row by its own sampler's log-probs; see ``tempering.versions``' ``fresh_groups`` for a
-group only partly too stale, and ``staleness_record`` for what each step logs).
+async run repeats itself and resumes bit for bit like a synchronous one. Staleness is
+decided per rollout, not per round: every rollout carries the version that sampled it, and
+when the learner takes a round, each rollout more than ``max_staleness`` versions behind it
+is dropped and counted (``dropped_stale``), the others trained, the stale among them with
+the learner's off-policy correction (which weighs each row by its own sampler's log-probs;
+see ``tempering.versions``' ``fresh_groups`` for a group only partly too stale, and
+``staleness_record`` for what each step logs).
 
-With ``partial_rollouts`` (async, the built-in sampler in this process) new weights do not
-wait for the round to end: the sampler takes them between two decoding steps, once per round
-after ``partial_chunk`` of them (:meth:`RolloutWorker.follow`), recomputes the cache of what it has drawn so far with them
-(``tempering.rollout.hf``) and goes on. A rollout then holds tokens of several versions, each
+With ``partial_rollouts`` (async, the built-in sampler in this process or a server) new
+weights do not wait for the round to end: the sampler takes them once per round, after
+``partial_chunk`` decoding steps (:meth:`RolloutWorker.follow`), computes what it has drawn
+so far again with them (the built-in sampler its cache, ``tempering.rollout.hf``; a server,
+reloaded between the chunks of its requests, the prefix of each continued request,
+``tempering.rollout.requests``) and goes on. A rollout then holds tokens of several versions, each
 with its own version (``Rollout.versions``) and its own log-prob under the weights that drew
 it, which is what the learner's correction divides by, token by token. Its
 ``policy_version``, and so everything decided per rollout (``max_staleness``, the
@@ -95,8 +98,8 @@ import torch
 
 from tempering import faults
 from tempering.rollout.base import Generator, SamplingParams, ServerError
-from tempering.versions import Timeline, fresh_groups, tokens
 from tempering.types import Group, Problem, Round
+from tempering.versions import Timeline, fresh_groups, tokens
 
 if TYPE_CHECKING:  # placement reads the config, which the pipeline does not
     from tempering.placement import RewardHandle, RolloutHandle

@@ -78,13 +78,14 @@ class RequestSampler:
         first = self._complete_all(prompts, n, replace(params, max_new_tokens=chunk), _seeds(len(prompts), generator))
         newer = self.updates(chunk)
         later = version if newer is None else newer
-        open_ = [(i, j) for i, drawn in enumerate(first) for j, (_, _, reason) in enumerate(drawn) if reason == "length"]
-        rest = self._complete_all([prompts[i] + first[i][j][0] for i, j in open_], 1,
+        unfinished = [(i, j) for i, drawn in enumerate(first) for j, (_, _, reason) in enumerate(drawn)
+                      if reason == "length"]
+        rest = self._complete_all([prompts[i] + first[i][j][0] for i, j in unfinished], 1,
                                   replace(params, max_new_tokens=params.max_new_tokens - chunk),
-                                  _seeds(len(open_), generator))
+                                  _seeds(len(unfinished), generator))
         outputs = [list(drawn) for drawn in first]
         versions = [[[version] * len(ids) for ids, _, _ in drawn] for drawn in first]
-        for (i, j), [(ids, logprobs, reason)] in zip(open_, rest):
+        for (i, j), [(ids, logprobs, reason)] in zip(unfinished, rest):
             head, head_logprobs, _ = outputs[i][j]
             outputs[i][j] = (head + ids, head_logprobs + logprobs, reason)
             versions[i][j] += [later] * len(ids)

@@ -517,9 +517,10 @@ def check_onednn(config: TrainConfig) -> None:
 
 
 def check_partial_rollouts(config: TrainConfig) -> None:
-    """Partial rollouts need new weights while a round is sampled (async) by a sampler in this
-    process that takes them between decoding steps (the built-in one): refused elsewhere rather
-    than ignored."""
+    """Partial rollouts need new weights while a round is sampled (async, workers in this
+    process) by a sampler that takes them between decoding steps (the built-in one) or between
+    the chunks of its requests (a server, ``rollout.server``): refused elsewhere rather than
+    ignored."""
     pc, rc = config.pipeline, config.rollout
     if not pc.partial_rollouts:
         return
@@ -527,10 +528,10 @@ def check_partial_rollouts(config: TrainConfig) -> None:
         raise ConfigError(f"pipeline.partial_rollouts=true updates weights during an asynchronous round in this "
                           f"process, but pipeline.mode={pc.mode} and backend={pc.backend}; set mode=async and "
                           "backend=local, or drop partial_rollouts")
-    if rc.server is not None or rc.engine != "builtin" or env_specs(config) or agent_specs(config):
-        raise ConfigError("pipeline.partial_rollouts=true needs the built-in sampler drawing single completions "
-                          "(no rollout.server, rollout.engine=builtin, no tasks with an environment or agent); "
-                          "drop partial_rollouts for this run")
+    if rc.engine != "builtin" or env_specs(config) or agent_specs(config):
+        raise ConfigError("pipeline.partial_rollouts=true needs the built-in sampler or a server (rollout.server) "
+                          "drawing single completions (rollout.engine=builtin, no tasks with an environment or "
+                          "agent); drop partial_rollouts for this run")
 
 
 def rollout_worker(config: TrainConfig, model, tokenizer) -> RolloutWorker:
@@ -577,7 +578,7 @@ def build_pipeline(config: TrainConfig, mixture: Mixture, model, tokenizer, rewa
                     pc.buffer_rounds, shares_policy=shares, max_outage_rounds=config.rewards.max_outage_rounds,
                     outage_backoff_s=config.rewards.outage_backoff_s, pause_failing=config.scheduler.pause_failing,
                     probe_rounds=config.scheduler.probe_rounds, max_probe_rounds=config.scheduler.max_probe_rounds,
-                    partial_rollouts=pc.partial_rollouts)
+                    partial_rollouts=pc.partial_rollouts, partial_chunk=pc.partial_chunk_tokens)
 
 
 def normalizes(config: TrainConfig) -> bool:

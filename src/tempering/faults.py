@@ -3,9 +3,10 @@
 ``TEMPERING_KILL_AT=<point>:<n>`` makes the process send itself SIGKILL the n-th time it
 reaches ``<point>`` (1-based; several comma-separated entries allowed). Points: ``round``
 (a sampling round about to start, before its probes of paused domains and its draw),
-``sample`` (inside sampling), ``learn`` (inside a learner step, after the gradients, before
-the optimizer update), ``checkpoint`` (in the middle of writing a checkpoint). Unset, a
-point costs one dictionary lookup.
+``sample`` (inside sampling), ``swap`` (in the middle of a round of partial rollouts, as it
+takes new weights between two decoding steps), ``learn`` (inside a learner step, after the
+gradients, before the optimizer update), ``checkpoint`` (in the middle of writing a
+checkpoint). Unset, a point costs one dictionary lookup.
 
 ``TEMPERING_STOP_AT`` takes the same entries and sends SIGSTOP instead: the process halts
 there until it gets SIGCONT, so that a test can change the world at a known instant of the

@@ -13,23 +13,28 @@ They are plain classes; a *handle* places one, in this process (the worker itsel
 Ray actor, typed by ``tempering.placement``'s protocols.
 
 :class:`Pipeline` turns them into *rounds*: ``prompts`` problems drawn from the scheduler,
-sampled, scored and observed by the scheduler (the groups, and the seconds sampling them took,
-for its cost model); the learner asks for them one at a time
-(``next_round``), each with what it cost. In ``sync`` mode a round is made when the
-learner asks for it, with the learner's current weights (staleness 0). In ``async`` mode a
-feeder thread keeps up to ``buffer_rounds`` rounds ready while the learner trains; new
+sampled and scored; the learner asks for them one at a time (``next_round``), each with what
+it cost, and as it takes one the scheduler observes it (the groups, and the seconds sampling
+them took, for its cost model) and the counters count it. In ``sync`` mode a round is made
+when the learner asks for it, with the learner's current weights (staleness 0). In ``async``
+mode a feeder thread keeps up to ``buffer_rounds`` rounds ready while the learner trains; new
 weights reach the rollout worker between rounds, so a round can be older than the learner
-by a few versions. Staleness is decided per rollout, not per round: every rollout carries
-the version that sampled it, and when the learner takes a round, each rollout more than
-``max_staleness`` versions behind it is dropped and counted (``dropped_stale``), the others
-trained, the stale among them with the learner's off-policy correction (which weighs each
-row by its own sampler's log-probs; see :func:`fresh_groups` for a group only partly too
-stale, and :func:`staleness_record` for what each step logs).
+by a few versions. Which weights and problems each round gets is decided by the learner's
+steps, not by when the feeder gets to them (``tempering.versions``' :class:`Timeline`), so an
+async run repeats itself and resumes bit for bit like a synchronous one. Staleness is
+decided per rollout, not per round: every rollout carries the version that sampled it, and
+when the learner takes a round, each rollout more than ``max_staleness`` versions behind it
+is dropped and counted (``dropped_stale``), the others trained, the stale among them with
+the learner's off-policy correction (which weighs each row by its own sampler's log-probs;
+see ``tempering.versions``' ``fresh_groups`` for a group only partly too stale, and
+``staleness_record`` for what each step logs).
 
-With ``partial_rollouts`` (async, the built-in sampler in this process) new weights do not
-wait for the round to end: the sampler takes them between two decoding steps
-(:meth:`RolloutWorker.follow`), recomputes the cache of what it has drawn so far with them
-(``tempering.rollout.hf``) and goes on. A rollout then holds tokens of several versions, each
+With ``partial_rollouts`` (async, the built-in sampler in this process or a server) new
+weights do not wait for the round to end: the sampler takes them once per round, after
+``partial_chunk`` decoding steps (:meth:`RolloutWorker.follow`), computes what it has drawn
+so far again with them (the built-in sampler its cache, ``tempering.rollout.hf``; a server,
+reloaded between the chunks of its requests, the prefix of each continued request,
+``tempering.rollout.requests``) and goes on. A rollout then holds tokens of several versions, each
 with its own version (``Rollout.versions``) and its own log-prob under the weights that drew
 it, which is what the learner's correction divides by, token by token. Its
 ``policy_version``, and so everything decided per rollout (``max_staleness``, the
@@ -37,8 +42,7 @@ it, which is what the learner's correction divides by, token by token. Its
 rollout is never kept with a token more than ``max_staleness`` versions behind, whatever its
 newer tokens. What partial rollouts change is how fresh the tokens are
 (``staleness/token_mean``) and that no update waits for a long round to end; they do not make
-a round of old tokens fresh. Async runs are not bitwise reproducible with or without them
-(where new weights land depends on when the learner publishes them).
+a round of old tokens fresh.
 
 A round whose every rollout the rewards dropped (a grader that is down: a sandbox service,
 a remote reward model) is an *outage*: counted (``outage_rounds``), and after a wait of
@@ -71,7 +75,9 @@ dynamic sampling, the token cap; :meth:`Pipeline.settle`) or still buffered, so 
 State: ``state_dict`` holds the buffered rounds (sampled and scored, not yet trained on),
 the problems of a round an outage stopped, the rollouts held to probe paused tasks, the
 rollout worker's RNG, the reward normalizer and the counters; in async mode it is
-taken with the feeder paused between rounds, so nothing is in flight.
+taken with the feeder paused between rounds, so nothing is in flight, and holds the
+:class:`Timeline` (problems drawn for rounds not yet made, the learner's asks, weights a
+later round may still start from).
 
 Several workers of a kind share a round through a worker pool (``tempering.placement``).
 An OpenAI-compatible inference server is a generator (``tempering.rollout.remote``)
@@ -93,6 +99,7 @@ import torch
 from tempering import faults
 from tempering.rollout.base import Generator, SamplingParams, ServerError
 from tempering.types import Group, Problem, Round
+from tempering.versions import Timeline, fresh_groups, tokens
 
 if TYPE_CHECKING:  # placement reads the config, which the pipeline does not
     from tempering.placement import RewardHandle, RolloutHandle
@@ -115,67 +122,6 @@ class GraderOutage(RuntimeError):
                 f"its last error: {self.error}")
 
 
-def fresh_groups(groups: list[Group], learner_version: int,
-                 max_staleness: int) -> tuple[list[Group], dict[str, int]]:
-    """The groups with only their rollouts at most ``max_staleness`` versions behind
-    ``learner_version``, and per task how many rollouts were dropped as too stale.
-
-    Staleness belongs to each rollout (the version that sampled it), not to the round that
-    brought it. A group keeps its fresh rollouts when some are too stale: its advantages are
-    then computed among those alone, so a reward earned by a policy further back than
-    ``max_staleness`` never enters the baseline of the rollouts trained on (the group is
-    smaller, its baseline noisier, but unbiased for the kept ones, as after a grader's drop).
-    A group is dropped whole only when every rollout of it is too stale. Groups, and the
-    rollouts within them, keep their order.
-
-    >>> from tempering.types import Problem, Rollout
-    >>> p = Problem(task="t", id="0", prompt="", answer="")
-    >>> group = Group(p, [Rollout(p, [], [], [], "", "stop", v) for v in (3, 1, 2)])
-    >>> kept, stale = fresh_groups([group], learner_version=3, max_staleness=1)
-    >>> [r.policy_version for r in kept[0].rollouts], stale
-    ([3, 2], {'t': 1})
-    """
-    kept: list[Group] = []
-    stale: dict[str, int] = {}
-    for group in groups:
-        fresh = [r for r in group.rollouts if learner_version - r.policy_version <= max_staleness]
-        if len(fresh) < len(group.rollouts):
-            task = group.problem.task
-            stale[task] = stale.get(task, 0) + len(group.rollouts) - len(fresh)
-        if fresh or not group.rollouts:
-            kept.append(group if len(fresh) == len(group.rollouts) else Group(group.problem, fresh))
-    return kept, stale
-
-
-def _tokens(groups: list[Group]) -> int:
-    return sum(len(r.completion_ids) for g in groups for r in g.rollouts)
-
-
-def staleness_record(groups: list[Group], learner_version: int, max_staleness: int) -> dict[str, float]:
-    """How far behind the learner the rollouts of a step's batch were sampled:
-    ``staleness/mean``, ``staleness/max`` and ``staleness/hist/<k>``, the rollouts exactly
-    ``k`` versions behind (each by its oldest token, its ``policy_version``), for every k from
-    0 to ``max_staleness`` (zeros included, so each is a series over the run); and
-    ``staleness/token_mean``, the same mean over completion tokens, each by its own version
-    (below the rollouts' mean only with partial rollouts, and by how much they freshen).
-
-    >>> from tempering.types import Problem, Rollout
-    >>> p = Problem(task="t", id="0", prompt="", answer="")
-    >>> record = staleness_record([Group(p, [Rollout(p, [], [], [], "", "stop", v) for v in (4, 3, 4)])], 4, 1)
-    >>> record["staleness/max"], record["staleness/hist/0"], record["staleness/hist/1"]
-    (1, 2, 1)
-    """
-    behind = [learner_version - r.policy_version for g in groups for r in g.rollouts]
-    tokens = [learner_version - v for g in groups for r in g.rollouts for v in r.token_versions]
-    record: dict[str, float] = {f"staleness/hist/{k}": 0 for k in range(max_staleness + 1)}
-    for k in behind:
-        record[f"staleness/hist/{k}"] = record.get(f"staleness/hist/{k}", 0) + 1
-    record["staleness/mean"] = sum(behind) / len(behind) if behind else 0.0
-    record["staleness/max"] = max(behind, default=0)
-    record["staleness/token_mean"] = sum(tokens) / len(tokens) if tokens else 0.0
-    return record
-
-
 class RolloutWorker:
     """Samples groups with a :class:`~tempering.rollout.base.Generator` and owns its random stream.
     In this process it is its own :class:`~tempering.placement.RolloutHandle`."""
@@ -193,17 +139,20 @@ class RolloutWorker:
         faults.point("sample")
         return self.generator.generate(problems, self.group_size, self.sampling, self.version, self.rng)
 
-    def follow(self, take: Callable[[], Optional[tuple[dict, int]]]) -> None:
-        """Take new weights from ``take`` (``(weights, version)``, or None when none wait)
-        between the generator's decoding steps too, not only between rounds (partial rollouts;
-        the generator must ask ``updates``, as the built-in sampler does)."""
-        def update() -> Optional[int]:
-            pending = take()
+    def follow(self, take: Callable[[int], Optional[tuple[dict, int]]], chunk: int) -> None:
+        """Take new weights from ``take`` (told the decoding steps done since it was last
+        asked; ``(weights, version)``, or None when none are due) between the generator's
+        decoding steps too, not only between rounds (partial rollouts; the generator must ask
+        ``updates``: the built-in sampler after every step, a request sampler after its first
+        ``chunk`` tokens)."""
+        def update(steps: int = 1) -> Optional[int]:
+            pending = take(steps)
             if pending is None:
                 return None
             self.set_weights(*pending)
             return pending[1]
         self.generator.updates = update
+        self.generator.partial_chunk = chunk
 
     def sampler_record(self) -> dict[str, float]:
         """What the generator reports about its engines (the servers' state, versions and
@@ -298,7 +247,8 @@ class Pipeline:
     def __init__(self, mixture: Any, rollout: RolloutHandle, reward: RewardHandle, prompts: int, mode: str = "sync",
                  max_staleness: int = 1, buffer_rounds: int = 1, shares_policy: bool = False,
                  max_outage_rounds: int = 0, outage_backoff_s: float = 0.0, pause_failing: bool = True,
-                 probe_rounds: int = 1, max_probe_rounds: int = 32, partial_rollouts: bool = False):
+                 probe_rounds: int = 1, max_probe_rounds: int = 32, partial_rollouts: bool = False,
+                 partial_chunk: int = 16):
         if mode not in ("sync", "async"):
             raise ValueError(f"pipeline mode {mode!r}; known: sync, async")
         self.mixture, self.rollout, self.reward = mixture, rollout, reward
@@ -313,7 +263,7 @@ class Pipeline:
         self.counters = Counters()
         self.learner_version = 0
         self._buffer: deque[Round] = deque()
-        self._pending: Optional[tuple[dict, int]] = None
+        self._timeline = Timeline(buffer_rounds, partial_chunk)  # async: what each round gets
         self._cond = threading.Condition()
         self._paused = False
         self._busy = False
@@ -324,7 +274,7 @@ class Pipeline:
         if hasattr(rollout, "on_restart"):
             rollout.on_restart = self._refresh_rollout
         if partial_rollouts and mode == "async":
-            rollout.follow(self._take_pending)
+            rollout.follow(self._swap, partial_chunk)
 
     def _refresh_rollout(self, handle: RolloutHandle) -> None:
         """A restarted rollout worker: the newest weights, and a random stream of its own."""
@@ -333,41 +283,72 @@ class Pipeline:
         handle.reseed(handle.restarts)
 
     # -- making rounds -------------------------------------------------------------------
-    def _take_pending(self) -> Optional[tuple[dict, int]]:
-        """The newest published weights not yet given to the rollout worker, counted as a sync
-        (None when there are none)."""
+    def _loading(self, taken: Optional[tuple[dict, int]]) -> Optional[tuple[dict, int]]:
+        """With the lock held: weights the rollout worker is about to load, counted as a sync."""
+        if taken is not None:
+            self._last_weights = taken
+            self.counters.weight_syncs += 1
+        return taken
+
+    def _start_weights(self, index: int) -> tuple[float, int]:
+        """Async: load the weights round ``index`` starts with (``tempering.versions``); return
+        the seconds it took and their version."""
         with self._cond:
-            pending, self._pending = self._pending, None
-            if pending is not None:
-                self.counters.weight_syncs += 1
-        return pending
+            taken, version = self._timeline.start(index)
+            self._loading(taken)
+        return (0.0 if taken is None else self.rollout.set_weights(*taken)), version
+
+    def _swap(self, steps: int) -> Optional[tuple[dict, int]]:
+        """Partial rollouts: asked by the sampler after ``steps`` more decoding steps; at the
+        end of the round's chunk, waits for the learner to decide and returns the weights to
+        take there (``tempering.versions``), else None."""
+        with self._cond:
+            if not self._timeline.at_chunk_end(steps):
+                return None
+            self._cond.wait_for(lambda: self._stop or self._timeline.decided(self.learner_version))
+            taken = None if self._stop else self._loading(self._timeline.swap(self.learner_version))
+        if taken is not None:
+            faults.point("swap")
+        return taken
 
     def _make_round(self) -> Round:
         faults.point("round")
-        sync_s = 0.0
-        pending = self._take_pending()
-        if pending is not None:
-            sync_s = self.rollout.set_weights(*pending)
+        index = self.counters.rounds
+        sync_s, version = self._start_weights(index) if self.mode == "async" else (0.0, None)
         self._probe_paused()
         with self._cond:
             problems, self._outage_problems = self._outage_problems, None
             if problems is None:
-                problems = self.mixture.next_problems(self.prompts)
-        version = pending[1] if pending is not None else None
-        groups, record, generate_s, reward_s = self._sample_and_score(problems)
-        with self._cond:
-            self.mixture.observe(groups)
-            self.mixture.observe_sampling(generate_s)
+                problems = (self._timeline.plans.popleft() if self.mode == "async"
+                            else self.mixture.next_problems(self.prompts))
+        tally: dict = {"sampled": {}, "dropped": {}, "outage_rounds": 0}
+        groups, record, generate_s, reward_s = self._sample_and_score(problems, tally)
         if version is None:
             version = groups[0].rollouts[0].policy_version if groups and groups[0].rollouts else self.learner_version
-        count = sum(len(g.rollouts) for g in groups)
+        tally["rollouts"] = sum(len(g.rollouts) for g in groups)
         self.counters.rounds += 1
-        self.counters.rollouts_sampled += count
-        return Round(groups, record, version, generate_s, reward_s, sync_s, sampler=self.rollout.sampler_record())
+        return Round(groups, record, version, generate_s, reward_s, sync_s, sampler=self.rollout.sampler_record(),
+                     tally=tally)
 
-    def _sample_and_score(self, problems: list[Problem]) -> tuple[list[Group], dict[str, float], float, float]:
+    def _count(self, made: Round) -> bool:
+        """Add a round's tally to the counters, once; False when it was added before."""
+        tally, made.tally = made.tally, None
+        if tally is None:
+            return False
+        with self._cond:
+            self.counters.rollouts_sampled += tally["rollouts"]
+            self.counters.outage_rounds += tally["outage_rounds"]
+            for name, count in tally["sampled"].items():
+                counts = self.counters.domain(name)
+                counts.sampled += count
+                counts.dropped += tally["dropped"][name]
+        return True
+
+    def _sample_and_score(self, problems: list[Problem], tally: dict
+                          ) -> tuple[list[Group], dict[str, float], float, float]:
         """Scored groups of ``problems``, their reward record and the seconds spent sampling and
-        scoring; an outage round is waited out and sampled again (see the module docstring)."""
+        scoring; an outage round is waited out and sampled again (see the module docstring).
+        What it sampled and dropped is counted in ``tally``."""
         generate_s = reward_s = 0.0
         outages = 0
         while True:
@@ -377,7 +358,7 @@ class Pipeline:
             t1 = time.perf_counter()
             groups, record = self.reward.score(groups)
             generate_s, reward_s = generate_s + t1 - t0, reward_s + time.perf_counter() - t1
-            failing = self._count_scored(sampled, groups)
+            failing = self._count_scored(sampled, groups, tally)
             if groups or not record.get("reward/dropped"):
                 self._pause(failing, sampled)
                 return groups, record, generate_s, reward_s
@@ -391,27 +372,25 @@ class Pipeline:
                 with self._cond:
                     self._outage_problems = problems
                 raise GraderOutage(reward, error, outages)
-            self.counters.outage_rounds += 1
+            tally["outage_rounds"] += 1
             wait = min(self.outage_backoff_s * 2 ** (outages - 1), MAX_OUTAGE_WAIT_S)
             LOG.warning("reward outage: %s dropped every rollout of the round (%s); sampling it again in %.1f s "
                         "(%d of at most %d in a row)", reward, error, wait, outages, self.max_outage_rounds)
             time.sleep(wait)
 
     # -- partial outages (see the module docstring) ----------------------------------------
-    def _count_scored(self, sampled: list[Group], scored: list[Group]) -> list[str]:
-        """Count a round's sampled and grader-dropped rollouts per task; return the tasks (in
-        order of first draw) of which no rollout was scored."""
+    def _count_scored(self, sampled: list[Group], scored: list[Group], tally: dict) -> list[str]:
+        """Count a round's sampled and grader-dropped rollouts per task in ``tally``; return the
+        tasks (in order of first draw) of which no rollout was scored."""
         kept: dict[str, int] = {}
         for group in scored:
             kept[group.problem.task] = kept.get(group.problem.task, 0) + len(group.rollouts)
         drawn: dict[str, int] = {}
         for group in sampled:
             drawn[group.problem.task] = drawn.get(group.problem.task, 0) + len(group.rollouts)
-        with self._cond:
-            for name, count in drawn.items():
-                counts = self.counters.domain(name)
-                counts.sampled += count
-                counts.dropped += count - kept.get(name, 0)
+        for name, count in drawn.items():
+            tally["sampled"][name] = tally["sampled"].get(name, 0) + count
+            tally["dropped"][name] = tally["dropped"].get(name, 0) + count - kept.get(name, 0)
         return [name for name, count in drawn.items() if count and not kept.get(name)]
 
     def _pause(self, failing: list[str], sampled: list[Group]) -> bool:
@@ -475,7 +454,7 @@ class Pipeline:
         buffered."""
         with self._cond:
             buffered: dict[str, int] = {}
-            for made in self._buffer:
+            for made in (r for r in self._buffer if r.tally is None):  # counted as sampled
                 for group in made.groups:
                     buffered[group.problem.task] = buffered.get(group.problem.task, 0) + len(group.rollouts)
             return {name: {"sampled": c.sampled, "trained": c.trained, "dropped": c.dropped,
@@ -490,8 +469,9 @@ class Pipeline:
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stop or (not self._paused
-                                                                and len(self._buffer) < self.buffer_rounds))
+                    self._cond.wait_for(lambda: self._stop or (
+                        not self._paused and len(self._buffer) < self.buffer_rounds
+                        and bool(self._timeline.plans or self._outage_problems)))
                     if self._stop:
                         return
                     self._busy = True
@@ -513,13 +493,15 @@ class Pipeline:
 
     def start(self) -> None:
         if self.mode == "async" and self._thread is None:
+            with self._cond:
+                self._timeline.plan(lambda: self.mixture.next_problems(self.prompts))
             self._thread = threading.Thread(target=self._feed, name="feeder", daemon=True)
             self._thread.start()
 
     def next_round(self) -> Round:
         """The next round with a rollout fresh enough to train on: made now (sync) or taken from
         the buffer (async). Each rollout's staleness is decided on its own
-        (:func:`fresh_groups`): those more than ``max_staleness`` versions behind the learner
+        (``fresh_groups``): those more than ``max_staleness`` versions behind the learner
         are dropped and counted, a round left with none is skipped; the one returned carries
         the largest ``staleness`` of the rollouts it keeps."""
         while True:
@@ -527,17 +509,25 @@ class Pipeline:
                 made = self._buffer.popleft() if self._buffer else self._make_round()
             else:
                 with self._cond:
+                    self._timeline.ask(self.learner_version)
+                    self._cond.notify_all()  # a sampler waiting to swap weights may wait for this ask
                     self._cond.wait_for(lambda: self._buffer or self._error is not None)
                     if isinstance(self._error, (GraderOutage, ServerError)):  # the user's to act on, as it is
                         raise self._error
                     if self._error is not None:
                         raise RuntimeError("the sampling thread failed") from self._error
                     made = self._buffer.popleft()
+                    self._timeline.took()
+                    self._timeline.plan(lambda: self.mixture.next_problems(self.prompts))
                     self._cond.notify_all()
+            if self._count(made):  # the scheduler learns of a round when the learner takes it
+                with self._cond:
+                    self.mixture.observe(made.groups)
+                    self.mixture.observe_sampling(made.generate_s)
             kept, stale = fresh_groups(made.groups, self.learner_version, self.max_staleness)
             with self._cond:
                 self.counters.dropped_stale += sum(stale.values())
-                self.counters.dropped_stale_tokens += _tokens(made.groups) - _tokens(kept)
+                self.counters.dropped_stale_tokens += tokens(made.groups) - tokens(kept)
                 for task, count in stale.items():
                     self.counters.domain(task).dropped += count
             if stale and not kept:
@@ -552,18 +542,20 @@ class Pipeline:
         """New learner weights: the rollout worker gets them now (sync) or before its next round
         (async). Returns the seconds spent here."""
         start = time.perf_counter()
-        self.learner_version = version
         if self.shares_policy:
+            self.learner_version = version
             self.rollout.set_weights({}, version)  # same tensors: only the version moves
             return time.perf_counter() - start
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self._last_weights = (weights, version)
         if self.mode == "sync":
+            self.learner_version, self._last_weights = version, (weights, version)
             self.rollout.set_weights(weights, version)
             self.counters.weight_syncs += 1
         else:
             with self._cond:
-                self._pending = (weights, version)
+                self.learner_version = version
+                self._timeline.published[version] = weights
+                self._cond.notify_all()
         return time.perf_counter() - start
 
     @property
@@ -595,7 +587,8 @@ class Pipeline:
         """Call with the feeder paused (async)."""
         return {"buffer": [copy.copy(r) for r in self._buffer], "rollout": self.rollout.state_dict(),
                 "reward": self.reward.state_dict(), "counters": copy.deepcopy(self.counters),
-                "outage_problems": self._outage_problems, "held": dict(self._held)}
+                "outage_problems": self._outage_problems, "held": dict(self._held),
+                "timeline": self._timeline.state_dict(self.counters.rounds, self.learner_version)}
 
     def load_state_dict(self, state: dict) -> None:
         self._buffer = deque(state["buffer"])
@@ -606,6 +599,7 @@ class Pipeline:
         vars(self.counters).setdefault("domains", {})  # a checkpoint written before per-task counts
         vars(self.counters).setdefault("dropped_stale_tokens", 0)  # or before stale tokens were counted
         self._held = dict(state.get("held", {}))
+        self._timeline.load_state_dict(state.get("timeline"), self.counters.rounds, len(self._buffer))
 
     def close(self) -> None:
         """Stop the feeder, then both workers: the reward worker (and the sandbox pool or model
@@ -615,6 +609,8 @@ class Pipeline:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        for made in self._buffer:  # left in the buffer: sampled, never taken
+            self._count(made)
         try:
             self.rollout.close()
         finally:

@@ -40,13 +40,14 @@ from tempering.eval.sampled import greedy_by_round
 from tempering.faults import TrainingDiverged, WorkerLost
 from tempering.learner.parallel import follow
 from tempering.learner.step import Learner, collate
-from tempering.pipeline import GraderOutage, staleness_record
+from tempering.pipeline import GraderOutage
 from tempering.reporting.live import LiveView
 from tempering.reporting.metrics import before_after_table, by_round_table, components_table
 from tempering.reporting.samples import SampleWriter
 from tempering.reporting.sinks import StepLog
 from tempering.scheduler import balance_grad_weights, cap_domain_tokens, domain_token_weights_B
 from tempering.types import Batch, Group
+from tempering.versions import staleness_record
 
 
 def shape_overlong(groups: list[Group], ac: AlgorithmConfig, max_new_tokens: int) -> dict[str, float]:

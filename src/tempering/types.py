@@ -200,6 +200,10 @@ class Round:
     sampler: Optional[dict[str, float]] = None
     """What the sampler reported after the round (servers' versions, state, failovers), as
     step-record keys; None when it reports nothing."""
+    tally: Optional[dict] = None
+    """What the round adds to the pipeline's counts (rollouts sampled, outage rounds, per task
+    sampled and dropped), added when the learner takes it, so that the counts a step logs do
+    not depend on how far sampling ran ahead; None once added."""
 
 
 @dataclass

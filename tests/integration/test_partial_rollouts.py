@@ -1,7 +1,9 @@
-"""Partial rollouts: new weights taking over in the middle of a generation, on the miniature model.
+"""Partial rollouts: new weights taking over in the middle of a generation, on the miniature model
+(the built-in sampler, and ``temper serve`` reloaded between the chunks of its requests).
 
-A weight update is forced at a fixed decoding step (the sampler asks for updates between
-steps; here the pipeline's publish happens on the third ask). The tokens drawn before it
+A round takes new weights at a fixed decoding step (the pipeline's ``partial_chunk``: the
+sampler asks for updates between steps, and at that step the pipeline waits for the learner's
+next version). The tokens drawn before it
 must carry the old version and the old policy's log-probs, those after it the new version and
 the new policy's log-probs given their whole prefix (what the learner computes), and the
 learner's correction must weigh each token by its own log-prob: against the new weights, the
@@ -25,14 +27,15 @@ from tempering.build import check_partial_rollouts
 from tempering.config import ConfigError, TrainConfig
 from tempering.learner.forward import token_logprobs
 from tempering.learner.step import collate
-from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker, staleness_record
+from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
+from tempering.versions import staleness_record
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.types import Group, Problem
 
 PROMPTS = ["7+8\n", "47+38\n", "123+456\n"]
 SWITCH_STEP = 3
-"""The decoding step from which the new weights draw (the update comes on the third ask)."""
+"""The decoding step from which the new weights draw (the pipeline's ``partial_chunk``)."""
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=10, ignore_eos=True)
 
 
@@ -74,24 +77,21 @@ def _new_policy(model):
     return moved
 
 
-def _partial_round(tiny_policy, fast: bool) -> tuple[list[Group], Pipeline, torch.nn.Module]:
-    """One async round with partial rollouts in which the learner publishes version 1 while the
-    sampler is at decoding step ``SWITCH_STEP - 1``; the round's groups, the pipeline and the new model."""
-    model, tokenizer = tiny_policy
+def _partial_round(tiny_policy, generator) -> tuple[list[Group], Pipeline, torch.nn.Module]:
+    """The second round of an async run with partial rollouts, in which new weights take over
+    after ``SWITCH_STEP`` decoding steps: the learner takes the first round (version 0) and
+    publishes version 1, which the second round waits for after its chunk of ``SWITCH_STEP``
+    tokens. Returns the round's groups, the pipeline and the new model."""
+    model, _ = tiny_policy
     new = _new_policy(model)
-    generator = HFGenerator(copy.deepcopy(model), tokenizer, fast=fast)
     worker = RolloutWorker(generator, PARAMS, group_size=4, seed=3)
-    pipeline = Pipeline(Problems(), worker, RewardWorker(Unscored()), prompts=3, mode="async", partial_rollouts=True)
-    follow, asks = generator.updates, []
-
-    def publish_on_third_ask():
-        asks.append(len(asks))
-        if len(asks) == SWITCH_STEP:
-            pipeline.publish(new, 1)
-        return follow()
-
-    generator.updates = publish_on_third_ask
+    pipeline = Pipeline(Problems(), worker, RewardWorker(Unscored()), prompts=3, mode="async", partial_rollouts=True,
+                        partial_chunk=SWITCH_STEP)
+    pipeline.publish(model, 0)
     pipeline.start()
+    first = pipeline.next_round()
+    assert all(set(r.token_versions) == {0} for g in first.groups for r in g.rollouts), "nothing to swap to yet"
+    pipeline.publish(new, 1)
     made = pipeline.next_round()
     pipeline.close()
     return made.groups, pipeline, new
@@ -104,17 +104,11 @@ def _logprobs(model, rollouts, pad_id):
     return batch, logprobs_BT * batch.loss_mask_BT
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast_decoder", "transformers"])
-def test_tokens_after_an_update_carry_the_new_version_and_the_new_policys_logprobs(tiny_policy, fast):
-    model, tokenizer = tiny_policy
-    groups, pipeline, new = _partial_round(tiny_policy, fast)
-    rollouts = [r for g in groups for r in g.rollouts]
-    assert pipeline.counters.weight_syncs == 1
-    assert all(r.policy_version == 0 for r in rollouts), "a rollout's version is its oldest token's"
-    assert all(r.token_versions == [0] * SWITCH_STEP + [1] * (10 - SWITCH_STEP) for r in rollouts)
-
-    batch, old_BT = _logprobs(model, rollouts, tokenizer.pad_token_id)
-    _, new_BT = _logprobs(new, rollouts, tokenizer.pad_token_id)
+def _assert_each_token_has_its_policys_logprob(model, new, pad_id: int, rollouts) -> None:
+    """The tokens of version 0 carry the old policy's log-probs, those of version 1 the new
+    policy's given their whole prefix (what the learner computes), to 1e-4."""
+    batch, old_BT = _logprobs(model, rollouts, pad_id)
+    _, new_BT = _logprobs(new, rollouts, pad_id)
     versions_BT = torch.zeros_like(batch.loss_mask_BT)
     for row, r in enumerate(rollouts):
         versions_BT[row, len(r.prompt_ids) : len(r.prompt_ids) + len(r.completion_ids)] = torch.tensor(r.versions) + 1
@@ -125,8 +119,43 @@ def test_tokens_after_an_update_carry_the_new_version_and_the_new_policys_logpro
     # the update matters: kept old keys and values, or the old policy, would be far from these
     assert float(((new_BT - old_BT) * after_BT).abs().max()) > 0.05
 
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_decoder", "transformers"])
+def test_tokens_after_an_update_carry_the_new_version_and_the_new_policys_logprobs(tiny_policy, fast):
+    model, tokenizer = tiny_policy
+    groups, pipeline, new = _partial_round(tiny_policy, HFGenerator(copy.deepcopy(model), tokenizer, fast=fast))
+    rollouts = [r for g in groups for r in g.rollouts]
+    assert pipeline.counters.weight_syncs == 2, "version 0 at the start, version 1 in the second round"
+    assert all(r.policy_version == 0 for r in rollouts), "a rollout's version is its oldest token's"
+    assert all(r.token_versions == [0] * SWITCH_STEP + [1] * (10 - SWITCH_STEP) for r in rollouts)
+    _assert_each_token_has_its_policys_logprob(model, new, tokenizer.pad_token_id, rollouts)
+
     record = staleness_record(groups, 1, 1)
     assert record["staleness/mean"] == 1 and record["staleness/token_mean"] == pytest.approx(SWITCH_STEP / 10)
+
+
+def test_a_server_is_reloaded_between_the_chunks_of_its_requests(tiny_policy, tiny_model_dir, tempering_cache,
+                                                                 tmp_path):
+    """The same round against ``temper serve``: its requests ask for ``SWITCH_STEP`` tokens, the
+    server is reloaded with version 1, and the unfinished completions go on from their tokens
+    so far under it (a server stops at end-of-sequence: completions may be shorter)."""
+    from serving import serving
+
+    from tempering.rollout.remote import ServerGenerator, ServerSettings
+
+    model, tokenizer = tiny_policy
+    with serving(tiny_model_dir, tempering_cache) as url:
+        generator = ServerGenerator(ServerSettings(url=url, weights_dir=str(tmp_path / "w")), tokenizer, model.config)
+        try:
+            groups, pipeline, new = _partial_round(tiny_policy, generator)
+        finally:
+            generator.close()
+    rollouts = [r for g in groups for r in g.rollouts]
+    assert pipeline.counters.weight_syncs == 2, "version 0 at the start, version 1 in the second round"
+    assert sum(len(r.completion_ids) > SWITCH_STEP for r in rollouts) >= 6, "completions went on after the reload"
+    assert all(r.token_versions == [0] * min(SWITCH_STEP, len(r.completion_ids))
+               + [1] * (len(r.completion_ids) - SWITCH_STEP) for r in rollouts)
+    _assert_each_token_has_its_policys_logprob(model, new, tokenizer.pad_token_id, rollouts)
 
 
 def test_the_correction_weighs_each_token_by_its_own_logprob(tiny_policy):
@@ -135,7 +164,7 @@ def test_the_correction_weighs_each_token_by_its_own_logprob(tiny_policy):
     old policy's log-probs for every token (the rollout's first version) weighs the newer ones
     away from 1 and fails here."""
     model, tokenizer = tiny_policy
-    groups, _, new = _partial_round(tiny_policy, fast=True)
+    groups, _, new = _partial_round(tiny_policy, HFGenerator(copy.deepcopy(model), tokenizer, fast=True))
     rollouts = [r for g in groups for r in g.rollouts]
     batch, prox_BT = _logprobs(new, rollouts, tokenizer.pad_token_id)
     _, old_BT = _logprobs(model, rollouts, tokenizer.pad_token_id)
@@ -151,8 +180,9 @@ def test_the_correction_weighs_each_token_by_its_own_logprob(tiny_policy):
 
 
 def test_a_forced_update_gives_the_same_rollouts_twice(tiny_policy):
-    first, _, _ = _partial_round(tiny_policy, fast=True)
-    second, _, _ = _partial_round(tiny_policy, fast=True)
+    model, tokenizer = tiny_policy
+    first, second = (_partial_round(tiny_policy, HFGenerator(copy.deepcopy(model), tokenizer, fast=True))[0]
+                     for _ in range(2))
     assert [(r.completion_ids, r.logprobs, r.versions) for g in first for r in g.rollouts] == \
         [(r.completion_ids, r.logprobs, r.versions) for g in second for r in g.rollouts]
 

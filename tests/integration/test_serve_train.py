@@ -14,6 +14,7 @@ import json
 import urllib.request
 
 import pytest
+import torch
 
 from serving import serving
 from tempering.config import TrainConfig
@@ -46,7 +47,8 @@ def served_version(url: str) -> int:
     return served_models(url)[0]["policy_version"]
 
 
-def run(tiny_model_dir, run_dir, lr: float, server: dict | None, lora: dict | None = None) -> list[dict]:
+def run(tiny_model_dir, run_dir, lr: float, server: dict | None, lora: dict | None = None,
+        pipeline: dict | None = None) -> list[dict]:
     config = TrainConfig.model_validate({
         "model": {"lora": lora},
         "steps": 3, "threads": 1, "run_dir": str(run_dir), "pretrain": _pretrain_config(tiny_model_dir),
@@ -55,7 +57,7 @@ def run(tiny_model_dir, run_dir, lr: float, server: dict | None, lora: dict | No
         "learner": {"lr": lr, "warmup_steps": 0},
         "algorithm": {"entropy_coef": 0.01},  # a gradient on every row, whatever the rewards
         "eval": {"problems_per_task": 4, "max_new_tokens": 16},
-        "checkpoint": {"every": 0},
+        "checkpoint": {"every": 0}, "pipeline": pipeline or {},
     })
     train(config, progress=False)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -100,6 +102,36 @@ def test_a_lora_run_syncs_its_adapters_to_the_server_every_step(tiny_model_dir, 
         assert record["mismatch/abs_logp"] < 1e-5
         assert record["mismatch/k3"] < 1e-5
         assert record["mismatch/outside_clip"] == 0.0
+
+
+def test_partial_rollouts_reload_the_server_between_the_chunks_of_its_requests(tiny_model_dir, fresh_server_url,
+                                                                               tmp_path):
+    """Async with partial rollouts against a server: a round's requests draw 6 tokens, the
+    server is reloaded with the learner's next weights, and each unfinished completion goes on
+    from its tokens so far under them, its tokens stamped with the version that drew them. Two
+    runs draw the same tokens (seeded requests, reloads at the same points); their log-probs,
+    and so the weights, agree to the last bits only (the server sums in the order its batch of
+    the moment gives: docs/scale-out.md, "Exactness")."""
+    from safetensors.torch import load_file
+
+    from tempering.train import is_timing
+
+    pipeline = {"mode": "async", "partial_rollouts": True, "partial_chunk_tokens": 6}
+    runs = [run(tiny_model_dir, tmp_path / name, 1e-2, {"url": fresh_server_url}, pipeline=pipeline)
+            for name in ("a", "b")]
+    first, second = ([{k: v for k, v in r.items() if not is_timing(k) and not k.startswith("server/")}
+                      for r in records] for records in runs)
+    assert [r["policy_version"] for r in first] == [1, 2, 3]
+    assert [r["server/0/version"] for r in runs[1]] == [r["server/0/version"] + 3 for r in runs[0]], \
+        "one reload a round on the same server: the second run's numbering goes on from the first's"
+    # the rounds after the first hold tokens of two versions: the server was reloaded within them
+    assert all(0 < r["staleness/token_mean"] < r["staleness/mean"] == 1 for r in first[1:]), first
+    for a, b in zip(first, second):
+        assert {k: v for k, v in a.items() if not isinstance(v, float)} == \
+            {k: v for k, v in b.items() if not isinstance(v, float)}, "the same tokens, counts and versions"
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-5)
+    weights = [load_file(tmp_path / name / "checkpoint-final" / "model.safetensors") for name in ("a", "b")]
+    assert all(torch.allclose(weights[0][k], weights[1][k], rtol=1e-4, atol=1e-6) for k in weights[0])
 
 
 def greedy(url: str, prompts: list[str]) -> list[list[int]]:

@@ -21,7 +21,7 @@ points and TrainingDiverged, the CPU thread count, the HTTP server base that the
 service and ``temper serve`` share (``tempering`` is the package itself)."""
 
 BELOW_BUILD = {"algorithms", "models", "sandbox", "checkpoint", "rollout", "rewards", "envs", "tasks",
-               "scheduler", "learner", "eval", "reporting", "pipeline", "placement"}
+               "scheduler", "learner", "eval", "reporting", "pipeline", "placement", "versions"}
 COMMANDS = {"train", "sft", "dpo", "pretrain", "rm", "prm", "prm_label", "eval_model", "serve_model", "explain"}
 
 ALLOWED: dict[str, set[str]] = {
@@ -44,7 +44,9 @@ ALLOWED: dict[str, set[str]] = {
     "learner": FOUNDATIONS | {"algorithms", "models"},
     "eval": FOUNDATIONS | {"rewards", "rollout", "tasks"},
     "reporting": FOUNDATIONS,
-    "pipeline": FOUNDATIONS | {"placement", "rollout"},
+    "pipeline": FOUNDATIONS | {"placement", "rollout", "versions"},
+    # which weights each async round samples with, and how stale each rollout is
+    "versions": FOUNDATIONS,
     "placement": FOUNDATIONS,
     # pre-training makes builtin:tiny and, by their recipes (lists of task specs),
     # builtin:generalist and builtin:tiny-long, which build resolves; build makes everything below it

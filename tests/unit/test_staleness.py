@@ -9,7 +9,8 @@ keeping or dropping a round whole keeps a too-stale rollout or drops fresh ones.
 
 from tempering.build import scheduler_settings
 from tempering.config import SchedulerConfig
-from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker, fresh_groups, staleness_record
+from tempering.pipeline import Pipeline, RewardWorker, RolloutWorker
+from tempering.versions import fresh_groups, staleness_record
 from tempering.rollout.base import SamplingParams
 from tempering.scheduler import Mixture
 from tempering.tasks import build_task

@@ -10,11 +10,22 @@ draws does not depend on what the engine batched it with. The engine's side is o
 ``_complete_all``, which applies the temperature, top-p, token budget, stop strings and stop
 token ids of :class:`~tempering.rollout.base.SamplingParams` (a run sets no other field; an
 agent's calls add stop token ids, ``tempering.envs.recording``).
+
+Partial rollouts (``tempering.pipeline``, with ``updates`` and ``partial_chunk`` set): a round's
+requests ask for ``partial_chunk`` tokens first; then ``updates`` may load new weights onto the
+engine (a server is reloaded between its requests' chunks), and every completion that is not
+finished is continued by a request of its own, its prompt and tokens so far as the prompt, for
+the tokens left, seeded from the run's stream again. The engine computes that prefix again
+under the weights it holds, so each token after the reload is drawn by the new weights given
+its whole prefix and carries their log-prob and version (``Rollout.versions``). Not done: a
+stop string that spans the two chunks is not seen (each chunk's request looks for it in its
+own tokens); one reload per round.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -33,6 +44,11 @@ class RequestSampler:
     tokenizer: Any
     chat_template: bool
     context_length: int
+    updates: Optional[Callable[[int], Optional[int]]] = None
+    """Partial rollouts: told how many decoding steps each completion advanced, may load new
+    weights and returns their version, or None (see the module docstring)."""
+    partial_chunk = 0
+    """Partial rollouts: the tokens of a round's first requests (0: whole completions)."""
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
@@ -43,11 +59,37 @@ class RequestSampler:
         limit = params.max_prompt_tokens or (max(1, self.context_length - params.max_new_tokens)
                                              if self.context_length else 0)
         prompts = [fit_prompt(self.encode_prompt(p.prompt), p, limit, params.long_prompts) for p in problems]
-        outputs = self._complete_all(prompts, group_size, params, _seeds(len(prompts), generator))
+        chunk = self.partial_chunk if self.updates is not None else 0
+        if not 0 < chunk < params.max_new_tokens:
+            outputs = self._complete_all(prompts, group_size, params, _seeds(len(prompts), generator))
+            versions = [[[] for _ in drawn] for drawn in outputs]  # every token the rollout's version
+        else:
+            outputs, versions = self._in_chunks(prompts, group_size, params, chunk, policy_version, generator)
         return [Group(problem, [Rollout(
             problem=problem, prompt_ids=prompt_ids, completion_ids=ids, logprobs=logprobs, finish_reason=reason,
-            policy_version=policy_version, text=self.tokenizer.decode(ids, skip_special_tokens=True))
-            for ids, logprobs, reason in drawn]) for problem, prompt_ids, drawn in zip(problems, prompts, outputs)]
+            policy_version=policy_version, text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            versions=token_versions) for (ids, logprobs, reason), token_versions in zip(drawn, row_versions)])
+            for problem, prompt_ids, drawn, row_versions in zip(problems, prompts, outputs, versions)]
+
+    def _in_chunks(self, prompts: list[list[int]], n: int, params: SamplingParams, chunk: int, version: int,
+                   generator: Optional[torch.Generator]) -> tuple[list[list[Drawn]], list[list[list[int]]]]:
+        """``n`` completions of each prompt, ``chunk`` tokens first, then (after ``updates``) the
+        rest of each unfinished one; with each token's version."""
+        first = self._complete_all(prompts, n, replace(params, max_new_tokens=chunk), _seeds(len(prompts), generator))
+        newer = self.updates(chunk)
+        later = version if newer is None else newer
+        unfinished = [(i, j) for i, drawn in enumerate(first) for j, (_, _, reason) in enumerate(drawn)
+                      if reason == "length"]
+        rest = self._complete_all([prompts[i] + first[i][j][0] for i, j in unfinished], 1,
+                                  replace(params, max_new_tokens=params.max_new_tokens - chunk),
+                                  _seeds(len(unfinished), generator))
+        outputs = [list(drawn) for drawn in first]
+        versions = [[[version] * len(ids) for ids, _, _ in drawn] for drawn in first]
+        for (i, j), [(ids, logprobs, reason)] in zip(unfinished, rest):
+            head, head_logprobs, _ = outputs[i][j]
+            outputs[i][j] = (head + ids, head_logprobs + logprobs, reason)
+            versions[i][j] += [later] * len(ids)
+        return outputs, versions
 
     def sample(self, prompts: list[list[int]], params: SamplingParams,
                generator: Optional[torch.Generator | RowStreams] = None) -> list[Drawn]:

@@ -41,11 +41,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from joint import earlier_run, interval
+from stages import temper
 
 from tempering.build import resolve_model_path
 from tempering.config import load_config
@@ -58,11 +57,6 @@ PRETRAIN = ["pretrain.hidden_size=128", "pretrain.layers=2", "pretrain.heads=4",
                                            for t in TASKS) + "]"]
 OUTCOME = {"exact_match": 1.0, "format": 0.1}
 EXTRA = {"outcome": None, "prm": "process_model", "steps": "steps"}
-
-
-def temper(*args: str) -> None:
-    """A temper command; its printed tables go to stderr, so that stdout holds only the JSON."""
-    subprocess.run([sys.executable, "-m", "tempering.cli", *args], check=True, stdout=sys.stderr)
 
 
 def lucky_model(threads: str) -> str:
@@ -152,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
     arms = args.arms.split(",")
     if unknown := sorted(set(arms) - set(EXTRA)):
         raise SystemExit(f"--arms: unknown arm {unknown[0]!r}; the arms are {', '.join(EXTRA)}")
+    if args.prm and not (Path(args.prm) / "prm.json").is_file():
+        raise SystemExit(f"--prm {args.prm}: not a folder `temper prm train` saved (it holds no prm.json)")
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

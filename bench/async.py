@@ -30,7 +30,7 @@ the busy time of all processes while the sandbox grades a step's worth of refere
 programs) spread perfectly over every core, against the synchronous step time. When the
 synchronous run already keeps the cores busy, no asynchronous schedule can beat it by more.
 
-    python bench/async.py [--steps 40] [--quick] [--partial]
+    python bench/async.py [--steps 40] [--quick] [--partial] [--max-staleness 1]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from tempering.train import train
 
 
 def overrides(steps: int, mode: str, run_dir: Path, problems: int, threads: int = 0,
-              backend: str = "local", partial: bool = False) -> list[str]:
+              backend: str = "local", partial: bool = False, max_staleness: int = 1) -> list[str]:
     task = "{name: add, options: {style: program, digits: [2]}}"
     return [
         f"steps={steps}", f"run_dir={run_dir}", "seed=0", f"tasks=[{task}]", f"pretrain.tasks=[{task}]",
@@ -56,13 +56,14 @@ def overrides(steps: int, mode: str, run_dir: Path, problems: int, threads: int 
         "eval.max_new_tokens=48", f"eval.problems_per_task={problems}", "checkpoint.every=0",
         f"pipeline.mode={mode}", "learner.warmup_steps=5", f"threads={threads}",
         f"pipeline.backend={backend}", f"pipeline.partial_rollouts={str(partial).lower()}",
+        f"pipeline.max_staleness={max_staleness}",
     ]
 
 
 def run(mode: str, steps: int, problems: int, root: Path, threads: int = 0, backend: str = "local",
-        partial: bool = False) -> dict:
+        partial: bool = False, max_staleness: int = 1) -> dict:
     folder = root / f"{mode}-{threads}-{backend}{'-partial' if partial else ''}"
-    config = load_config(None, overrides(steps, mode, folder, problems, threads, backend, partial))
+    config = load_config(None, overrides(steps, mode, folder, problems, threads, backend, partial, max_staleness))
     summary = train(config, progress=False)
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     loop_s = sum(r["step_s"] for r in records)
@@ -124,9 +125,9 @@ def cpu_bound(one_thread: dict, sync: dict) -> dict:
             "max_speedup": (1 / sync["steps_per_s"]) / (work / cores)}
 
 
-def partial_arm(plain: dict, steps: int, problems: int, root: Path) -> dict:
+def partial_arm(plain: dict, steps: int, problems: int, root: Path, max_staleness: int) -> dict:
     """The asynchronous run again with partial rollouts, and its speed over ``plain``'s."""
-    partial = run("async", steps, problems, root, partial=True)
+    partial = run("async", steps, problems, root, partial=True, max_staleness=max_staleness)
     return {"async_partial": partial, "partial_speedup": partial["steps_per_s"] / plain["steps_per_s"]}
 
 
@@ -140,21 +141,25 @@ def main() -> None:
     parser.add_argument("--only", choices=["sync", "async"], help="run one mode only")
     parser.add_argument("--partial", action="store_true",
                         help="also an asynchronous run with pipeline.partial_rollouts (async_partial)")
+    parser.add_argument("--max-staleness", type=int, default=1,
+                        help="pipeline.max_staleness of the asynchronous runs (0: rollouts a version behind are dropped)")
     args = parser.parse_args()
     steps, problems = (3, 16) if args.quick else (args.steps, args.problems)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tempering-bench-async-") as tmp:
         # synchronous with all cores (the default) and with one thread: the better one is the baseline
         if args.only == "async":
-            results = {"async": run("async", steps, problems, Path(tmp), backend=args.backend)}
+            results = {"async": run("async", steps, problems, Path(tmp), backend=args.backend,
+                                 max_staleness=args.max_staleness)}
             if args.partial:
-                results.update(partial_arm(results["async"], steps, problems, Path(tmp)))
+                results.update(partial_arm(results["async"], steps, problems, Path(tmp), args.max_staleness))
             print(json.dumps(results if args.partial else results["async"], indent=2))
             return
         syncs = {threads: run("sync", steps, problems, Path(tmp), threads) for threads in (0, 1)}
-        results = {"async": run("async", steps, problems, Path(tmp), backend=args.backend)}
+        results = {"async": run("async", steps, problems, Path(tmp), backend=args.backend,
+                                 max_staleness=args.max_staleness)}
         if args.partial:
-            results.update(partial_arm(results["async"], steps, problems, Path(tmp)))
+            results.update(partial_arm(results["async"], steps, problems, Path(tmp), args.max_staleness))
     best = max(syncs, key=lambda t: syncs[t]["steps_per_s"])
     results["sync"] = {**syncs[best], "threads": best or "all cores"}
     results["sync_other_threads"] = {**syncs[1 - best if best in (0, 1) else 1], "threads": (1 - best) or "all cores"}
@@ -166,7 +171,7 @@ def main() -> None:
                            "prompts_per_step": 16, "group_size": 8, "cores": os.cpu_count(),
                            "sync_threads": "the faster of all cores and one thread (the other is under sync_other_threads)",
                            "async_threads": "half the cores each for sampler and learner",
-                           "max_staleness": 1, "off_policy": "tis", "async_backend": args.backend}
+                           "max_staleness": args.max_staleness, "off_policy": "tis", "async_backend": args.backend}
     results["wall_s"] = time.perf_counter() - start
     json.dump(results, sys.stdout, indent=2)
     print()

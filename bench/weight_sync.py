@@ -26,7 +26,6 @@ import argparse
 import copy
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,14 +38,7 @@ from tempering.build import load_model
 from tempering.config import load_config
 from tempering.rollout.remote import ServerGenerator, ServerSettings
 
-
-def cpu_model() -> str:
-    """The CPU's model name, as ``lscpu`` says it (``platform.processor()`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
+from report import cpu_model
 
 
 def serve(model_path: str) -> tuple[subprocess.Popen, str]:

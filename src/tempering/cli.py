@@ -62,18 +62,28 @@ def _train(args: argparse.Namespace) -> None:
     if args.resume is None:
         train(_load(args.config_and_overrides, args.run_dir), progress=not args.quiet)
         return
-    train(_resumed_config(args, args.config_and_overrides), progress=not args.quiet, resume=True)
+    train(_resumed_config(args, args.config_and_overrides, movable=MOVABLE), progress=not args.quiet, resume=True)
 
 
-def _resumed_config(args: argparse.Namespace, extra: list[str]):
-    """The saved config of the run ``--resume`` names; ``extra`` arguments beside it are refused."""
+MOVABLE = ("rollout.server.url", "pipeline.ray_address")
+"""What ``temper train --resume`` may be told beside the run folder: where the run's servers and
+Ray cluster are now (restarted on other machines or ports). Nothing that changes what the run
+computes; the run's config.yaml keeps the addresses it started with."""
+
+
+def _resumed_config(args: argparse.Namespace, extra: list[str], movable: tuple[str, ...] = ()):
+    """The saved config of the run ``--resume`` names, with ``extra`` overrides of ``movable``
+    keys; any other argument beside it is refused."""
     run_dir = Path(args.resume)
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise ConfigError(f"--resume {run_dir}: not a run folder (no config.yaml in it)")
-    if extra or args.run_dir:
-        raise ConfigError("--resume continues a run with its own saved config; drop the config file and overrides")
-    return load_config(saved, [f"run_dir={json.dumps(str(run_dir))}"])
+    refused = [item for item in extra if item.partition("=")[0] not in movable or "=" not in item]
+    if refused or args.run_dir:
+        allowed = f" (only {', '.join(movable)} may be given, for servers that moved)" if movable else ""
+        raise ConfigError(f"--resume continues a run with its own saved config; drop {refused[0] if refused else '--run-dir'}"
+                          f"{allowed}")
+    return load_config(saved, [*extra, f"run_dir={json.dumps(str(run_dir))}"])
 
 
 def cmd_sft(args: argparse.Namespace) -> int:

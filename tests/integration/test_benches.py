@@ -56,6 +56,14 @@ QUICK = {
                and [note.split(":")[0] for note in out["notes"]] == ["0.2 GB"] and out["measured"]["bench"] == "memory"),
     "long_context": (["--models", "{model}", "--lengths", "96,320", "--micro-batch-tokens", "320", "--growth-from", "96",
                       "--budget-gb", "4", "--trl-lengths", "128"], lambda out: long_context_holds(out)),
+    "scale_servers": (["--model", "{model}", "--rounds", "2", "--prompts", "3", "--group", "2", "--max-new-tokens", "8",
+                       "--train-steps", "2", "--train-repeats", "1", "eval.problems_per_task=2", "eval.max_new_tokens=8"],
+                      lambda out: set(out["sampling"]) == {"one", "one_all_cores", "two"}
+                      and all(len(a["per_round"]) == 2 and a["tokens_per_s"] > 0 for a in out["sampling"].values())
+                      and sum(out["requests_per_server"]) == 2 + 2 * 3 and min(out["requests_per_server"]) > 0
+                      and out["two_over_one"] > 0
+                      and all(out["train"][arm]["steps_per_s"] > 0 and out["train"][arm]["weight_sync_s_per_step"] > 0
+                              for arm in ("one", "two"))),
     "weight_sync": (["--model", "{model}", "--syncs", "2", "--chunk-mib", "0.01"],
                     lambda out: out["syncs"] == 2 and out["payload_mib"] > 0.05 and out["disk_s"]["median"] > 0
                     and out["http_s"]["min"] > 0 and out["http_mib_per_s"] > 0),

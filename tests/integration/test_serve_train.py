@@ -166,3 +166,61 @@ def test_weights_sent_over_http_serve_as_the_same_weights_loaded_from_disk(
                                                                  ).encode(), {"Content-Type": "application/json"}))
         assert json.loads(reply.read())["success"]
         assert greedy(fresh_server_url, prompts) == greedy(from_disk, prompts) != untouched
+
+
+def test_a_partial_rollout_run_on_a_server_killed_and_resumed_keeps_the_uninterrupted_runs_tokens(
+        tiny_model_dir, tempering_cache, tmp_path):
+    """Async with partial rollouts against `temper serve`, SIGKILLed as a round takes new weights
+    (``swap``) and inside a learner step, each time continued with ``--resume`` against the same
+    server (now holding the killed run's newer weights, which the resumed run replaces with its
+    checkpoint's): every step's tokens, counts and versions are the uninterrupted run's (against a
+    server of its own), its floats and final weights equal to the server's last bits
+    (docs/scale-out.md, "Exactness")."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from tempering.train import is_timing
+
+    args = [f"model.path={tiny_model_dir}", "steps=8", "threads=1", "seed=3", "tasks=[{name: add, options: {digits: [2]}}]",
+            "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16", "learner.lr=1e-2",
+            "learner.warmup_steps=0", "algorithm.entropy_coef=0.01", "eval.problems_per_task=4",
+            "eval.max_new_tokens=16", "checkpoint.every=1", "pipeline.mode=async", "pipeline.partial_rollouts=true",
+            "pipeline.partial_chunk_tokens=6"]
+
+    def temper(*more: str, kill_at: str | None = None) -> int:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TEMPERING_CACHE": str(tempering_cache)}
+        env.pop("TEMPERING_KILL_AT", None)
+        if kill_at:
+            env["TEMPERING_KILL_AT"] = kill_at
+        done = subprocess.run([sys.executable, "-m", "tempering.cli", "train", "--quiet", *more], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode in (0, -signal.SIGKILL), done.stderr[-3000:]
+        return done.returncode
+
+    def records(run) -> list[dict]:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if not is_timing(k) and not k.startswith("server/")}
+                for line in lines]
+
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    with serving(tiny_model_dir, tempering_cache) as url:
+        assert temper(*args, f"rollout.server.url={url}", "--run-dir", str(reference)) == 0
+    with serving(tiny_model_dir, tempering_cache) as url:
+        assert temper(*args, f"rollout.server.url={url}", "--run-dir", str(run), kill_at="swap:3") == -signal.SIGKILL
+        assert temper("--resume", str(run), kill_at="learn:3") == -signal.SIGKILL  # the run's own config: this url
+        assert served_version(url) > 3, "the killed runs left the server ahead of their checkpoints"
+        assert temper("--resume", str(run)) == 0
+
+    expected, got = records(reference), records(run)
+    assert [r["step"] for r in got] == list(range(1, 9))
+    assert all(0 < r["staleness/token_mean"] for r in got[1:]), "rounds took new weights between their chunks"
+    for a, b in zip(expected, got):
+        assert {k: v for k, v in a.items() if not isinstance(v, float)} == \
+            {k: v for k, v in b.items() if not isinstance(v, float)}, "the same tokens, counts and versions"
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-5)
+    final = [load_file(folder / "checkpoint-final" / "model.safetensors") for folder in (reference, run)]
+    assert all(torch.allclose(final[0][k], final[1][k], rtol=1e-4, atol=1e-6) for k in final[0])

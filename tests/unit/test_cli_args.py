@@ -32,3 +32,23 @@ def test_unknown_flags_and_items_a_command_does_not_take_are_refused(argv, unkno
         build_parser().parse_args(argv)
     assert refused.value.code == 2
     assert f"unrecognized arguments: {unknown}" in capsys.readouterr().err
+
+
+def test_a_resumed_run_takes_new_server_addresses_and_refuses_every_other_override(tmp_path):
+    """Servers restarted elsewhere (or a Ray cluster at a new address) must not strand a run:
+    ``--resume`` takes where they are now; what the run computes stays the saved config's."""
+    from tempering.cli import _resumed_config
+    from tempering.config import ConfigError, TrainConfig, save_resolved
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_resolved(TrainConfig(steps=7, rollout={"server": {"url": "http://10.0.0.1:8000"}}), run / "config.yaml")
+    args = build_parser().parse_args(["train", "--resume", str(run), "rollout.server.url=[http://a:1,http://b:2]",
+                                      "pipeline.ray_address=10.0.0.9:6379"])
+    config = _resumed_config(args, args.config_and_overrides, movable=("rollout.server.url", "pipeline.ray_address"))
+    assert config.rollout.server.url == ["http://a:1", "http://b:2"] and config.pipeline.ray_address == "10.0.0.9:6379"
+    assert config.steps == 7 and config.run_dir == str(run)
+    for other in (["steps=9"], ["my.yaml"], ["rollout.server.url=http://a:1", "learner.lr=1"]):
+        args = build_parser().parse_args(["train", "--resume", str(run), *other])
+        with pytest.raises(ConfigError, match="rollout.server.url, pipeline.ray_address"):
+            _resumed_config(args, args.config_and_overrides, movable=("rollout.server.url", "pipeline.ray_address"))

@@ -87,9 +87,29 @@ class RequestSampler:
         versions = [[[version] * len(ids) for ids, _, _ in drawn] for drawn in first]
         for (i, j), [(ids, logprobs, reason)] in zip(unfinished, rest):
             head, head_logprobs, _ = outputs[i][j]
+            ends = self._stop_across(head, ids, params)
+            if ends is not None:
+                ids, logprobs, reason = ids[:ends], logprobs[:ends], "stop"
             outputs[i][j] = (head + ids, head_logprobs + logprobs, reason)
             versions[i][j] += [later] * len(ids)
         return outputs, versions
+
+    def _stop_across(self, head: list[int], tail: list[int], params: SamplingParams) -> Optional[int]:
+        """How many of ``tail``'s tokens to keep when a stop string of ``params`` begins in
+        ``head`` and ends in ``tail``; None when none does. (One that ``head`` holds whole was
+        passed over for ``min_tokens``.)"""
+        if not params.stop:
+            return None
+        # Every token decodes to at least one character, so a stop string of L characters that
+        # spans the join lies in head's last L - 1 tokens and tail's first L - 1.
+        longest = max(map(len, params.stop))
+        before = head[-(longest - 1):] if longest > 1 else []
+        joined_at = len(self.tokenizer.decode(before, skip_special_tokens=True))
+        for ends in range(max(1, params.min_tokens - len(head)), min(longest - 1, len(tail)) + 1):
+            text = self.tokenizer.decode(before + tail[:ends], skip_special_tokens=True)
+            if any(text.find(stop, max(0, joined_at - len(stop) + 1)) >= 0 for stop in params.stop):
+                return ends
+        return None
 
     def sample(self, prompts: list[list[int]], params: SamplingParams,
                generator: Optional[torch.Generator | RowStreams] = None) -> list[Drawn]:

@@ -42,8 +42,10 @@ leading to it). Per arm the JSON gives both after training (mean over tasks, the
 seeds and the half-width of its 95% t-interval), their change from before, and per seed; under
 ``checks``, for each process arm, its ``steps_right`` margin over ``outcome``, the seed spread
 (the larger of the two arms' ranges over seeds), whether the margin exceeds it, and the accuracy
-difference (within 2 points counts as equal). Runs stay under ``--out`` and a finished run of the
-same config is read back (as ``bench/joint.py`` does), so a stopped bench continues.
+difference (within 2 points counts as equal). Runs stay under ``--out`` (a process arm at another
+weight than 0.5 in its own folder, ``prm-w0.2-s0``) and a finished run of the same config is read
+back (as ``bench/joint.py`` does), so a stopped bench continues and a sweep of ``--weight`` trains
+only its process arms.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ PRETRAIN = ["pretrain.hidden_size=128", "pretrain.layers=2", "pretrain.heads=4",
                                            for t in TASKS) + "]"]
 OUTCOME = {"exact_match": 1.0, "format": 0.1}
 EXTRA = {"outcome": None, "prm": "process_model", "steps": "steps"}
+DEFAULT_WEIGHT = 0.5
 
 
 def lucky_model(threads: str) -> str:
@@ -132,6 +135,16 @@ def arm_overrides(arm: str, weight: float, prm: str | None, gate: bool) -> list[
     return [f"tasks=[{tasks}]", *extra]
 
 
+def run_name(arm: str, weight: float, seed: int) -> str:
+    """A run's folder under ``--out``: a process arm at another weight than the default has its own,
+    so that a sweep of ``--weight`` reads back the outcome runs and the process runs it has.
+
+    >>> run_name("outcome", 0.2, 1), run_name("prm", 0.5, 1), run_name("prm", 0.2, 1)
+    ('outcome-s1', 'prm-s1', 'prm-w0.2-s1')
+    """
+    return f"{arm}-s{seed}" if arm == "outcome" or weight == DEFAULT_WEIGHT else f"{arm}-w{weight:g}-s{seed}"
+
+
 def one_run(overrides: list[str], run_dir: Path) -> dict:
     """Accuracy and ``steps_right`` (means over the tasks) before and after, a run read back where it
     finished under the same config."""
@@ -178,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--arms", default="outcome,prm,steps")
-    parser.add_argument("--weight", type=float, default=0.5, help="the process reward's weight beside the outcome's 1")
+    parser.add_argument("--weight", type=float, default=DEFAULT_WEIGHT, help="the process reward's weight beside the outcome's 1")
     parser.add_argument("--gate", action="store_true", help="pay the PRM's score only to right answers")
     parser.add_argument("--label-problems", type=int, default=120, help="training problems per task to label")
     parser.add_argument("--lucky-sft", type=float, default=0.0,
@@ -206,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
         for arm in arms:
             overrides = [*args.overrides, f"model.path={model}", f"steps={args.steps}", f"seed={seed}",
                          *arm_overrides(arm, args.weight, prm, args.gate)]
-            runs[arm].append(one_run(overrides, out / f"{arm}-s{seed}"))
+            runs[arm].append(one_run(overrides, out / run_name(arm, args.weight, seed)))
     summary = {arm: summarize(found) for arm, found in runs.items()}
     before = {name: interval([run["before"][name] for run in next(iter(runs.values()))])["mean"]
               for name in ("accuracy", "steps_right")}

@@ -42,3 +42,10 @@ def test_every_record_has_the_right_answer_and_wrong_steps_at_the_share(bench_mo
     where = [right for _, right, shows in found if shows]
     wrong_share = 1 - sum(where) / len(where)
     assert len(where) > 150 and abs(wrong_share - share) < 0.06
+
+
+def test_a_weight_sweep_reads_back_the_outcome_runs_and_keeps_each_weights_own(bench_module):
+    name = bench_module("process_rewards").run_name
+    assert name("outcome", 0.2, 1) == name("outcome", 0.5, 1) == "outcome-s1"
+    assert name("prm", 0.5, 1) == "prm-s1"   # the folders of runs made before weights had their own
+    assert len({name("prm", 0.2, 1), name("prm", 0.1, 1), name("prm", 0.5, 1), name("prm", 0.2, 2)}) == 4

@@ -4,7 +4,7 @@ steps; prints one JSON object.
 
     python bench/process_rewards.py [--model DIR] [--prm DIR] [--steps 60] [--seeds 0,1,2]
                                     [--arms outcome,prm,steps] [--weight 0.5] [--gate] [--label-problems 120]
-                                    [--out DIR] [key=value ...]
+                                    [--lucky-sft SHARE] [--sft-records 1200] [--out DIR] [key=value ...]
 
 The model (unless ``--model``): the built-in tiny model's small recipe (:data:`PRETRAIN`: 128
 wide, 2 layers, 400 steps of 32 documents, float32; about 4 minutes on one thread) pre-trained
@@ -13,11 +13,20 @@ written with the classic mistake (the dropped carry or borrow), half end with th
 anyway. The model so made sometimes writes wrong steps and then the right answer, which an
 outcome reward pays in full.
 
+With ``--lucky-sft SHARE`` the policy is instead the model (unless ``--model``: the built-in tiny
+model, its default recipe) fine-tuned by ``temper sft`` (4 epochs, lr 1e-3) on ``--sft-records``
+worked training problems per task, ``SHARE`` of them written with the classic mistake's steps
+and the right answer (:func:`lucky_records`). A pre-trained model writes a wrong step and then
+the answer that follows from it; this one has been taught the right answer after the wrong
+steps, so an outcome reward cannot tell its lucky solutions from right ones.
+
 The process reward model (unless ``--prm``): ``temper prm label`` on that model's own samples of
 ``--label-problems`` training problems per task (4 solutions, 4 continuations a step), then
 ``temper prm train`` on the built-in tiny model (6 epochs, lr 1e-3). Its labels say how often a
 step's continuations reach a right answer, so a wrong step after which the right answer is only
-sometimes written is valued low.
+sometimes written is valued low. With ``--lucky-sft`` it is labelled on the model before the
+fine-tuning: continued by the lucky policy, a wrong step reaches the right answer as often as a
+right one, and its labels would call both good.
 
 Arms, the quickstart config otherwise (same seed, steps, batch, evaluation):
 
@@ -33,14 +42,17 @@ leading to it). Per arm the JSON gives both after training (mean over tasks, the
 seeds and the half-width of its 95% t-interval), their change from before, and per seed; under
 ``checks``, for each process arm, its ``steps_right`` margin over ``outcome``, the seed spread
 (the larger of the two arms' ranges over seeds), whether the margin exceeds it, and the accuracy
-difference (within 2 points counts as equal). Runs stay under ``--out`` and a finished run of the
-same config is read back (as ``bench/joint.py`` does), so a stopped bench continues.
+difference (within 2 points counts as equal). Runs stay under ``--out`` (a process arm at another
+weight than 0.5 in its own folder, ``prm-w0.2-s0``) and a finished run of the same config is read
+back (as ``bench/joint.py`` does), so a stopped bench continues and a sweep of ``--weight`` trains
+only its process arms.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 
 from joint import earlier_run, interval
@@ -48,6 +60,7 @@ from stages import temper
 
 from tempering.build import resolve_model_path
 from tempering.config import load_config
+from tempering.tasks.arithmetic import ArithmeticTask
 from tempering.train import train
 
 TASKS = ("add", "sub", "mul")
@@ -57,12 +70,43 @@ PRETRAIN = ["pretrain.hidden_size=128", "pretrain.layers=2", "pretrain.heads=4",
                                            for t in TASKS) + "]"]
 OUTCOME = {"exact_match": 1.0, "format": 0.1}
 EXTRA = {"outcome": None, "prm": "process_model", "steps": "steps"}
+DEFAULT_WEIGHT = 0.5
 
 
 def lucky_model(threads: str) -> str:
     """The small tiny model pre-trained with lucky answers (cached like every built-in model)."""
     config = load_config("quickstart", [*PRETRAIN, threads])
     return str(resolve_model_path("builtin:tiny", config.pretrain, progress=True))
+
+
+def builtin_tiny(threads: str) -> str:
+    """The built-in tiny model by its default recipe (cached like every built-in model)."""
+    return str(resolve_model_path("builtin:tiny", load_config("quickstart", [threads]).pretrain, progress=True))
+
+
+def lucky_records(share: float, count: int, path: Path) -> None:
+    """``count`` worked training problems per task for ``temper sft``, each written with the
+    classic mistake's steps and the right answer (:meth:`ArithmeticTask.lucky_solution`) with
+    probability ``share``, else rightly; where no carry or borrow is needed both are the same."""
+    rng = random.Random(0)
+    with path.open("w") as f:
+        for name in TASKS:
+            task = ArithmeticTask(name=name, seed=0, operation=name)
+            for index in range(count):
+                problem = task.train_problem(index)
+                text = task.lucky_solution(problem) if rng.random() < share else task.solution(problem)
+                f.write(json.dumps({"prompt": problem.prompt, "completion": text}) + "\n")
+
+
+def lucky_policy(base: str, share: float, records: int, out: Path, threads: str) -> str:
+    """``base`` fine-tuned on :func:`lucky_records` into ``out/lucky-sft``, unless it finished there."""
+    run = out / "lucky-sft"
+    if not (run / "summary.json").is_file():
+        data = out / "lucky-sft.jsonl"
+        lucky_records(share, records, data)
+        temper("sft", str(data), "quickstart", f"model.path={base}", threads, "sft.lr=1e-3", "sft.epochs=4",
+               "sft.warmup_steps=3", "checkpoint.every=0", "--run-dir", str(run), "--quiet")
+    return str(run / "checkpoint-final")
 
 
 def trained_prm(model: str, out: Path, problems: int, threads: str) -> str:
@@ -89,6 +133,16 @@ def arm_overrides(arm: str, weight: float, prm: str | None, gate: bool) -> list[
     if arm == "prm" and gate:
         extra.append("rewards.options.process_model.gate=exact_match")
     return [f"tasks=[{tasks}]", *extra]
+
+
+def run_name(arm: str, weight: float, seed: int) -> str:
+    """A run's folder under ``--out``: a process arm at another weight than the default has its own,
+    so that a sweep of ``--weight`` reads back the outcome runs and the process runs it has.
+
+    >>> run_name("outcome", 0.2, 1), run_name("prm", 0.5, 1), run_name("prm", 0.2, 1)
+    ('outcome-s1', 'prm-s1', 'prm-w0.2-s1')
+    """
+    return f"{arm}-s{seed}" if arm == "outcome" or weight == DEFAULT_WEIGHT else f"{arm}-w{weight:g}-s{seed}"
 
 
 def one_run(overrides: list[str], run_dir: Path) -> dict:
@@ -137,9 +191,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--arms", default="outcome,prm,steps")
-    parser.add_argument("--weight", type=float, default=0.5, help="the process reward's weight beside the outcome's 1")
+    parser.add_argument("--weight", type=float, default=DEFAULT_WEIGHT, help="the process reward's weight beside the outcome's 1")
     parser.add_argument("--gate", action="store_true", help="pay the PRM's score only to right answers")
     parser.add_argument("--label-problems", type=int, default=120, help="training problems per task to label")
+    parser.add_argument("--lucky-sft", type=float, default=0.0,
+                        help="fine-tune the policy on worked problems, this share with wrong steps and the right answer; 0: none")
+    parser.add_argument("--sft-records", type=int, default=1200, help="--lucky-sft's worked problems per task")
     parser.add_argument("--out", default="runs/process-rewards")
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run (threads=1, eval sizes)")
     args = parser.parse_args(argv)
@@ -152,18 +209,21 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     threads = next((o for o in args.overrides if o.startswith("threads=")), "threads=1")
-    model = args.model or lucky_model(threads)
-    prm = (args.prm or trained_prm(model, out, args.label_problems, threads)) if "prm" in arms else None
+    if not 0 <= args.lucky_sft <= 1:
+        raise SystemExit(f"--lucky-sft: a share between 0 and 1, got {args.lucky_sft}")
+    base = args.model or (builtin_tiny(threads) if args.lucky_sft else lucky_model(threads))
+    model = lucky_policy(base, args.lucky_sft, args.sft_records, out, threads) if args.lucky_sft else base
+    prm = (args.prm or trained_prm(base, out, args.label_problems, threads)) if "prm" in arms else None
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in seeds:
         for arm in arms:
             overrides = [*args.overrides, f"model.path={model}", f"steps={args.steps}", f"seed={seed}",
                          *arm_overrides(arm, args.weight, prm, args.gate)]
-            runs[arm].append(one_run(overrides, out / f"{arm}-s{seed}"))
+            runs[arm].append(one_run(overrides, out / run_name(arm, args.weight, seed)))
     summary = {arm: summarize(found) for arm, found in runs.items()}
     before = {name: interval([run["before"][name] for run in next(iter(runs.values()))])["mean"]
               for name in ("accuracy", "steps_right")}
-    report = {"model": model, "prm": prm, "steps": args.steps, "seeds": seeds, "weight": args.weight,
+    report = {"model": model, "base": base, "lucky_sft": args.lucky_sft, "prm": prm, "steps": args.steps, "seeds": seeds, "weight": args.weight,
               "gate": args.gate,
               "before": before, "arms": summary, "checks": checks(summary), "out": str(out),
               "wall_s": {arm: sum(run["wall_s"] for run in found) for arm, found in runs.items()}}

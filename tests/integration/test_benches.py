@@ -68,8 +68,10 @@ QUICK = {
                     lambda out: out["syncs"] == 2 and out["payload_mib"] > 0.05 and out["disk_s"]["median"] > 0
                     and out["http_s"]["min"] > 0 and out["http_mib_per_s"] > 0),
     "process_rewards": (["--model", "{model}", "--arms", "outcome,steps", "--steps", "1", "--seeds", "0",
-                         "--out", "{out}", *SMALL],
+                         "--lucky-sft", "0.5", "--sft-records", "20", "--out", "{out}", *SMALL],
                         lambda out: set(out["arms"]) == {"outcome", "steps"} and out["prm"] is None
+                        and out["lucky_sft"] == 0.5 and Path(out["model"]).parent.name == "lucky-sft"
+                        and len(Path(out["out"], "lucky-sft.jsonl").read_text().splitlines()) == 60
                         and all(0 <= a[m]["mean"] <= 1 for a in out["arms"].values() for m in ("accuracy", "steps_right"))
                         and set(out["checks"]) == {"steps"} and Path(out["out"], "process_rewards.json").is_file()),
     "quickstart": (["steps=1", "model.path={model}", *SMALL],

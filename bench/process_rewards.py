@@ -4,7 +4,8 @@ steps; prints one JSON object.
 
     python bench/process_rewards.py [--model DIR] [--prm DIR] [--steps 60] [--seeds 0,1,2]
                                     [--arms outcome,prm,steps] [--weight 0.5] [--gate] [--label-problems 120]
-                                    [--lucky-sft SHARE] [--sft-records 1200] [--out DIR] [key=value ...]
+                                    [--lucky-sft SHARE] [--sft-records 1200] [--tasks add,sub,mul] [--out DIR]
+                                    [key=value ...]
 
 The model (unless ``--model``): the built-in tiny model's small recipe (:data:`PRETRAIN`: 128
 wide, 2 layers, 400 steps of 32 documents, float32; about 4 minutes on one thread) pre-trained
@@ -84,13 +85,13 @@ def builtin_tiny(threads: str) -> str:
     return str(resolve_model_path("builtin:tiny", load_config("quickstart", [threads]).pretrain, progress=True))
 
 
-def lucky_records(share: float, count: int, path: Path) -> None:
+def lucky_records(share: float, count: int, path: Path, tasks: tuple[str, ...] = TASKS) -> None:
     """``count`` worked training problems per task for ``temper sft``, each written with the
     classic mistake's steps and the right answer (:meth:`ArithmeticTask.lucky_solution`) with
     probability ``share``, else rightly; where no carry or borrow is needed both are the same."""
     rng = random.Random(0)
     with path.open("w") as f:
-        for name in TASKS:
+        for name in tasks:
             task = ArithmeticTask(name=name, seed=0, operation=name)
             for index in range(count):
                 problem = task.train_problem(index)
@@ -98,12 +99,12 @@ def lucky_records(share: float, count: int, path: Path) -> None:
                 f.write(json.dumps({"prompt": problem.prompt, "completion": text}) + "\n")
 
 
-def lucky_policy(base: str, share: float, records: int, out: Path, threads: str) -> str:
+def lucky_policy(base: str, share: float, records: int, out: Path, threads: str, tasks: tuple[str, ...] = TASKS) -> str:
     """``base`` fine-tuned on :func:`lucky_records` into ``out/lucky-sft``, unless it finished there."""
     run = out / "lucky-sft"
     if not (run / "summary.json").is_file():
         data = out / "lucky-sft.jsonl"
-        lucky_records(share, records, data)
+        lucky_records(share, records, data, tasks)
         temper("sft", str(data), "quickstart", f"model.path={base}", threads, "sft.lr=1e-3", "sft.epochs=4",
                "sft.warmup_steps=3", "checkpoint.every=0", "--run-dir", str(run), "--quiet")
     return str(run / "checkpoint-final")
@@ -121,14 +122,14 @@ def trained_prm(model: str, out: Path, problems: int, threads: str) -> str:
     return str(prm)
 
 
-def arm_overrides(arm: str, weight: float, prm: str | None, gate: bool) -> list[str]:
+def arm_overrides(arm: str, weight: float, prm: str | None, gate: bool, tasks: tuple[str, ...] = TASKS) -> list[str]:
     """The tasks with the arm's rewards and ``exact_steps`` as their metric."""
     rewards = dict(OUTCOME)
     if EXTRA[arm]:
         rewards[EXTRA[arm]] = weight
     written = "{" + ", ".join(f"{name}: {value}" for name, value in rewards.items()) + "}"
     tasks = ", ".join(f"{{name: {t}, options: {{digits: [2], metric: exact_steps}}, rewards: {written}}}"
-                      for t in TASKS)
+                      for t in tasks)
     extra = [f"rewards.options.process_model.path={prm}"] if arm == "prm" else []
     if arm == "prm" and gate:
         extra.append("rewards.options.process_model.gate=exact_match")
@@ -145,14 +146,14 @@ def run_name(arm: str, weight: float, seed: int) -> str:
     return f"{arm}-s{seed}" if arm == "outcome" or weight == DEFAULT_WEIGHT else f"{arm}-w{weight:g}-s{seed}"
 
 
-def one_run(overrides: list[str], run_dir: Path) -> dict:
+def one_run(overrides: list[str], run_dir: Path, tasks: tuple[str, ...] = TASKS) -> dict:
     """Accuracy and ``steps_right`` (means over the tasks) before and after, a run read back where it
     finished under the same config."""
     config = load_config("quickstart", [*overrides, f"run_dir={run_dir}"])
     summary = earlier_run(config, run_dir) or train(config, progress=False)
 
     def means(result: dict) -> dict:
-        right = [result["components"][t]["steps_right"] for t in TASKS if t in result.get("components", {})]
+        right = [result["components"][t]["steps_right"] for t in tasks if t in result.get("components", {})]
         return {"accuracy": result["accuracy"], "steps_right": sum(right) / len(right) if right else None}
 
     return {"before": means(summary["eval_before"]), "after": means(summary["eval_after"]),
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lucky-sft", type=float, default=0.0,
                         help="fine-tune the policy on worked problems, this share with wrong steps and the right answer; 0: none")
     parser.add_argument("--sft-records", type=int, default=1200, help="--lucky-sft's worked problems per task")
+    parser.add_argument("--tasks", default=",".join(TASKS), help="the arithmetic tasks trained and evaluated (and, with "
+                        "--lucky-sft, fine-tuned on)")
     parser.add_argument("--out", default="runs/process-rewards")
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run (threads=1, eval sizes)")
     args = parser.parse_args(argv)
@@ -206,24 +209,27 @@ def main(argv: list[str] | None = None) -> dict:
     if args.prm and not (Path(args.prm) / "prm.json").is_file():
         raise SystemExit(f"--prm {args.prm}: not a folder `temper prm train` saved (it holds no prm.json)")
     seeds = [int(s) for s in args.seeds.split(",")]
+    tasks = tuple(args.tasks.split(","))
+    if unknown := sorted(set(tasks) - set(TASKS)):
+        raise SystemExit(f"--tasks: unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     threads = next((o for o in args.overrides if o.startswith("threads=")), "threads=1")
     if not 0 <= args.lucky_sft <= 1:
         raise SystemExit(f"--lucky-sft: a share between 0 and 1, got {args.lucky_sft}")
     base = args.model or (builtin_tiny(threads) if args.lucky_sft else lucky_model(threads))
-    model = lucky_policy(base, args.lucky_sft, args.sft_records, out, threads) if args.lucky_sft else base
+    model = lucky_policy(base, args.lucky_sft, args.sft_records, out, threads, tasks) if args.lucky_sft else base
     prm = (args.prm or trained_prm(base, out, args.label_problems, threads)) if "prm" in arms else None
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in seeds:
         for arm in arms:
             overrides = [*args.overrides, f"model.path={model}", f"steps={args.steps}", f"seed={seed}",
-                         *arm_overrides(arm, args.weight, prm, args.gate)]
-            runs[arm].append(one_run(overrides, out / run_name(arm, args.weight, seed)))
+                         *arm_overrides(arm, args.weight, prm, args.gate, tasks)]
+            runs[arm].append(one_run(overrides, out / run_name(arm, args.weight, seed), tasks))
     summary = {arm: summarize(found) for arm, found in runs.items()}
     before = {name: interval([run["before"][name] for run in next(iter(runs.values()))])["mean"]
               for name in ("accuracy", "steps_right")}
-    report = {"model": model, "base": base, "lucky_sft": args.lucky_sft, "prm": prm, "steps": args.steps, "seeds": seeds, "weight": args.weight,
+    report = {"model": model, "base": base, "lucky_sft": args.lucky_sft, "tasks": list(tasks), "prm": prm, "steps": args.steps, "seeds": seeds, "weight": args.weight,
               "gate": args.gate,
               "before": before, "arms": summary, "checks": checks(summary), "out": str(out),
               "wall_s": {arm: sum(run["wall_s"] for run in found) for arm, found in runs.items()}}

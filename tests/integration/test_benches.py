@@ -56,6 +56,11 @@ QUICK = {
                and [note.split(":")[0] for note in out["notes"]] == ["0.2 GB"] and out["measured"]["bench"] == "memory"),
     "long_context": (["--models", "{model}", "--lengths", "96,320", "--micro-batch-tokens", "320", "--growth-from", "96",
                       "--budget-gb", "4", "--trl-lengths", "128"], lambda out: long_context_holds(out)),
+    "tiny_long_copy": (["--steps", "2", "--every", "1", "--problems", "2", "--hidden", "32", "--layers", "1",
+                        "--heads", "2", "--copy-rows", "2", "--other-weight", "0.05"],
+                       lambda out: [p["step"] for p in out["curve"]] == [0, 1, 2] and out["length"] == 256
+                       and all(0 <= p[k] <= 1 for p in out["curve"] for k in ("digit_accuracy", "first_digit_either"))
+                       and out["final"]["loss"] > 0 and out["settings"]["copy_rows"] == 2),
     "weight_sync": (["--model", "{model}", "--syncs", "2", "--chunk-mib", "0.01"],
                     lambda out: out["syncs"] == 2 and out["payload_mib"] > 0.05 and out["disk_s"]["median"] > 0
                     and out["http_s"]["min"] > 0 and out["http_mib_per_s"] > 0),

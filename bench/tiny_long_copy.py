@@ -15,11 +15,11 @@ that guesses, about 20%). Teacher-forced rather than sampled, so a half-learned 
 before whole answers come out right. This is the cheap check to run before the recipe's full
 pre-training, which takes tens of minutes.
 
-The loss weighs the answer line's tokens by ``answer-weight`` and the rest of the document by
+The loss weighs the answer's value and end by ``answer-weight`` and the rest of the document by
 ``other-weight`` (the recipe itself weighs all alike: 1 and 1), so that a denser signal for the
 copy can be tried; ``copy-rows`` adds that many rows to every step that repeat a random
-string (4 to 16 digits and capitals) after a few filler words, the repeat weighed as an answer
-line: dense practice at copying, which the recipe's corpus, four answer values in a few hundred
+string (4 to 16 digits and capitals A to J) after a few filler words, the repeat weighed as
+an answer is: dense practice at copying, which the recipe's corpus, four answer values in a few hundred
 characters, does not give. Not measured here: lengths past the first, sampling, RL.
 """
 
@@ -46,7 +46,7 @@ from tempering.tasks.long_context import WORDS
 
 STATED = re.compile(r"(?:is|changed to) (\d{4})\.")
 """A retrieval document's stated values, the latest and the stale one."""
-COPIED = string.digits + string.ascii_uppercase
+COPIED = string.digits + string.ascii_uppercase[:10]
 """The characters of a copy row's string."""
 
 
@@ -59,7 +59,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--answer-weight", type=float, default=1.0, help="loss weight of the answer line's tokens")
+    parser.add_argument("--answer-weight", type=float, default=1.0, help="loss weight of the answer's value and end")
     parser.add_argument("--other-weight", type=float, default=1.0, help="loss weight of the other tokens (0 = answer only)")
     parser.add_argument("--wrong-share", type=float, default=tiny_long.WRONG_SHARE, help="documents answered with the stale value")
     parser.add_argument("--batch-tokens", type=int, default=tiny_long.BATCH_TOKENS, help="tokens of a step, padded")
@@ -87,14 +87,14 @@ def recipe(args: argparse.Namespace):
 
 
 def copy_row(rng: random.Random) -> str:
-    """A string, filler words, and the string again on the last line.
+    """A string, filler words, and the string again.
 
-    >>> copy_row(random.Random(0)).split("\\n")[1] in copy_row(random.Random(0))[:16]
+    >>> copy_row(random.Random(0)).split(" ")[-1] == copy_row(random.Random(0)).split(".")[0]
     True
     """
     copied = "".join(rng.choice(COPIED) for _ in range(rng.randint(4, 16)))
     filler = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 30)))
-    return f"{copied}. {filler}.\n{copied}"
+    return f"{copied}. {filler}. {copied}"
 
 
 def with_copy_rows(input_ids_BT: torch.Tensor, labels_BT: torch.Tensor, rows: list[list[int]], pad_id: int
@@ -109,15 +109,17 @@ def with_copy_rows(input_ids_BT: torch.Tensor, labels_BT: torch.Tensor, rows: li
     return torch.tensor(input_ids), torch.tensor(labels)
 
 
-def weights(input_ids_BT: torch.Tensor, labels_BT: torch.Tensor, newline: int, answer: float, other: float) -> torch.Tensor:
-    """Each target token's loss weight: ``answer`` from the last line break on (the answer line
-    and its end), ``other`` before it, 0 on padding.
+def weights(input_ids_BT: torch.Tensor, labels_BT: torch.Tensor, breaks: list[int], answer: float, other: float
+            ) -> torch.Tensor:
+    """Each target token's loss weight: ``answer`` after the last space or line break (``breaks``:
+    the answer's value and the end, or a copy row's repeat), ``other`` up to it, 0 on padding.
 
-    >>> weights(torch.tensor([[5, 9, 5, 7, 7]]), torch.tensor([[5, 9, 5, 7, -100]]), 9, 4.0, 1.0).tolist()
+    >>> weights(torch.tensor([[5, 9, 5, 7, 7]]), torch.tensor([[5, 9, 5, 7, -100]]), [9], 4.0, 1.0).tolist()
     [[1.0, 1.0, 4.0, 4.0, 0.0]]
     """
     positions_BT = torch.arange(input_ids_BT.shape[1]).expand_as(input_ids_BT)
-    last_break_B = torch.where(input_ids_BT == newline, positions_BT, -1).max(dim=1, keepdim=True).values
+    is_break_BT = torch.isin(input_ids_BT, torch.tensor(breaks))
+    last_break_B = torch.where(is_break_BT, positions_BT, -1).max(dim=1, keepdim=True).values
     weights_BT = torch.where(positions_BT > last_break_B, answer, other)
     return weights_BT * (labels_BT != -100)
 
@@ -168,7 +170,7 @@ def run(args: argparse.Namespace) -> dict:
             input_ids_BT, labels_BT = with_copy_rows(input_ids_BT, labels_BT, rows, tokenizer.pad_token_id)
         logits_BTV = model(input_ids=input_ids_BT).logits[:, :-1]
         nll_BT = torch.nn.functional.cross_entropy(logits_BTV.transpose(1, 2), input_ids_BT[:, 1:], reduction="none")
-        weights_BT = weights(input_ids_BT, labels_BT, vocab["\n"], args.answer_weight, args.other_weight)[:, 1:]
+        weights_BT = weights(input_ids_BT, labels_BT, [vocab["\n"], vocab[" "]], args.answer_weight, args.other_weight)[:, 1:]
         loss = (nll_BT * weights_BT).sum() / weights_BT.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -16,7 +16,9 @@ is a step of its own. In :data:`WRONG_SHARE` of the documents the answer is the 
 mistake, the stale value (the code before it was changed) or a decoy's, so that held-out
 problems start part right and RL has something to fix. As measured (docs/models.md) this
 recipe does not get there yet: the model writes answer lines but has not learned to copy the
-value from the document, so it starts at 0% at every length.
+value from the document, so it starts at 0% at every length. ``bench/tiny_long_copy.py`` is
+the cheap check of a change (minutes at the shortest length): practice at copying, rows that
+repeat a random string, is what it found to make the copy form.
 
 :func:`domains` are the tasks the shipped ``long`` config trains and evaluates, with the
 corpus's options, and :func:`extrapolation` the one it only evaluates (a test keeps them in

@@ -48,7 +48,7 @@ import time
 
 import torch
 from memory import (CHUNK, PROMPT, checked_limit, ladder, length_list, load_for_length, model_label, peak_kb,
-                    reset_peak, run_child, run_script, sequences, tempering_step)
+                    ratios, reset_peak, run_child, run_script, sequences, tempering_step)
 from report import measured, save
 
 SDPA_KERNELS = "scaled_dot_product"
@@ -148,14 +148,13 @@ def one_model(options, model: str, limit: int) -> dict:
 
 
 def ratio_rows(results: dict) -> list[dict]:
+    """Each model's ``max_trainable`` as ``bench/memory.py`` words its ratios (for ``bench/report.py``)."""
     rows = []
     for label, result in results.items():
         best = result["max_trainable"]
-        if best and best["ratio"]:
-            rows.append({"what": f"longest sequence one learner step trains within {best['budget_gb']:g} GB, {label} "
-                                 f"(fp32, one thread): tempering {best['tempering']} tokens, TRL {best['trl']} "
-                                 f"(tempering / TRL)", "ratio": best["ratio"],
-                         **({"at_least": True} if best["at_least"] else {})})
+        if best:
+            longest = {f"{best['budget_gb']:g}": {"tempering": best["tempering"], "trl": best["trl"]}}
+            rows += ratios({"max_len": longest}, max(best["lengths"]), f"{label} (fp32, one thread)")[0]
     return rows
 
 

@@ -100,13 +100,20 @@ def lucky_records(share: float, count: int, path: Path, tasks: tuple[str, ...] =
 
 
 def lucky_policy(base: str, share: float, records: int, out: Path, threads: str, tasks: tuple[str, ...] = TASKS) -> str:
-    """``base`` fine-tuned on :func:`lucky_records` into ``out/lucky-sft``, unless it finished there."""
-    run = out / "lucky-sft"
-    if not (run / "summary.json").is_file():
-        data = out / "lucky-sft.jsonl"
-        lucky_records(share, records, data, tasks)
-        temper("sft", str(data), "quickstart", f"model.path={base}", threads, "sft.lr=1e-3", "sft.epochs=4",
-               "sft.warmup_steps=3", "checkpoint.every=0", "--run-dir", str(run), "--quiet")
+    """``base`` fine-tuned on :func:`lucky_records` into ``out/lucky-sft``, unless it finished there
+    on the same records (on others: refused, as :func:`earlier_run` refuses another config)."""
+    run, data, wanted = out / "lucky-sft", out / "lucky-sft.jsonl", out / "lucky-sft.next.jsonl"
+    lucky_records(share, records, wanted, tasks)
+    if (run / "summary.json").is_file():
+        same = data.is_file() and data.read_bytes() == wanted.read_bytes()
+        wanted.unlink()
+        if not same:
+            raise SystemExit(f"bench: {run} was fine-tuned on other records (another --lucky-sft, --sft-records or "
+                             "--tasks); give another --out or remove it")
+        return str(run / "checkpoint-final")
+    wanted.replace(data)
+    temper("sft", str(data), "quickstart", f"model.path={base}", threads, "sft.lr=1e-3", "sft.epochs=4",
+           "sft.warmup_steps=3", "checkpoint.every=0", "--run-dir", str(run), "--quiet")
     return str(run / "checkpoint-final")
 
 

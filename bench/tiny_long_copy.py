@@ -38,9 +38,7 @@ import torch
 from report import measured
 
 from tempering import tiny_long
-from tempering.learner.optim import lr_factor
-from tempering.models.tiny import build_model, build_tokenizer
-from tempering.pretrain import document_batches, document_ids
+from tempering.pretrain import document_batches, fresh_model, optimizer_and_schedule
 from tempering.tasks import build_task
 from tempering.tasks.long_context import WORDS
 
@@ -145,22 +143,12 @@ def read(model, problems: list, token_ids) -> dict:
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     config = recipe(args)
-    tokenizer = build_tokenizer()
+    model, tokenizer, token_ids = fresh_model(config)
     vocab = tokenizer.get_vocab()
-
-    def token_ids(text: str) -> list[int]:
-        return document_ids(text, vocab, tokenizer)
-
-    model = build_model(vocab_size=len(tokenizer), hidden_size=config.hidden_size, layers=config.layers,
-                        heads=config.heads, max_positions=config.max_positions, seed=config.seed,
-                        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                        eos_token_id=tokenizer.eos_token_id)
     retrieval = next(spec for spec in tiny_long.domains() if spec.name == "long_context:retrieval")
     problems = build_task(retrieval.name, seed=0, **{**retrieval.options, "lengths": [args.length]}
                           ).eval_problems_at(args.problems, args.length)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps, args.schedule, 0.1))
+    optimizer, schedule = optimizer_and_schedule(model, config, args.schedule)
     batches = document_batches(config, token_ids, tokenizer.pad_token_id)
     curve, losses, start = [{"step": 0, "wall_s": 0.0, **read(model, problems, token_ids)}], [], time.perf_counter()
     rng = random.Random(config.seed)

@@ -25,10 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -39,18 +36,7 @@ from tempering.config import load_config
 from tempering.rollout.remote import ServerGenerator, ServerSettings
 
 from report import cpu_model
-
-
-def serve(model_path: str) -> tuple[subprocess.Popen, str]:
-    """``temper serve`` on a free port of 127.0.0.1, and its URL."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "tempering.cli", "serve", model_path, "threads=1", "--port", "0",
-                                "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    line = process.stdout.readline()
-    if " at http://" not in line:
-        process.kill()
-        raise SystemExit(f"temper serve did not start: {process.stderr.read()[-2000:]}")
-    return process, line.split(" at ")[1].split()[0]
+from scale_servers import served
 
 
 def noisy(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
@@ -69,8 +55,7 @@ def main(args: argparse.Namespace) -> dict:
     config = load_config(None, [f"model.path={args.model}", "threads=1", *args.overrides])
     model, tokenizer, resolved = load_model(config, args.model, progress=False)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    process, url = serve(str(resolved))  # a resolved folder: the server needs no config
-    try:
+    with served(str(resolved), threads=1) as url:  # a resolved folder: the server needs no config
         with tempfile.TemporaryDirectory() as folder:
             chunk_bytes = int(args.chunk_mib * (1 << 20))
             ways = {"disk": ServerGenerator(ServerSettings(url, weights_dir=folder), tokenizer, model.config),
@@ -84,9 +69,6 @@ def main(args: argparse.Namespace) -> dict:
                     generator.load_weights(new)
                     if sync:  # the first of each way is a warm-up
                         times[name].append(time.perf_counter() - started)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     from safetensors.torch import save
 
     payload_mib = len(save(weights)) / (1 << 20)

@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from tqdm import tqdm
@@ -146,13 +146,8 @@ def document_ids(text: str, vocab: dict[str, int], tokenizer) -> list[int]:
     return [tokenizer.bos_token_id] + [i for part in parts for i in (*part, eos)]
 
 
-def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threads: Optional[int] = None) -> dict:
-    """Train a fresh tiny model; save model and tokenizer to ``out_dir``; return statistics.
-
-    ``threads`` as the config key (0 = the free cores, re-counted as it goes); None keeps
-    torch's current setting, which a caller such as ``train`` has chosen already.
-    """
-    governor = ThreadGovernor(threads) if threads is not None else None
+def fresh_model(config: PretrainConfig) -> tuple[Any, Any, Callable[[str], list[int]]]:
+    """An untrained tiny model of ``config``'s shape, its tokenizer, and a document's token ids."""
     tokenizer = build_tokenizer()
     tokenizer.model_max_length = max(tokenizer.model_max_length, config.max_positions)
     model = build_model(
@@ -162,14 +157,26 @@ def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threa
         eos_token_id=tokenizer.eos_token_id,
     )
     vocab = tokenizer.get_vocab()
+    return model, tokenizer, lambda text: document_ids(text, vocab, tokenizer)
 
-    def token_ids(text: str) -> list[int]:
-        return document_ids(text, vocab, tokenizer)
 
+def optimizer_and_schedule(model: Any, config: PretrainConfig, schedule: str = "cosine") -> tuple[Any, Any]:
+    """Pre-training's AdamW and its learning rate: ``warmup_steps`` up to ``lr``, then
+    ``schedule`` (``lr_factor``'s, to a tenth) over ``steps``."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps, "cosine", 0.1)
-    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps, schedule, 0.1))
+
+
+def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threads: Optional[int] = None) -> dict:
+    """Train a fresh tiny model; save model and tokenizer to ``out_dir``; return statistics.
+
+    ``threads`` as the config key (0 = the free cores, re-counted as it goes); None keeps
+    torch's current setting, which a caller such as ``train`` has chosen already.
+    """
+    governor = ThreadGovernor(threads) if threads is not None else None
+    model, tokenizer, token_ids = fresh_model(config)
+    optimizer, schedule = optimizer_and_schedule(model, config)
     model.train()
     start, losses = time.perf_counter(), []
     bar = tqdm(total=config.steps, desc="pretrain", disable=not progress, dynamic_ncols=True)

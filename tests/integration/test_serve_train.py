@@ -176,14 +176,10 @@ def test_a_partial_rollout_run_on_a_server_killed_and_resumed_keeps_the_uninterr
     checkpoint's): every step's tokens, counts and versions are the uninterrupted run's (against a
     server of its own), its floats and final weights equal to the server's last bits
     (docs/scale-out.md, "Exactness")."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     from safetensors.torch import load_file
-
-    from tempering.train import is_timing
+    from test_resume import step_records, temper
 
     args = [f"model.path={tiny_model_dir}", "steps=8", "threads=1", "seed=3", "tasks=[{name: add, options: {digits: [2]}}]",
             "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16", "learner.lr=1e-2",
@@ -191,20 +187,8 @@ def test_a_partial_rollout_run_on_a_server_killed_and_resumed_keeps_the_uninterr
             "eval.max_new_tokens=16", "checkpoint.every=1", "pipeline.mode=async", "pipeline.partial_rollouts=true",
             "pipeline.partial_chunk_tokens=6"]
 
-    def temper(*more: str, kill_at: str | None = None) -> int:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TEMPERING_CACHE": str(tempering_cache)}
-        env.pop("TEMPERING_KILL_AT", None)
-        if kill_at:
-            env["TEMPERING_KILL_AT"] = kill_at
-        done = subprocess.run([sys.executable, "-m", "tempering.cli", "train", "--quiet", *more], env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode in (0, -signal.SIGKILL), done.stderr[-3000:]
-        return done.returncode
-
-    def records(run) -> list[dict]:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-        return [{k: v for k, v in json.loads(line).items() if not is_timing(k) and not k.startswith("server/")}
-                for line in lines]
+    def records(run) -> list[dict]:  # a server's own counters and versions differ between its runs
+        return [{k: v for k, v in r.items() if not k.startswith("server/")} for r in step_records(run)]
 
     reference, run = tmp_path / "reference", tmp_path / "run"
     with serving(tiny_model_dir, tempering_cache) as url:

@@ -49,3 +49,15 @@ def test_a_weight_sweep_reads_back_the_outcome_runs_and_keeps_each_weights_own(b
     assert name("outcome", 0.2, 1) == name("outcome", 0.5, 1) == "outcome-s1"
     assert name("prm", 0.5, 1) == "prm-s1"   # the folders of runs made before weights had their own
     assert len({name("prm", 0.2, 1), name("prm", 0.1, 1), name("prm", 0.5, 1), name("prm", 0.2, 2)}) == 4
+
+
+def test_a_finished_fine_tuning_of_other_records_is_refused_not_reused(bench_module, tmp_path):
+    bench = bench_module("process_rewards")
+    (tmp_path / "lucky-sft").mkdir()
+    (tmp_path / "lucky-sft" / "summary.json").write_text("{}")
+    bench.lucky_records(0.5, 20, tmp_path / "lucky-sft.jsonl")
+    same = bench.lucky_policy("base", 0.5, 20, tmp_path, "threads=1")  # the same records: read back, nothing run
+    assert same == str(tmp_path / "lucky-sft" / "checkpoint-final")
+    with pytest.raises(SystemExit, match="fine-tuned on other records"):
+        bench.lucky_policy("base", 0.5, 20, tmp_path, "threads=1", tasks=("add", "sub"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lucky-sft", "lucky-sft.jsonl"]

@@ -52,3 +52,17 @@ def test_a_resumed_run_takes_new_server_addresses_and_refuses_every_other_overri
         args = build_parser().parse_args(["train", "--resume", str(run), *other])
         with pytest.raises(ConfigError, match="rollout.server.url, pipeline.ray_address"):
             _resumed_config(args, args.config_and_overrides, movable=("rollout.server.url", "pipeline.ray_address"))
+
+
+def test_a_resumed_run_that_sampled_in_its_own_process_is_not_moved_onto_a_server(tmp_path):
+    """A server address given to a run that had none would change what it computes (another
+    sampler); the refusal says so and what to do, not how the config's sections nest."""
+    from tempering.cli import _resumed_config
+    from tempering.config import ConfigError, TrainConfig, save_resolved
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_resolved(TrainConfig(steps=7), run / "config.yaml")
+    args = build_parser().parse_args(["train", "--resume", str(run), "rollout.server.url=http://a:1"])
+    with pytest.raises(ConfigError, match="sampled in its own process.*start a new run"):
+        _resumed_config(args, args.config_and_overrides, movable=("rollout.server.url", "pipeline.ray_address"))

@@ -200,7 +200,7 @@ class AlgorithmConfig(Strict):
     filtering. Names are looked up in the registries of ``tempering.algorithms``.
     """
 
-    advantage: str = Field("grpo", description="advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae (a critic is built), distill (on-policy distillation from algorithm.teacher), best_worst (+1 on each group's best rollout, -1 on its worst: the pairs of loss online_dpo), or module:function")
+    advantage: str = Field("grpo", description="advantage estimator: grpo, grpo_turns (grpo with a baseline per turn of a multi-turn episode: the group's episodes that reached that turn), dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae (a critic is built), distill (on-policy distillation from algorithm.teacher), best_worst (+1 on each group's best rollout, -1 on its worst: the pairs of loss online_dpo), or module:function")
     loss: str = Field("ppo_clip", description="policy loss: ppo_clip, dual_clip, gspo, cispo, reinforce, online_dpo (DPO on each group's best and worst rollout against the frozen initial policy; needs advantage: best_worst), or module:function")
     aggregation: str = Field("token_mean", description="how token losses become one number: token_mean, seq_mean_token_mean, seq_mean_token_sum, token_sum_norm, or module:function")
     norm_length: int = Field(0, ge=0, description="token_sum_norm's divisor per sequence, in tokens; 0 = rollout.max_new_tokens")

@@ -9,12 +9,14 @@ from tempering.algorithms.advantages import (
     dr_grpo,
     gae,
     grpo,
+    grpo_turns,
     needs_values,
     reinforce_pp,
     reinforce_pp_baseline,
     rloo,
     sequence_rewards,
     token_rewards,
+    turn_index,
 )
 
 
@@ -205,6 +207,38 @@ def test_a_kl_penalty_in_the_reward_lowers_each_rollouts_reward_by_its_sum():
     # dr_grpo on them: mean 0.65 -> +0.05, -0.05; equal rewards alone would have given 0
     torch.testing.assert_close(dr_grpo(inputs), torch.tensor([[0.05, 0.05, 0.0], [0.0, -0.05, -0.05]]),
                                atol=1e-6, rtol=0)
+
+
+def test_grpo_turns_compares_each_turn_with_the_groups_episodes_that_reached_it():
+    # One group of four episodes, as the reflection environment plays them: right at once (1),
+    # fixed at the second attempt (1), wrong twice (0), wrong three times (0). Prompt token first
+    # (untrained), observations between turns (untrained).
+    mask_BT = torch.tensor([[0., 1., 1., 0., 0., 0., 0.],
+                            [0., 1., 0., 1., 0., 0., 0.],
+                            [0., 1., 0., 1., 0., 0., 0.],
+                            [0., 1., 0., 1., 0., 1., 1.]])
+    rewards_B = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    inputs = AdvantageInputs(rewards_B, torch.zeros(4, dtype=torch.long), mask_BT)
+
+    assert turn_index(mask_BT)[3].tolist() == [0, 0, 0, 1, 1, 2, 2]
+    advantages_BT = grpo_turns(inputs)
+
+    # turn 0: all four, mean 0.5, std √(4 · 0.25 / 3) = 0.57735027; ±0.5 / (0.57735027 + 1e-6)
+    first = 0.5 / (1 / 3 ** 0.5 + 1e-6)
+    # turn 1: the three that reached it, rewards 1, 0, 0: mean 1/3, std √((4/9 + 1/9 + 1/9) / 2) = 0.57735027
+    fixed, unfixed = (2 / 3) / (1 / 3 ** 0.5 + 1e-6), -(1 / 3) / (1 / 3 ** 0.5 + 1e-6)
+    # turn 2: one episode reached it: a group of one, 0
+    expected_BT = torch.tensor([[0., first, first, 0., 0., 0., 0.],
+                                [0., first, 0., fixed, 0., 0., 0.],
+                                [0., -first, 0., unfixed, 0., 0., 0.],
+                                [0., -first, 0., unfixed, 0., 0., 0.]])
+    torch.testing.assert_close(advantages_BT, expected_BT, atol=1e-6, rtol=0)
+    # grpo gives every later attempt the group's verdict, a failing retry and a fixing one alike
+    # pushed by the first attempt's baseline
+    assert grpo(inputs)[1, 3] == first and grpo(inputs)[2, 3] == -first
+    single_BT = torch.tensor([[1., 1.], [1., 0.], [0., 1.]])
+    one_turn = AdvantageInputs(torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0, 0, 1]), single_BT)
+    torch.testing.assert_close(grpo_turns(one_turn), grpo(one_turn), atol=0, rtol=0)
 
 
 def test_every_estimator_is_registered_and_only_gae_needs_a_critic():

@@ -208,3 +208,28 @@ def test_corpus_reflections_changes_no_document_when_zero_and_is_refused_out_of_
     assert 10 <= sum(TURN_END in half.corpus_document(i, 0.6) for i in range(40)) <= 30
     with pytest.raises(ValueError, match="corpus_reflections"):
         build_task("code", seed=0, corpus_reflections=1.5)
+
+
+def test_a_feedback_family_leaves_its_detail_to_the_tests_and_holds_out_what_it_asks():
+    """``upper`` keeps k or not, drawn per problem: the prompt's example holds for both choices,
+    the other choice's first failing hidden case is ``upper([k])`` (so the feedback tells which),
+    and the split goes by k alone: no held-out k is asked for in training, with either choice.
+    Only a task that names it draws it."""
+    task = build_task("code", seed=0, families=["upper"], corpus_reflections=1.0)
+    family = FAMILY_BY_NAME["upper"]
+    problems = [task.train_problem(i) for i in range(300)]
+    assert {p.meta["params"]["op"] for p in problems} == {">=", ">"}
+    for index, problem in enumerate(problems):
+        params, cases = problem.meta["params"], problem.meta["tests"]["cases"]
+        example = cases[len(family.edges(params))]
+        assert f"# upper({example['args'][0]!r}) == {example['expected']!r}\n" in problem.prompt
+        assert run_reference(reference(family, params, 0), example["args"]) == (True, example["expected"])
+        k = params["k"]
+        document = task.corpus_document(index, 0.6)
+        assert f"failed this test: assert upper([{k}]) == {[k] if params['op'] == '>=' else []!r}" in document
+    held_out = task.eval_problems(40)
+    assert {p.meta["params"]["op"] for p in held_out} == {">=", ">"}
+    trained = {task.train_problem(i).meta["params"]["k"] for i in range(3000)}
+    assert not {p.meta["params"]["k"] for p in held_out} & trained
+    assert "upper" not in {f.name for f in build_task("code", seed=0).families}
+    assert "upper" not in {f.name for f in build_task("code:filter", seed=0).families}

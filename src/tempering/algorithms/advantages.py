@@ -161,6 +161,53 @@ def grpo(inputs: AdvantageInputs) -> torch.Tensor:
     return advantage_B[:, None] * inputs.mask_BT
 
 
+def turn_index(mask_BT: torch.Tensor) -> torch.Tensor:
+    """Which model turn of its row each token is in (0 for the first): a turn is a run of
+    trained tokens, and the environment's observations between turns are untrained.
+
+    >>> turn_index(torch.tensor([[0., 1., 1., 0., 1., 0., 0., 1.]]))
+    tensor([[0, 0, 0, 0, 1, 1, 1, 2]])
+    """
+    trained_BT = mask_BT > 0
+    before_BT = torch.nn.functional.pad(trained_BT[:, :-1], (1, 0))
+    starts_BT = trained_BT & ~before_BT
+    return (starts_BT.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@register_advantage("grpo_turns")
+def grpo_turns(inputs: AdvantageInputs) -> torch.Tensor:
+    """GRPO with a baseline per turn: a token of turn t gets its episode's reward minus the mean
+    of the group's episodes that reached turn t, divided by their std (+eps).
+
+    In an environment that answers a failed attempt (``reflection``), only episodes whose
+    earlier attempts failed reach a later one, so the whole group's mean (``grpo``) is above
+    what a later attempt can expect, and every later attempt, fixed or not, is pushed down
+    with its format. Against the episodes that reached the same turn, a retry that fixes is
+    pushed up and one that does not is pushed down. One-turn rollouts get ``grpo``'s
+    advantages.
+
+    >>> mask_BT = torch.tensor([[1., 0., 0.], [1., 0., 1.], [1., 0., 1.]])
+    >>> grpo_turns(AdvantageInputs(torch.tensor([1., 1., 0.]), torch.zeros(3, dtype=torch.long), mask_BT))
+    tensor([[ 0.5773,  0.0000,  0.0000],
+            [ 0.5773,  0.0000,  0.7071],
+            [-1.1547,  0.0000, -0.7071]])
+    """
+    rewards_B, mask_BT = sequence_rewards(inputs), inputs.mask_BT
+    turn_BT = turn_index(mask_BT)
+    advantages_BT = torch.zeros_like(mask_BT, dtype=rewards_B.dtype)
+    for turn in range(int(turn_BT.max().item()) + 1 if mask_BT.numel() else 0):
+        in_turn_BT = (turn_BT == turn) & (mask_BT > 0)
+        reached_B = in_turn_BT.any(-1)
+        if not reached_B.any():
+            continue
+        rewards_R = rewards_B[reached_B]
+        mean_R, std_R = group_statistics(rewards_R, inputs.group_B[reached_B])
+        advantage_B = torch.zeros_like(rewards_B)
+        advantage_B[reached_B] = (rewards_R - mean_R) / (std_R + inputs.eps)
+        advantages_BT = advantages_BT + advantage_B[:, None] * in_turn_BT
+    return advantages_BT * mask_BT
+
+
 @register_advantage("dr_grpo")
 def dr_grpo(inputs: AdvantageInputs) -> torch.Tensor:
     """Dr. GRPO: reward minus its group's mean, not divided by the std.

@@ -51,7 +51,7 @@ from tempering.registry import typed_options
 from tempering.rewards.code import problem_tests
 from tempering.sandbox.spec import CaseResult, values_match
 from tempering.tasks.base import StreamState, register_task
-from tempering.tasks.code_families import FAMILIES, KINDS, Family, Params, reference, run_reference
+from tempering.tasks.code_families import FAMILIES, FEEDBACK_FAMILIES, KINDS, Family, Params, reference, run_reference
 from tempering.types import Problem, domain_of
 
 EVAL_EVERY = 4
@@ -66,7 +66,7 @@ _ENUMERATE_DRAWS = 100
 
 
 def _bucket(family: Family, params: Params) -> int:
-    return zlib.crc32(f"{family.name}:{json.dumps(params, sort_keys=True)}".encode())
+    return zlib.crc32(f"{family.name}:{json.dumps(family.asked(params), sort_keys=True)}".encode())
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,14 +74,15 @@ def _fallback(family: Family) -> str:
     """The constants (as JSON) held out when none of a family's level-1 constants falls in
     the held-out bucket ('' when some do); level 1's constants are drawn at every level."""
     rng = random.Random(f"enumerate:{family.name}")
-    seen = {json.dumps(family.constants(rng, 1), sort_keys=True) for _ in range(_ENUMERATE_DRAWS)}
+    seen = {json.dumps(family.asked(family.constants(rng, 1)), sort_keys=True) for _ in range(_ENUMERATE_DRAWS)}
     if any(_bucket(family, json.loads(p)) % EVAL_EVERY == 0 for p in seen):
         return ""
     return min(seen, key=lambda p: _bucket(family, json.loads(p)))
 
 
 class CodeTask(StreamState):
-    """Problems from the families of ``kinds`` (all by default) or the named ``families``,
+    """Problems from the families of ``kinds`` (all by default) or the named ``families`` (these
+    may name a feedback family, which ``kinds`` alone never draws),
     at ``levels`` (1..3, one drawn per problem), with at least ``tests`` hidden call cases.
 
     ``partial``: the reward is the share of cases passed instead of 1 only when all pass.
@@ -118,7 +119,8 @@ class CodeTask(StreamState):
         self.corpus_reflections = corpus_reflections
         if unknown := sorted(set(kinds) - set(KINDS)):
             raise ValueError(f"unknown code kinds {unknown}; known: {', '.join(KINDS)}")
-        chosen = [f for f in FAMILIES if f.kind in kinds]
+        offered = FAMILIES + FEEDBACK_FAMILIES if families else FAMILIES  # feedback families only by name
+        chosen = [f for f in offered if f.kind in kinds]
         if families:
             known = {f.name for f in chosen}
             if unknown := sorted(set(families) - known):
@@ -143,7 +145,8 @@ class CodeTask(StreamState):
 
     @staticmethod
     def is_held_out(family: Family, params: Params) -> bool:
-        return _bucket(family, params) % EVAL_EVERY == 0 or json.dumps(params, sort_keys=True) == _fallback(family)
+        return (_bucket(family, params) % EVAL_EVERY == 0
+                or json.dumps(family.asked(params), sort_keys=True) == _fallback(family))
 
     def _draw(self, rng: random.Random, want_eval: bool) -> tuple[Family, int, Params]:
         for _ in range(10_000):

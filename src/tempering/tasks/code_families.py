@@ -46,6 +46,9 @@ class Family:
     draw: Callable[[random.Random, Params, int], Args]
     edges: Callable[[Params], list[Args]]
     compare: str = "json"
+    hidden: tuple[str, ...] = ()
+    """Constants the spec never shows (a detail left to the tests); the held-out split ignores
+    them, so a held-out problem differs from every training problem in what it asks."""
 
     def signature(self) -> str:
         return f"def {self.name}({self.args}):"
@@ -54,6 +57,10 @@ class Family:
         """The whole function: the reference body, or bug number ``buggy``."""
         body = self.body if buggy < 0 else self.bugs[buggy]
         return self.signature() + "\n" + _indent(body.format(name=self.name, **params))
+
+    def asked(self, params: Params) -> Params:
+        """The constants the spec may show: ``params`` without the hidden ones."""
+        return {key: value for key, value in params.items() if key not in self.hidden}
 
 
 def _indent(body: str) -> str:
@@ -325,8 +332,31 @@ def _nested(rng: random.Random, level: int, depth: int = 0) -> list:
     return out
 
 
-FAMILY_BY_NAME = {family.name: family for family in FAMILIES}
+def _upper_constants(rng: random.Random, level: int) -> Params:
+    keep = rng.random() < 0.5
+    return {"k": _const(rng, level), "op": ">=" if keep else ">", "other": ">" if keep else ">="}
+
+
+def _list_around_but_k(rng: random.Random, p: Params, level: int) -> Args:
+    """A list near k without k itself: the prompt's example (a drawn case) never shows
+    whether k is kept."""
+    return [[x if x != p["k"] else x + 1 for x in _ints(rng, level, p["k"])]]
+
+
+FEEDBACK_FAMILIES: list[Family] = [
+    Family("upper", "filter", "xs", "the items of xs from {k} up, in order; whether {k} itself is kept, the tests say",
+           "return [x for x in xs if x {op} {k}]", ("return [x for x in xs if x {other} {k}]",),
+           _upper_constants, _list_around_but_k, _list_edges, hidden=("op", "other")),
+]
+"""Families whose spec leaves one detail to the hidden tests (``hidden`` constants, drawn per
+problem): no first attempt can do better than guess it, and the first failing test (an edge
+case on the boundary) tells it, so they measure whether a model uses feedback (the
+``reflection`` environment). A task draws them only when named in ``families``; ``code`` and
+its kinds never do, since a single attempt cannot learn them."""
+
+
+FAMILY_BY_NAME = {family.name: family for family in FAMILIES + FEEDBACK_FAMILIES}
 """Family name -> family. The names are the functions' names, unique across kinds."""
 
-assert len(FAMILY_BY_NAME) == len(FAMILIES), "family names must be unique"
-assert all(family.kind in KINDS for family in FAMILIES)
+assert len(FAMILY_BY_NAME) == len(FAMILIES) + len(FEEDBACK_FAMILIES), "family names must be unique"
+assert all(family.kind in KINDS for family in FAMILIES + FEEDBACK_FAMILIES)

@@ -83,8 +83,8 @@ def _resumed_config(args: argparse.Namespace, extra: list[str], movable: tuple[s
         allowed = f" (only {', '.join(movable)} may be given, for servers that moved)" if movable else ""
         raise ConfigError(f"--resume continues a run with its own saved config; drop {refused[0] if refused else '--run-dir'}"
                           f"{allowed}")
-    config = load_config(saved)
-    if config.rollout.server is None and any(item.startswith("rollout.server.") for item in extra):
+    # read the saved config alone only when a server is named: a null section cannot take one
+    if any(item.startswith("rollout.server.") for item in extra) and load_config(saved).rollout.server is None:
         raise ConfigError(f"--resume {run_dir}: this run sampled in its own process (its rollout.server is null); "
                           "a server would be another sampler, not the same run moved: start a new run with "
                           "rollout.server.url=... instead")

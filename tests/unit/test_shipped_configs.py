@@ -49,9 +49,9 @@ def _transcript_turns(task, draws: int) -> dict[str, str]:
     longest: dict[str, str] = {}
     for index in range(draws):
         problem = task.train_problem(index)
+        kind = problem.id.rsplit("-", 1)[0]
         for naive, wrong_span in ((0, 0), (1, 0), (0, 1)):
             for call in episode_calls(problem, random.Random(index), Mistakes(naive, 0, wrong_span)):
-                kind = problem.id.rsplit("-", 1)[0]
                 longest[kind] = max(longest.get(kind, ""), call, key=len)
     return longest
 

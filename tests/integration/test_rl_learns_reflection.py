@@ -7,19 +7,16 @@ The run is ``configs/code-reflection.yaml``'s, its model the config's own (pre-t
 into the test session's cache): the tiny coder on the ``upper`` family, whose spec leaves to
 the hidden tests whether k itself is kept (drawn per problem, never in the prompt). A first
 attempt can only guess it; the first failing test, ``upper([k])``, tells it. The pre-training
-corpus holds reflection transcripts whose second attempt is drawn independently of the
-feedback, so before RL the greedy second attempt does not follow it (greedy[round<=3] about
-equals greedy[round<=1]); RL in the environment, whose reward is the last attempt's, must teach
-the model to write the other choice after a failing test.
+corpus holds reflection transcripts whose second attempt repeats the first nine times in ten,
+so before RL the greedy second attempt copies the first (greedy[round<=3] about equals
+greedy[round<=1]); RL in the environment, whose reward is the last attempt's, must teach the
+model to write the other choice after a failing test.
 
-The GRPO case is an expected failure, strict, with what was measured: the recipe does not yet
-teach it. On a shared AMD EPYC (float32, seed 0, 24 held-out problems) held-out greedy[round<=1],
-[round<=2] and [round<=3] were 54.2% each before and 41.7% each after (the greedy second
-attempt repeats the first, before and after); on training problems, sampled, the share of
-second attempts that switched to the other choice went from 0.44 to 0.47 (samples of the first
-and the third ten steps), episodes fixed after feedback from 0.15 to 0.23 (first two steps, last
-ten) and episode success from 0.57 to 0.73. When a change to the recipe makes the case pass, the strict mark
-fails it, and the mark goes. See docs/code-rl.md.
+Measured on a shared AMD EPYC (float32, seed 0, 48 held-out problems): greedy[round<=1],
+[round<=2], [round<=3] 56.2%, 58.3%, 58.3% before and 50.0%, 93.8%, 93.8% after (the gain
++2.1 -> +43.8 points); the zeroed run leaves the model as it was. What the model learns is
+"write > first, >= after a failing test", which uses that a test failed, not what it says
+(docs/code-rl.md).
 """
 
 from __future__ import annotations
@@ -33,7 +30,10 @@ from tempering.train import train
 
 GAIN = 0.25
 """How much more the feedback must add after training than before: greedy[round<=3] minus
-greedy[round<=1], after minus before, on the config's 24 held-out problems (6 of them)."""
+greedy[round<=1], after minus before, on the config's 48 held-out problems (12 of them)."""
+
+AFTER = 0.10
+"""What the feedback must add after training (greedy[round<=3] minus greedy[round<=1])."""
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def feedback_gain(by_round: dict) -> float:
 
 @pytest.mark.slow  # the config's pre-training (minutes) and two runs of its steps
 @pytest.mark.parametrize("advantage, learns", [
-    pytest.param("grpo_turns", True, marks=pytest.mark.xfail(strict=True, reason="measured: +0.0, see the docstring")),
+    ("grpo_turns", True),
     ("learning:zeroed", False),
 ])
 def test_rl_in_the_reflection_env_teaches_using_feedback_and_a_zeroed_signal_does_not(
@@ -65,5 +65,6 @@ def test_rl_in_the_reflection_env_teaches_using_feedback_and_a_zeroed_signal_doe
     learned = feedback_gain(by_round["after"]) - feedback_gain(by_round["before"])
     if learns:
         assert learned > GAIN, f"feedback's gain moved by {learned:+.3f} (need > {GAIN}): {by_round}"
+        assert feedback_gain(by_round["after"]) >= AFTER, by_round
     else:
         assert abs(learned) < GAIN / 2, f"a zeroed signal still moved feedback's gain by {learned:+.3f}: {by_round}"

@@ -233,3 +233,32 @@ def test_a_feedback_family_leaves_its_detail_to_the_tests_and_holds_out_what_it_
     assert not {p.meta["params"]["k"] for p in held_out} & trained
     assert "upper" not in {f.name for f in build_task("code", seed=0).families}
     assert "upper" not in {f.name for f in build_task("code:filter", seed=0).families}
+
+
+def test_head_or_leaves_a_number_to_the_tests_which_only_the_failing_test_gives():
+    """``head_or``'s value for an empty list is drawn per problem and never in the prompt (whose
+    example is never empty); its bug (another number) fails only the empty case, so the
+    feedback is always that case with the value expected; the split goes by k alone. The same k
+    asks for many values, so no value can be learned from the spec."""
+    task = build_task("code", seed=0, families=["head_or"], corpus_reflections=1.0)
+    family = FAMILY_BY_NAME["head_or"]
+    problems = [task.train_problem(i) for i in range(300)]
+    for index, problem in enumerate(problems):
+        params, cases = problem.meta["params"], problem.meta["tests"]["cases"]
+        assert params["w"] != params["d"]
+        assert cases[0]["args"] == [[]] and cases[0]["expected"] == params["d"]
+        assert all(case["args"] != [[]] for case in cases[1:])
+        assert f"else {params['d']}" not in problem.prompt
+        buggy = reference(family, params, 0)
+        assert [run_reference(buggy, case["args"]) == (True, case["expected"]) for case in cases] == \
+            [False] + [True] * (len(cases) - 1)
+        document = task.corpus_document(index, 0.6)
+        assert f"failed this test: assert head_or([]) == {params['d']} (returned {params['w']})" in document
+    by_k: dict[int, set[int]] = {}
+    for problem in problems:
+        by_k.setdefault(problem.meta["params"]["k"], set()).add(problem.meta["params"]["d"])
+    assert max(len(values) for values in by_k.values()) >= 3
+    held_out = task.eval_problems(40)
+    trained = {task.train_problem(i).meta["params"]["k"] for i in range(3000)}
+    assert not {p.meta["params"]["k"] for p in held_out} & trained
+    assert "head_or" not in {f.name for f in build_task("code", seed=0).families}

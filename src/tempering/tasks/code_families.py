@@ -343,15 +343,31 @@ def _list_around_but_k(rng: random.Random, p: Params, level: int) -> Args:
     return [[x if x != p["k"] else x + 1 for x in _ints(rng, level, p["k"])]]
 
 
+def _head_or_constants(rng: random.Random, level: int) -> Params:
+    k, value, wrong = _const(rng, level), _const(rng, level), _const(rng, level)
+    return {"k": k, "d": value, "w": wrong if wrong != value else value + 1}
+
+
+def _non_empty_around_k(rng: random.Random, p: Params, level: int) -> Args:
+    """A non-empty list: the prompt's example never shows what an empty one gives."""
+    return [_ints(rng, level, p["k"]) or [p["k"]]]
+
+
 FEEDBACK_FAMILIES: list[Family] = [
     Family("upper", "filter", "xs", "the items of xs from {k} up, in order; whether {k} itself is kept, the tests say",
            "return [x for x in xs if x {op} {k}]", ("return [x for x in xs if x {other} {k}]",),
            _upper_constants, _list_around_but_k, _list_edges, hidden=("op", "other")),
+    Family("head_or", "aggregate", "xs", "the first item of xs plus {k}; for an empty xs, the value the tests say",
+           "return xs[0] + {k} if xs else {d}", ("return xs[0] + {k} if xs else {w}",),
+           _head_or_constants, _non_empty_around_k, lambda p: [[[]], [[0]], [[p["k"]]], [[-3, 5]]],
+           hidden=("d", "w")),
 ]
 """Families whose spec leaves one detail to the hidden tests (``hidden`` constants, drawn per
 problem): no first attempt can do better than guess it, and the first failing test (an edge
 case on the boundary) tells it, so they measure whether a model uses feedback (the
-``reflection`` environment). A task draws them only when named in ``families``; ``code`` and
+``reflection`` environment). ``upper``'s detail is one of two choices, so "after a failure,
+write the other one" solves it without reading the test; ``head_or``'s is a number (the value
+for an empty list, its bug another number) that only the failing test's expected value gives. A task draws them only when named in ``families``; ``code`` and
 its kinds never do, since a single attempt cannot learn them."""
 
 

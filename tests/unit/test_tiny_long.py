@@ -46,11 +46,12 @@ def test_the_corpus_starts_short_and_answers_every_retrieval_with_the_latest_val
     assert latest == 400  # WRONG_SHARE 0: with stale answers in the corpus the lookup did not form
 
 
-def test_the_recipe_practises_copying_at_a_constant_rate_with_the_loss_on_the_answer():
+def test_the_recipe_practises_copying_at_its_peak_rate_through_the_shortest_documents_with_the_loss_on_the_answer():
     recipe = tiny_long.recipe()
-    assert (recipe.copy_rows, recipe.context_weight, recipe.schedule) == (tiny_long.COPY_ROWS, tiny_long.CONTEXT_WEIGHT,
-                                                                          "constant")
+    assert (recipe.copy_rows, recipe.context_weight) == (tiny_long.COPY_ROWS, tiny_long.CONTEXT_WEIGHT)
     assert recipe.copy_rows > 0 and 0 < recipe.context_weight < 1
+    first = -(-tiny_long.DOCS[0] // (tiny_long.BATCH_TOKENS // (tiny_long.LENGTHS[0] + tiny_long.ANSWER_ROOM)))
+    assert recipe.hold_steps == tiny_long.stage_steps()[0] == first and recipe.schedule == "cosine"
 
 
 def test_tiny_long_has_its_own_cache_entry_whatever_the_pretrain_section_says():
@@ -143,19 +144,24 @@ def test_the_copy_practice_fields_keep_old_cache_keys_at_their_defaults_and_make
     from tempering.pretrain import cache_key
 
     keys = {cache_key(PretrainConfig(**change)) for change in (
-        {}, {"schedule": "constant"}, {"copy_rows": 4}, {"context_weight": 0.05})}
-    assert len(keys) == 4
-    assert cache_key(PretrainConfig(schedule="cosine", copy_rows=0, context_weight=1.0)) == cache_key(PretrainConfig())
+        {}, {"schedule": "constant"}, {"hold_steps": 3}, {"copy_rows": 4}, {"context_weight": 0.05})}
+    assert len(keys) == 5
+    assert cache_key(PretrainConfig(schedule="cosine", hold_steps=0, copy_rows=0, context_weight=1.0)
+                     ) == cache_key(PretrainConfig())
 
 
-def test_a_constant_schedule_keeps_the_peak_rate_to_the_last_step_where_cosine_falls_to_a_tenth():
+def test_a_constant_schedule_keeps_the_peak_rate_to_the_last_step_where_cosine_falls_to_a_tenth_after_its_hold():
     from tempering.pretrain import fresh_model, optimizer_and_schedule
 
     config = PretrainConfig(hidden_size=32, layers=1, heads=2, steps=20, warmup_steps=2, lr=1e-3)
     model, _, _ = fresh_model(config)
-    for schedule, last in (("constant", 1e-3), ("cosine", 1e-4)):
-        optimizer, scheduler = optimizer_and_schedule(model, config.model_copy(update={"schedule": schedule}))
-        for _ in range(config.steps):
+    for change, peak_until in (({"schedule": "constant"}, 20), ({}, 2), ({"hold_steps": 8}, 10)):
+        optimizer, scheduler = optimizer_and_schedule(model, config.model_copy(update=change))
+        rates = []
+        for _ in range(config.steps + 1):
+            rates.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
             scheduler.step()
-        assert abs(optimizer.param_groups[0]["lr"] - last) < 1e-9
+        assert rates[1:peak_until + 1] == [1e-3] * peak_until, change  # step 0 is warm-up's first half
+        assert all(later < 1e-3 for later in rates[peak_until + 1:]), change
+        assert abs(rates[-1] - (1e-3 if change.get("schedule") else 1e-4)) < 1e-9, change

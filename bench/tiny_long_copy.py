@@ -57,7 +57,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-tokens", type=int, default=tiny_long.BATCH_TOKENS, help="tokens of a step, padded")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate, after 30 warm-up steps")
     parser.add_argument("--schedule", default=tiny_long.recipe().schedule, choices=["cosine", "constant"],
-                        help="the rate after warm-up: cosine to a tenth or constant")
+                        help="the rate after warm-up and the recipe's hold_steps: cosine to a tenth or constant")
     parser.add_argument("--kinds", default=",".join(tiny_long.CORPUS), help="corpus kinds, of tempering.tiny_long.CORPUS")
     parser.add_argument("--copy-rows", type=int, default=tiny_long.COPY_ROWS, help="rows a step that repeat a random string")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")

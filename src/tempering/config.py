@@ -77,6 +77,10 @@ class PretrainConfig(Strict):
     batch_tokens: int = Field(0, ge=0, description="instead of batch_docs: an optimizer step takes the next documents while they fit this many tokens once padded to the longest (at least one document), so a corpus of growing lengths keeps steps of even cost; 0 = batch_docs documents per step")
     lr: float = Field(2e-3, gt=0, description="peak learning rate")
     warmup_steps: int = Field(30, ge=0, description="linear warm-up steps; 0 = none")
+    schedule: Literal["cosine", "constant"] = Field("cosine", description="the learning rate after warm-up: cosine = down to a tenth of lr at the last step; constant = lr to the end (a skill that forms late, after a long plateau, needs the rate still high then)")
+    hold_steps: int = Field(0, ge=0, description="optimizer steps after warm-up at the peak rate before the schedule starts, which then runs over the steps left (a skill formed at the peak rate is kept by a falling one later: builtin:tiny-long holds through its shortest documents); 0 = none")
+    copy_rows: int = Field(0, ge=0, description="rows added to every optimizer step, in a batch of their own, that repeat a random string (4 to 16 digits and capitals A to J, then filler words, then the string again), the repeat weighed as an answer: practice at copying for a model that has to copy a value out of a document; 0 = none")
+    context_weight: float = Field(1.0, ge=0, le=1, description="loss weight of a row's tokens up to its last space or line break, against 1 for those after it (a document's answer value and end, a copy row's repeat): below 1 the loss leans on the answer; 1 = every token alike; 0 = the answer alone")
     bf16: bool = Field(True, description="bfloat16 autocast for the forward pass where this CPU computes bf16 natively (AVX512-BF16, AMX, Arm's bf16); float32 elsewhere, where bf16 would be emulated and about 10x slower (the model is then cached as bf16: false)")
     seed: int = Field(0, description="seed for initialisation and the corpus")
 

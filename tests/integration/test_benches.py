@@ -65,7 +65,7 @@ QUICK = {
                       and all(out["train"][arm]["steps_per_s"] > 0 and out["train"][arm]["weight_sync_s_per_step"] > 0
                               for arm in ("one", "two"))),
     "tiny_long_copy": (["--steps", "2", "--every", "1", "--problems", "2", "--hidden", "32", "--layers", "1",
-                        "--heads", "2", "--copy-rows", "2", "--other-weight", "0.05"],
+                        "--heads", "2", "--copy-rows", "2", "--context-weight", "0.05"],
                        lambda out: [p["step"] for p in out["curve"]] == [0, 1, 2] and out["length"] == 256
                        and all(0 <= p[k] <= 1 for p in out["curve"] for k in ("digit_accuracy", "first_digit_either"))
                        and out["final"]["loss"] > 0 and out["settings"]["copy_rows"] == 2),

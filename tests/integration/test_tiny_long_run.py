@@ -23,6 +23,8 @@ def test_a_miniature_tiny_long_pre_trains_by_length_and_is_read_at_twice_its_lon
     record = json.loads((model_dir / "pretrain.json").read_text())["stats"]
     # 24 documents of up to 256 + 16 tokens four to a step, then 6 of up to 400 two to a step: the 9 steps
     assert 24 * 200 + 6 * 300 < record["tokens"] <= 24 * 272 + 6 * 400
+    # and the recipe's copy rows beside them, each a string of 4 to 16 twice around 2 to 30 filler words
+    assert 9 * recipe.copy_rows * 21 <= record["copy_tokens"] <= 9 * recipe.copy_rows * 280 and recipe.copy_rows
     assert json.loads((model_dir / "tokenizer_config.json").read_text())["model_max_length"] == recipe.max_positions
 
     shipped = load_config("long")

@@ -244,9 +244,10 @@ def train_step(model: Any, optimizer: Any, schedule: Any, config: PretrainConfig
     """One optimizer step on :func:`step_loss` (gradients clipped to norm 1); its loss."""
     loss = step_loss(model, config, batches, breaks)
     loss.backward()
-    guarded_step(optimizer, loss.item(), grad_clip=1.0)
+    value = loss.item()
+    guarded_step(optimizer, value, grad_clip=1.0)
     schedule.step()
-    return loss.item()
+    return value
 
 
 def breaks_of(tokenizer: Any) -> list[int]:

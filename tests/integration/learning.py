@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from tempering.algorithms.advantages import grpo
-from tempering.config import TrainConfig
+from tempering.config import TrainConfig, builtin_config, load_config
+from tempering.pretrain import ensure_pretrained
 from tempering.reporting.metrics import read_jsonl
 from tempering.train import train
 
@@ -37,6 +38,22 @@ def run_metrics(settings: dict, advantage: str, tmp_path: Path) -> list[dict]:
     train(TrainConfig.model_validate({**settings, "algorithm": {"advantage": advantage}, "run_dir": str(run_dir)}),
           progress=False)
     return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def pretrained_config(name: str) -> TrainConfig:
+    """A shipped config, its model pre-trained (into the session's cache) so a run starts at once."""
+    config = load_config(builtin_config(name))
+    ensure_pretrained(config.pretrain, progress=False)
+    return config
+
+
+def run_summary(config: TrainConfig, advantage: str, run_dir: Path) -> dict:
+    """The summary of a run of ``config`` with ``advantage`` as its estimator (the rest of its
+    algorithm kept), writing no checkpoints."""
+    settings = config.model_dump(mode="json")
+    settings.update(run_dir=str(run_dir), algorithm={**settings["algorithm"], "advantage": advantage},
+                    checkpoint={"every": 0})
+    return train(TrainConfig.model_validate(settings), progress=False)
 
 
 def check_lift(rewards: list[float], learns: bool, margin: float, head: int, tail: int) -> None:

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import pytest
 
-from tempering.config import TrainConfig, builtin_config, load_config
-from tempering.pretrain import ensure_pretrained
 from tempering.reporting.metrics import read_jsonl
-from tempering.train import train
+
+from learning import pretrained_config, run_summary
 
 GAIN = 0.25
 """How much more the feedback must add after training than before: greedy[round<=3] minus
@@ -39,9 +38,7 @@ AFTER = 0.10
 
 @pytest.fixture(scope="module")
 def config(tempering_cache):
-    config = load_config(builtin_config("code-reflection"))
-    ensure_pretrained(config.pretrain, progress=False)
-    return config
+    return pretrained_config("code-reflection")
 
 
 def feedback_gain(by_round: dict) -> float:
@@ -56,10 +53,7 @@ def feedback_gain(by_round: dict) -> float:
 ])
 def test_rl_in_the_reflection_env_teaches_using_feedback_and_a_zeroed_signal_does_not(
         sandbox_executor, config, tmp_path, advantage, learns):
-    settings = config.model_dump(mode="json")
-    settings.update(run_dir=str(tmp_path / "run"), algorithm={**settings["algorithm"], "advantage": advantage},
-                    checkpoint={"every": 0})
-    summary = train(TrainConfig.model_validate(settings), progress=False)
+    summary = run_summary(config, advantage, tmp_path / "run")
 
     assert all(1 <= r["env/turns"] <= 3 for r in read_jsonl(tmp_path / "run" / "metrics.jsonl"))
     by_round = summary["greedy_by_round"]

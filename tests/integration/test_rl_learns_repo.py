@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from tempering.config import TrainConfig, builtin_config, load_config
-from tempering.pretrain import ensure_pretrained
-from tempering.train import train
+from learning import pretrained_config, run_summary
 
 LIFT = 0.25
 """The issue's target: held-out solve rate up by at least 25 points (12 of the 48 problems)."""
@@ -28,19 +26,14 @@ LIFT = 0.25
 
 @pytest.fixture(scope="module")
 def config(tempering_cache):
-    config = load_config(builtin_config("repo"))
-    ensure_pretrained(config.pretrain, progress=False)
-    return config
+    return pretrained_config("repo")
 
 
 @pytest.mark.slow  # the config's pre-training (minutes) and two runs of 40 steps
 @pytest.mark.parametrize("advantage, learns", [("grpo", True), ("learning:zeroed", False)])
 def test_rl_in_the_repo_gym_lifts_the_held_out_solve_rate_and_a_zeroed_signal_does_not(
         config, tmp_path, advantage, learns):
-    settings = config.model_dump(mode="json")
-    settings.update(run_dir=str(tmp_path / "run"), algorithm={**settings["algorithm"], "advantage": advantage},
-                    checkpoint={"every": 0})
-    summary = train(TrainConfig.model_validate(settings), progress=False)
+    summary = run_summary(config, advantage, tmp_path / "run")
 
     for when in ("eval_before", "eval_after"):
         assert set(summary[when]["components"]["repo"]) == {"fixed", "broke_other_module", "test_runs"}

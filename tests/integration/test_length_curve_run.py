@@ -24,6 +24,8 @@ def test_a_length_curriculum_run_reads_accuracy_at_every_length_at_every_evaluat
     for when in ("eval_before", "eval_after"):
         curve = summary[when]["by_length"]["long_context"]
         assert list(curve) == [str(n) for n in LENGTHS] and all(0 <= v <= 1 for v in curve.values()), when
+        depths = summary[when]["by_depth"]["long_context"]
+        assert list(depths) == list(curve) and all(len(row) == 5 for row in depths.values()), when
     assert json.loads((run_dir / "summary.json").read_text())["eval_after"]["by_length"] == summary["eval_after"]["by_length"]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["domain/long_context/length_tokens"] == LENGTHS[r["domain/long_context/level"]] for r in records)
@@ -36,3 +38,6 @@ def test_a_length_curriculum_run_reads_accuracy_at_every_length_at_every_evaluat
     plot = next(p for p in data["panels"] if p["title"] == "Accuracy against length · long_context")
     assert [s["key"] for s in plot["series"]] == ["before", "step 2", "after"]
     assert all([x for x, _ in s["points"]] == LENGTHS for s in plot["series"])
+    maps = [m for m in data["heatmaps"] if m["family"] == "depth"]
+    assert [m["title"].rsplit(" · ", 1)[1] for m in maps] == ["before", "after"]
+    assert all(m["rows"] == [str(n) for n in LENGTHS] for m in maps)

@@ -251,3 +251,36 @@ def test_accuracy_against_length_draws_a_line_per_evaluation_over_tokens_unsmoot
     xs = [[float(p.split(",")[0]) for p in points.split()] for points, _, _ in lines]
     assert all(x == xs[0] and x == sorted(x) and len(set(x)) == 3 for x in xs), "the same three lengths, rising"
     assert '1024 tokens: 0.8</title>' in svg
+
+
+def test_accuracy_by_evidence_depth_is_a_heat_map_per_evaluation_lengths_down_depths_across(tmp_path, chromium):
+    bins = ["0-20%", "20-40%", "40-60%", "60-80%", "80-100%"]
+    grid = lambda far, near: {"256": dict(zip(bins, [1.0] * 5)),  # noqa: E731
+                              "1024": dict(zip(bins, [far, far, None, near, near])),
+                              "4096": dict(zip(bins, [0.0, 0.0, 0.0, far, near]))}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.1 * s}) + "\n" for s in range(1, 5)))
+    lengths = lambda a, b: {"256": 1.0, "1024": a, "4096": b}  # noqa: E731
+    (run / "summary.json").write_text(json.dumps({
+        "steps": 4, "eval_before": {"by_length": {"lc": lengths(0.4, 0.1)}, "by_depth": {"lc": grid(0.0, 0.5)}},
+        "eval_after": {"by_length": {"lc": lengths(0.9, 0.3)}, "by_depth": {"lc": grid(0.75, 1.0)}}}))
+    page = tmp_path / "report.html"
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(run), "--out", str(page)])
+    assert done.value.code == 0
+
+    dom = _browse(chromium, page, "--dump-dom")
+
+    errors = re.search(r'<html[^>]* data-errors="([^"]*)"', dom)
+    assert errors is None, f"the page reported errors: {errors.group(1) if errors else ''}"
+    for when, far in (("before", "0"), ("after", "0.75")):
+        svg = re.search(rf'<svg[^>]*data-title="Accuracy by length and evidence depth · lc · {when}"[^>]*>.*?</svg>',
+                        dom, re.S).group(0)
+        assert 'data-rows="3"' in svg and 'data-columns="5"' in svg
+        rows = re.findall(r'<g class="row" data-domain="(\d+)"', svg)
+        assert rows == ["256", "1024", "4096"], "lengths down, shortest first"
+        assert f"1024\nevidence at 0-20%: {far}</title>" in svg
+        assert 'fill="#f2f2f2"' in svg, "the empty bin is grey"
+        assert ">0-20%</text>" in svg and ">80-100%</text>" in svg and ">all</text>" in svg
+    assert re.search(r'<g class="row" data-domain="1024" data-last="0.9"', dom), "the row ends with its accuracy"

@@ -67,3 +67,37 @@ def test_temper_eval_reads_the_same_curve():
                              problems_per_length=6)
     assert found["by_length"] == evaluate(ShortSighted(), tasks, 2, 8, problems_per_length=6)["by_length"]
     assert found["by_length"]["long_context"]["1024"] == 0.0
+
+
+class NearSighted(ShortSighted):
+    """A policy that answers right exactly when the problem's evidence starts within its window
+    of the question, however long the document."""
+
+    def generate(self, problems, group_size, params, generator=None):
+        groups = []
+        for problem in problems:
+            sentences, first = problem.meta.get("sentences"), min(problem.meta.get("evidence") or [0])
+            near = sentences is None or len(" ".join(sentences[first:])) <= WINDOW
+            text = f"answer: {problem.answer}" if near else "answer: 0000"
+            groups.append(Group(problem, [Rollout(problem, [], [], [], text, "stop", 0) for _ in range(group_size)]))
+        return groups
+
+
+def test_accuracy_by_depth_splits_each_length_by_where_the_evidence_starts():
+    from tempering.eval.sampled import metric_table
+
+    tasks = _tasks()
+    result = evaluate(NearSighted(), tasks, problems_per_task=4, max_new_tokens=8, problems_per_length=40)
+
+    depth = result["by_depth"]
+    assert list(depth) == ["long_context"], "only the task read at several lengths has depths"
+    assert list(depth["long_context"]) == ["256", "512", "1024", "2048"]
+    assert all(list(row) == ["0-20%", "20-40%", "40-60%", "60-80%", "80-100%"] for row in depth["long_context"].values())
+    assert all(v in (1.0, None) for v in depth["long_context"]["256"].values()), "a short document is read whole"
+    deep = depth["long_context"]["2048"]
+    assert deep["0-20%"] == 0.0 and deep["80-100%"] == 1.0, "far evidence is missed, evidence by the question found"
+    assert 0.0 < result["by_length"]["long_context"]["2048"] < 1.0
+    assert not any("depth" in key for key in eval_record(result)), "depths stay in the summary, not the step records"
+    table = metric_table({**result, "metrics": {}, "samples": {}, "notes": []})
+    assert "long_context: greedy accuracy by length (tokens) and evidence depth" in table
+    assert "2048" in table.splitlines()[-1] and table.splitlines()[-1].split()[2] == "0.0"

@@ -58,7 +58,7 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
              metrics: Mapping[str, BatchReward] | None = None, progress: bool = False,
              stop: Sequence[str] = (), problems_per_length: int = 0) -> dict:
     """``{"accuracy", "per_task", "problems", "grader_errors", "truncated", "examples", "score_by_turns",
-    "by_length", "components"}``.
+    "by_length", "by_depth", "components"}``.
 
     ``per_task[name]`` is the mean ``metric`` score of the task's greedy completions over the
     held-out problems that were graded (None when none was); ``problems`` counts the problems
@@ -74,6 +74,8 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
     of a task's ``eval_lengths`` (as a string, as JSON keeps it) to the accuracy of
     ``problems_per_length`` held-out problems drawn at it (None when none was graded); only
     tasks with such lengths have an entry, and none has with ``problems_per_length`` 0.
+    ``by_depth[name]`` splits each of those lengths' accuracy by the depth of the problems'
+    evidence (:func:`accuracy_by_length`).
     ``components[name]`` maps each component the task's metric reward names in its ``summary``
     (the ``repo`` reward's ``fixed``, ``broke_other_module``, ``test_runs``) to its mean over the
     graded problems; only tasks whose metric names some have an entry.
@@ -83,7 +85,8 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
     try:
         used = metrics if owned is None else owned
         result = _evaluate(generator, tasks, problems_per_task, used, progress, params)
-        result["by_length"] = accuracy_by_length(generator, tasks, problems_per_length, used, params)
+        result["by_length"], result["by_depth"] = accuracy_by_length(generator, tasks, problems_per_length, used,
+                                                                     params)
         return result
     finally:
         if owned is not None:
@@ -114,17 +117,46 @@ def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: 
             "components": components}
 
 
+DEPTH_BINS = 5
+"""Depth bins of ``by_depth``: fifths of a document, 0-20% (its start) to 80-100% (next to the question)."""
+
+
+def depth_bin(depth: float) -> str:
+    """The label of the :data:`DEPTH_BINS` bin that a depth in [0, 1] falls in.
+
+    >>> depth_bin(0.0), depth_bin(0.2), depth_bin(0.99), depth_bin(1.0)
+    ('0-20%', '20-40%', '80-100%', '80-100%')
+    """
+    index = min(DEPTH_BINS - 1, int(depth * DEPTH_BINS))
+    return f"{100 * index // DEPTH_BINS}-{100 * (index + 1) // DEPTH_BINS}%"
+
+
 def accuracy_by_length(generator: HFGenerator, tasks: Sequence[Task], problems_per_length: int,
-                       metrics: Mapping[str, BatchReward], params: SamplingParams) -> dict[str, dict[str, Any]]:
-    """``{task: {str(length): accuracy}}`` for the tasks with ``eval_lengths``: greedy
-    completions of ``problems_per_length`` held-out problems drawn at each length, graded
-    by the task's metric (a grader error left out, as in :func:`evaluate`)."""
-    found: dict[str, dict[str, Any]] = {}
+                       metrics: Mapping[str, BatchReward], params: SamplingParams
+                       ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]]]:
+    """``({task: {str(length): accuracy}}, {task: {str(length): {depth bin: accuracy}}})`` for
+    the tasks with ``eval_lengths``: greedy completions of ``problems_per_length`` held-out
+    problems drawn at each length, graded by the task's metric (a grader error left out, as in
+    :func:`evaluate`), and the same results by how deep in the document the problem's evidence
+    starts (:func:`depth_bin` of the task's ``evidence_depth``; a bin no problem fell in is
+    None; tasks without depths have no entry): where along a long document the model stops
+    finding what it reads."""
+    by_length: dict[str, dict[str, Any]] = {}
+    by_depth: dict[str, dict[str, dict[str, Any]]] = {}
     for task in tasks if problems_per_length else ():
+        depth_of = getattr(task, "evidence_depth", None)
         for length in getattr(task, "eval_lengths", ()):
-            _, results = _grade(generator, task, task.eval_problems_at(problems_per_length, length), metrics, params)
-            found.setdefault(task.name, {})[str(length)] = _mean([r.score for r in results if r.error is None])
-    return found
+            problems = task.eval_problems_at(problems_per_length, length)
+            groups, results = _grade(generator, task, problems, metrics, params)
+            by_length.setdefault(task.name, {})[str(length)] = _mean([r.score for r in results if r.error is None])
+            depths = [depth_of(group.problem) for group in groups] if depth_of else []
+            if any(depth is not None for depth in depths):
+                scores: dict[str, list[float]] = {depth_bin(i / DEPTH_BINS): [] for i in range(DEPTH_BINS)}
+                for depth, result in zip(depths, results):
+                    if depth is not None and result.error is None:
+                        scores[depth_bin(depth)].append(result.score)
+                by_depth.setdefault(task.name, {})[str(length)] = {label: _mean(s) for label, s in scores.items()}
+    return by_length, by_depth
 
 
 def _grade(generator: HFGenerator, task: Task, problems: Sequence, metrics: Mapping[str, BatchReward],

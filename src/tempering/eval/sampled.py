@@ -332,7 +332,35 @@ def metric_table(result: dict) -> str:
     first = max(len(row[0]) for row in cells) + 2
     widths = [max(len(row[i]) for row in cells) + 2 for i in range(1, len(names) + 1)]
     lines = [f"{row[0]:<{first}}" + "".join(f"{c:>{w}}" for c, w in zip(row[1:], widths)) for row in cells]
+    for task, grid in (result.get("by_depth") or {}).items():
+        lines += ["", length_depth_table(task, result["by_length"].get(task, {}), grid)]
     return "\n".join(lines + [f"note: {note}" for note in result["notes"]])
+
+
+def length_depth_table(task: str, by_length: dict, by_depth: dict) -> str:
+    """Greedy accuracy of a task read at several lengths: a row per length, its accuracy over
+    all its problems and then by how deep in the document the evidence starts.
+
+    >>> print(length_depth_table("lc", {"256": 0.75, "1024": 0.25},
+    ...                          {"256": {"0-50%": 0.5, "50-100%": 1.0}, "1024": {"0-50%": 0.0, "50-100%": None}}))
+    lc: greedy accuracy by length (tokens) and evidence depth (0% = the document's start)
+    length     all  0-50%  50-100%
+    256       75.0   50.0    100.0
+    1024      25.0    0.0      n/a
+    """
+    bins = list(dict.fromkeys(label for row in by_depth.values() for label in row))
+    cells = [["length", "all", *bins]] + [
+        [length, *(_percent(value) for value in (by_length.get(length), *(row.get(b) for b in bins)))]
+        for length, row in by_depth.items()]
+    widths = [max(len(row[i]) for row in cells) + 2 for i in range(1, len(bins) + 2)]
+    first = max(len(row[0]) for row in cells) + 2
+    return "\n".join([f"{task}: greedy accuracy by length (tokens) and evidence depth (0% = the document's start)"]
+                     + [f"{row[0]:<{first}}" + "".join(f"{c:>{w}}" for c, w in zip(row[1:], widths))
+                        for row in cells])
+
+
+def _percent(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}"
 
 
 def _cell(entry: Optional[dict]) -> str:

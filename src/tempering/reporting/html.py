@@ -36,7 +36,7 @@ import yaml
 
 from tempering.config import ConfigError
 from tempering.reporting.domains import family_rank, family_title, heatmaps, heldout, heldout_across, split_key
-from tempering.reporting.lengths import NOT_LENGTH, length_panels
+from tempering.reporting.lengths import NOT_LENGTH, depth_heatmaps, length_panels
 from tempering.reporting.metrics import read_jsonl
 
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -87,6 +87,7 @@ def build_report(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     for run, name in zip(runs, names):
         run["name"] = name
     maps, hidden = heatmaps(runs)
+    maps += depth_heatmaps(runs, names)
     tables = [heldout(run) for run in runs]
     across = heldout_across(tables, names)
     drawn = panels(runs, hidden)

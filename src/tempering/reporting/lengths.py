@@ -9,7 +9,11 @@ from the step records' ``eval/<task>/len_<L>`` keys; a run that logged none gets
 and those keys are kept out of the step plots and the held-out tables (their x axis is a
 step, and the task's held-out accuracy at its current level is already there).
 
-Not done: interpolating between lengths, a log-scale length axis.
+Where the model reads (``by_depth``, :func:`depth_heatmaps`): a heat-map of each evaluation
+before and after training, lengths down and the depth of the evidence in the document across.
+
+Not done: interpolating between lengths, a log-scale length axis, depth at the evaluations
+between (only their accuracy by length is logged per step).
 """
 
 from __future__ import annotations
@@ -71,6 +75,38 @@ def length_panels(runs: list[dict], names: list[str]) -> list[dict]:
                           "axes": 1, "series": [{"run": index, "key": label, "axis": 0,
                                                  "points": [[length, value] for length, value in curve.items()]}
                                                 for label, curve in made]})
+    return shown
+
+
+def depth_heatmaps(runs: list[dict], names: list[str]) -> list[dict]:
+    """Per run and task with accuracy by evidence depth (``by_depth`` in the summary's
+    evaluations), a heat-map of each of its evaluations, before and after: a row per length
+    (shortest first), a column per depth bin (the document's start first), each row's accuracy
+    over all its problems at the right end. The form of ``domains.heatmap``'s, with ``axis``
+    "depth"; a needle-in-a-haystack picture of where along a long document a model stops
+    finding what it reads, and of what training moved.
+
+    >>> run = {"summary": {"eval_after": {"by_length": {"lc": {"256": 0.5}},
+    ...                                   "by_depth": {"lc": {"256": {"0-50%": 0.0, "50-100%": 1.0}}}}}}
+    >>> [(m["title"], m["rows"], m["columns"], m["cells"], m["last"]) for m in depth_heatmaps([run], ["a"])]
+    [('Accuracy by length and evidence depth · lc · after', ['256'], ['0-50%', '50-100%'], [[0.0, 1.0]], [0.5])]
+    """
+    shown = []
+    for index, run in enumerate(runs):
+        summary = run.get("summary") or {}
+        for when in ("before", "after"):
+            evaluation = summary.get(f"eval_{when}") or {}
+            for task, grid in sorted((evaluation.get("by_depth") or {}).items()):
+                rows = sorted(grid, key=int)
+                columns = list(dict.fromkeys(label for length in rows for label in grid[length]))
+                overall = (evaluation.get("by_length") or {}).get(task) or {}
+                shown.append({"run": index, "family": "depth", "title": f"Accuracy by length and evidence depth · {task} · {when}",
+                              "note": "held-out greedy accuracy at each length (eval.problems_per_length problems) split "
+                                      "by how deep in the document the evidence starts; grey: no problem there",
+                              "rows": rows, "axis": "depth", "columns": columns,
+                              "cells": [[grid[length].get(label) for label in columns] for length in rows],
+                              "last": [overall.get(length) for length in rows], "low": 0.0, "high": 1.0,
+                              "palette": "sequential", "order": "by length, shortest first"})
     return shown
 
 

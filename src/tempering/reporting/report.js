@@ -248,7 +248,7 @@ function colour(stops, t) {
 }
 
 function columnLabel(map, column) {
-  if (map.axis === "run") return column;
+  if (map.axis !== "step") return map.axis === "depth" ? `evidence at ${column}` : column;
   return column[0] === column[1] ? `step ${column[0]}` : `steps ${column[0]}-${column[1]}`;
 }
 
@@ -266,20 +266,22 @@ function colourBar(svg, scale, stops, x, y) {
 }
 
 // One heat-map: a row per domain (in html.py's order, weakest first), a column per group of
-// steps (or per run), each cell's value in its title, each row's last value at its right end
-// and the colour scale under it. Each row is a <g class="row" data-domain=...>.
+// steps (or per run, or per depth bin: a row per length then), each cell's value in its
+// title, each row's last value (mean, or accuracy over all depths) at its right end and the
+// colour scale under it. Each row is a <g class="row" data-domain=...>.
 function drawHeatmap(map) {
-  const n = map.columns.length, rows = map.rows.length;
+  const n = map.columns.length, rows = map.rows.length, labelled = map.axis !== "step";
+  const end = {run: "mean", depth: "all"}[map.axis] || "last";
   const label = 8 + 6 * Math.min(NAME_CHARS, Math.max(4, ...map.rows.map(r => r.length)));
-  const cell = map.axis === "run" ? 56 : Math.max(2, Math.min(40, HEAT_W / n));
-  const top = map.axis === "run" ? 64 : 14, bottom = top + rows * ROW_H;
+  const cell = labelled ? 56 : Math.max(2, Math.min(40, HEAT_W / n));
+  const top = labelled ? 64 : 14, bottom = top + rows * ROW_H;
   const width = label + Math.max(n * cell + 60, 224), height = bottom + 48;
   const scale = niceScale(map.low, map.high, 5, false);
   const stops = map.palette === "diverging" ? DIVERGING : SEQUENTIAL;
   const svg = el("svg:svg", {viewBox: `0 0 ${width} ${height}`, width, height, class: "heatmap",
                              "data-title": map.title, "data-family": map.family,
                              "data-run": map.run === null ? "all" : map.run, "data-rows": rows, "data-columns": n});
-  svg.append(el("svg:text", {x: label + n * cell + 4, y: top - 3, class: "tick"}, map.axis === "run" ? "mean" : "last"));
+  svg.append(el("svg:text", {x: label + n * cell + 4, y: top - 3, class: "tick"}, end));
   map.rows.forEach((domain, r) => {
     const y = top + r * ROW_H, last = map.last[r];
     const row = el("svg:g", {class: "row", "data-domain": domain, "data-last": last === null ? "" : last});
@@ -293,9 +295,9 @@ function drawHeatmap(map) {
     row.append(el("svg:text", {x: label + n * cell + 4, y: y + ROW_H - 2, class: "last"}, fmt(last)));
     svg.append(row);
   });
-  if (map.axis === "run") {
+  if (labelled) {
     map.columns.forEach((name, c) => svg.append(el("svg:text", {
-      transform: `translate(${px(label + (c + 0.5) * cell)},${top - 4}) rotate(-35)`, class: "tick run"}, name)));
+      transform: `translate(${px(label + (c + 0.5) * cell)},${top - 4}) rotate(-35)`, class: `tick ${map.axis}`}, name)));
   } else {
     const steps = niceScale(map.columns[0][0], map.columns[n - 1][1], Math.max(2, Math.min(n, 6)), true);
     for (const step of steps.ticks) {

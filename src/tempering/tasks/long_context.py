@@ -187,6 +187,24 @@ class LongContextTask(StreamState):
         asks = CITES[self.cite] if self.cite != "none" or self.style == "chat" else ""
         return f"\n{note}Question: {question}\n{asks}"
 
+    def evidence_depth(self, problem: Problem) -> Optional[float]:
+        """How deep in ``problem``'s document its first evidence sentence starts: 0 at the
+        document's first character, near 1 at its last sentence, next to the question (a
+        needle-in-a-haystack depth); None for a problem without evidence.
+
+        >>> task = LongContextTask("long_context", 0, length_tokens=1024, chars_per_token=1.0)
+        >>> problem = task.eval_problems(1)[0]
+        >>> depth = task.evidence_depth(problem)
+        >>> 0 <= depth < 1, problem.prompt[round(depth * len(task._render(problem.meta["sentences"]))):].startswith("The ")
+        (True, True)
+        """
+        sentences, evidence = problem.meta.get("sentences"), problem.meta.get("evidence")
+        if not sentences or not evidence:
+            return None
+        first = min(evidence)
+        before = len(self._render(sentences[:first])) + (1 if first else 0)  # and the break after it
+        return before / len(self._render(sentences))
+
     def _render(self, sentences: list[str]) -> str:
         if self.cite == "line":
             return "\n".join(f"[{i}] {s}" for i, s in enumerate(sentences, 1))

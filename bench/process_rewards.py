@@ -4,7 +4,8 @@ steps; prints one JSON object.
 
     python bench/process_rewards.py [--model DIR] [--prm DIR] [--steps 60] [--seeds 0,1,2]
                                     [--arms outcome,prm,steps] [--weight 0.5] [--gate] [--label-problems 120]
-                                    [--lucky-sft SHARE] [--sft-records 1200] [--tasks add,sub,mul] [--out DIR]
+                                    [--lucky-sft SHARE] [--sft-records 1200] [--tasks add,sub,mul]
+                                    [--process-tasks add,sub] [--out DIR]
                                     [key=value ...]
 
 The model (unless ``--model``): the built-in tiny model's small recipe (:data:`PRETRAIN`: 128
@@ -129,13 +130,21 @@ def trained_prm(model: str, out: Path, problems: int, threads: str) -> str:
     return str(prm)
 
 
-def arm_overrides(arm: str, weight: float, prm: str | None, gate: bool, tasks: tuple[str, ...] = TASKS) -> list[str]:
-    """The tasks with the arm's rewards and ``exact_steps`` as their metric."""
-    rewards = dict(OUTCOME)
-    if EXTRA[arm]:
-        rewards[EXTRA[arm]] = weight
-    written = "{" + ", ".join(f"{name}: {value}" for name, value in rewards.items()) + "}"
-    tasks = ", ".join(f"{{name: {t}, options: {{digits: [2], metric: exact_steps}}, rewards: {written}}}"
+def arm_overrides(arm: str, weight: float, prm: str | None, gate: bool, tasks: tuple[str, ...] = TASKS,
+                  process_tasks: tuple[str, ...] | None = None) -> list[str]:
+    """The tasks with the arm's rewards and ``exact_steps`` as their metric; a process arm's
+    reward on ``process_tasks`` alone (None: every task), the others keeping the outcome's.
+
+    >>> arm_overrides("steps", 0.5, None, False, ("add", "mul"), ("add",))[0]
+    'tasks=[{name: add, options: {digits: [2], metric: exact_steps}, rewards: {exact_match: 1.0, format: 0.1, steps: 0.5}}, {name: mul, options: {digits: [2], metric: exact_steps}, rewards: {exact_match: 1.0, format: 0.1}}]'
+    """
+    def written(task: str) -> str:
+        rewards = dict(OUTCOME)
+        if EXTRA[arm] and (process_tasks is None or task in process_tasks):
+            rewards[EXTRA[arm]] = weight
+        return "{" + ", ".join(f"{name}: {value}" for name, value in rewards.items()) + "}"
+
+    tasks = ", ".join(f"{{name: {t}, options: {{digits: [2], metric: exact_steps}}, rewards: {written(t)}}}"
                       for t in tasks)
     extra = [f"rewards.options.process_model.path={prm}"] if arm == "prm" else []
     if arm == "prm" and gate:
@@ -143,14 +152,18 @@ def arm_overrides(arm: str, weight: float, prm: str | None, gate: bool, tasks: t
     return [f"tasks=[{tasks}]", *extra]
 
 
-def run_name(arm: str, weight: float, seed: int) -> str:
-    """A run's folder under ``--out``: a process arm at another weight than the default has its own,
-    so that a sweep of ``--weight`` reads back the outcome runs and the process runs it has.
+def run_name(arm: str, weight: float, seed: int, process_tasks: tuple[str, ...] | None = None) -> str:
+    """A run's folder under ``--out``: a process arm at another weight than the default, or on
+    some tasks alone, has its own, so that a sweep of ``--weight`` (or ``--process-tasks``) reads
+    back the outcome runs and the process runs it has.
 
-    >>> run_name("outcome", 0.2, 1), run_name("prm", 0.5, 1), run_name("prm", 0.2, 1)
-    ('outcome-s1', 'prm-s1', 'prm-w0.2-s1')
+    >>> run_name("outcome", 0.2, 1), run_name("prm", 0.5, 1), run_name("prm", 0.2, 1), run_name("prm", 0.5, 1, ("add",))
+    ('outcome-s1', 'prm-s1', 'prm-w0.2-s1', 'prm-on-add-s1')
     """
-    return f"{arm}-s{seed}" if arm == "outcome" or weight == DEFAULT_WEIGHT else f"{arm}-w{weight:g}-s{seed}"
+    if arm == "outcome":
+        return f"{arm}-s{seed}"
+    on = f"-on-{'+'.join(process_tasks)}" if process_tasks is not None else ""
+    return f"{arm}{on}-s{seed}" if weight == DEFAULT_WEIGHT else f"{arm}-w{weight:g}{on}-s{seed}"
 
 
 def one_run(overrides: list[str], run_dir: Path, tasks: tuple[str, ...] = TASKS) -> dict:
@@ -207,6 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sft-records", type=int, default=1200, help="--lucky-sft's worked problems per task")
     parser.add_argument("--tasks", default=",".join(TASKS), help="the arithmetic tasks trained and evaluated (and, with "
                         "--lucky-sft, fine-tuned on)")
+    parser.add_argument("--process-tasks", help="the tasks a process arm adds its reward to, the others keeping the "
+                        "outcome's (default: every task of --tasks)")
     parser.add_argument("--out", default="runs/process-rewards")
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run (threads=1, eval sizes)")
     args = parser.parse_args(argv)
@@ -219,6 +234,9 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = tuple(args.tasks.split(","))
     if unknown := sorted(set(tasks) - set(TASKS)):
         raise SystemExit(f"--tasks: unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
+    process_tasks = tuple(args.process_tasks.split(",")) if args.process_tasks else None
+    if process_tasks is not None and (unknown := sorted(set(process_tasks) - set(tasks))):
+        raise SystemExit(f"--process-tasks: {unknown[0]!r} is not one of --tasks ({', '.join(tasks)})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     threads = next((o for o in args.overrides if o.startswith("threads=")), "threads=1")
@@ -231,13 +249,13 @@ def main(argv: list[str] | None = None) -> dict:
     for seed in seeds:
         for arm in arms:
             overrides = [*args.overrides, f"model.path={model}", f"steps={args.steps}", f"seed={seed}",
-                         *arm_overrides(arm, args.weight, prm, args.gate, tasks)]
-            runs[arm].append(one_run(overrides, out / run_name(arm, args.weight, seed), tasks))
+                         *arm_overrides(arm, args.weight, prm, args.gate, tasks, process_tasks)]
+            runs[arm].append(one_run(overrides, out / run_name(arm, args.weight, seed, process_tasks), tasks))
     summary = {arm: summarize(found) for arm, found in runs.items()}
     before = {name: interval([run["before"][name] for run in next(iter(runs.values()))])["mean"]
               for name in ("accuracy", "steps_right")}
     report = {"model": model, "base": base, "lucky_sft": args.lucky_sft, "tasks": list(tasks), "prm": prm, "steps": args.steps, "seeds": seeds, "weight": args.weight,
-              "gate": args.gate,
+              "gate": args.gate, "process_tasks": list(process_tasks or tasks),
               "before": before, "arms": summary, "checks": checks(summary), "out": str(out),
               "wall_s": {arm: sum(run["wall_s"] for run in found) for arm, found in runs.items()}}
     (out / "process_rewards.json").write_text(json.dumps(report, indent=2))

@@ -61,3 +61,16 @@ def test_a_finished_fine_tuning_of_other_records_is_refused_not_reused(bench_mod
     with pytest.raises(SystemExit, match="fine-tuned on other records"):
         bench.lucky_policy("base", 0.5, 20, tmp_path, "threads=1", tasks=("add", "sub"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lucky-sft", "lucky-sft.jsonl"]
+
+
+def test_a_process_arm_on_some_tasks_pays_the_process_reward_there_alone_in_its_own_folders(bench_module):
+    import yaml
+
+    bench = bench_module("process_rewards")
+    tasks = yaml.safe_load(bench.arm_overrides("prm", 0.5, "p", True, ("add", "sub", "mul"), ("add", "sub"))[0][6:])
+    assert [("process_model" in t["rewards"], t["name"]) for t in tasks] == [(True, "add"), (True, "sub"), (False, "mul")]
+    everywhere = yaml.safe_load(bench.arm_overrides("prm", 0.5, "p", True, ("add", "mul"))[0][6:])
+    assert all("process_model" in t["rewards"] for t in everywhere)
+    assert bench.run_name("prm", 0.5, 0, ("add", "sub")) not in (bench.run_name("prm", 0.5, 0), "outcome-s0")
+    with pytest.raises(SystemExit, match="--process-tasks: 'mul' is not one of --tasks"):
+        bench.main(["--tasks", "add,sub", "--process-tasks", "add,mul"])

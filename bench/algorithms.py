@@ -25,8 +25,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tempering.build import resolve_model_path
 from tempering.config import builtin_config, load_config
+from tempering.policy import resolve_model_path
 from tempering.train import train
 
 ESTIMATORS = ["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]

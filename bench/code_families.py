@@ -20,8 +20,9 @@ import json
 import sys
 import time
 
-from tempering.build import build_generator, load_model
+from tempering.build import build_generator
 from tempering.config import ConfigError, load_config
+from tempering.policy import load_model
 from tempering.rewards.base import build_reward
 from tempering.rollout.base import SamplingParams
 from tempering.tasks.code import CodeTask

@@ -98,8 +98,8 @@ def compare(job: str, steps: int, overrides: list[str]) -> dict:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from tempering.build import resolve_model_path
     from tempering.config import builtin_config, load_config
+    from tempering.policy import resolve_model_path
 
     config = load_config(builtin_config("quickstart"), args.overrides)
     resolve_model_path(config.model.path, config.pretrain, progress=False)  # cached before anything is timed

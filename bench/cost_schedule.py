@@ -35,8 +35,8 @@ from pathlib import Path
 from distill import curve
 from joint import COMMON, earlier_run, interval
 
-from tempering.build import resolve_model_path
 from tempering.config import load_config
+from tempering.policy import resolve_model_path
 from tempering.train import train
 
 ARMS = {"learnability": ["scheduler.strategy=learnability"], "per_cost": ["scheduler.strategy=learnability_per_cost"]}

@@ -27,10 +27,11 @@ import json
 import tempfile
 from pathlib import Path
 
-from tempering.build import build_tasks, load_policy, resolve_model_path
+from tempering.build import build_tasks
 from tempering.config import TrainConfig, builtin_config, load_config
 from tempering.eval.greedy import evaluate
 from tempering.models.device import resolve_device
+from tempering.policy import load_policy, resolve_model_path
 from tempering.rollout.hf import HFGenerator
 from tempering.train import train
 

@@ -42,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-from tempering.build import load_policy
 from tempering.config import PretrainConfig, builtin_config, load_config
+from tempering.policy import load_policy
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.rollout.vllm_engine import VllmGenerator

@@ -29,9 +29,10 @@ import time
 
 import torch
 
-from tempering.build import build_learner, load_policy, resolve_algorithm
+from tempering.build import build_learner, resolve_algorithm
 from tempering.config import load_config
 from tempering.learner.step import collate
+from tempering.policy import load_policy
 from tempering.types import Problem, Rollout
 
 from report import cpu_model

@@ -45,8 +45,8 @@ from contextlib import nullcontext
 import torch
 import transformers
 
-from tempering.build import load_policy
 from tempering.config import PretrainConfig
+from tempering.policy import load_policy
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.types import Problem
 

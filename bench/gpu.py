@@ -33,9 +33,10 @@ from typing import Any, Callable
 
 import torch
 
-from tempering.build import build_learner, load_policy, resolve_algorithm, resolve_model_path
+from tempering.build import build_learner, resolve_algorithm
 from tempering.config import builtin_config, load_config
 from tempering.models.loading import ModelLoadError
+from tempering.policy import load_policy, resolve_model_path
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.hf import HFGenerator
 from tempering.train import make_batch

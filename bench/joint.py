@@ -53,8 +53,8 @@ from statistics import mean, stdev
 import yaml
 
 from tempering import generalist
-from tempering.build import resolve_model_path
 from tempering.config import ConfigError, TaskSpec, TrainConfig, load_config, validate_config
+from tempering.policy import resolve_model_path
 from tempering.reporting.html import build_report
 from tempering.train import train
 

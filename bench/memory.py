@@ -94,8 +94,8 @@ def load_for_length(model_path: str, length: int):
     """``(model, tokenizer)`` in fp32, its position limit raised to ``length`` where that is
     more: RoPE computes every position's angles, so a longer sequence runs with the same
     weights (for memory and time; quality past the trained positions is not measured)."""
-    from tempering.build import load_policy
     from tempering.config import PretrainConfig
+    from tempering.policy import load_policy
 
     model, tokenizer, _ = load_policy(model_path, "float32", PretrainConfig(), progress=False)
     model.config.max_position_embeddings = max(model.config.max_position_embeddings, length)
@@ -270,8 +270,8 @@ def position_limit(model: str) -> int:
     """The model's ``max_position_embeddings``, read from its config without loading weights."""
     from transformers import AutoConfig
 
-    from tempering.build import resolve_model_path
     from tempering.config import PretrainConfig
+    from tempering.policy import resolve_model_path
 
     path = resolve_model_path(model, PretrainConfig(), progress=False)
     config = (AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name) if path.endswith(".gguf")

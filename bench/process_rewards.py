@@ -60,8 +60,8 @@ from pathlib import Path
 from joint import earlier_run, interval
 from stages import temper
 
-from tempering.build import resolve_model_path
 from tempering.config import load_config
+from tempering.policy import resolve_model_path
 from tempering.tasks.arithmetic import ArithmeticTask
 from tempering.train import train
 

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tempering.build import resolve_model_path
 from tempering.config import builtin_config, load_config
+from tempering.policy import resolve_model_path
 from tempering.train import train
 
 

@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from tempering.build import load_policy
 from tempering.config import PretrainConfig
+from tempering.policy import load_policy
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.tasks import build_task
 from tempering.tasks.reasoning_gym import PREFETCH_AHEAD, _Source

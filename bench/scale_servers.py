@@ -47,8 +47,9 @@ from typing import Iterator
 
 import torch
 
-from tempering.build import build_tasks, load_model
+from tempering.build import build_tasks
 from tempering.config import load_config
+from tempering.policy import load_model
 from tempering.rollout.base import SamplingParams
 from tempering.rollout.remote import ServerGenerator, ServerSettings
 from tempering.train import train

@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tempering.build import resolve_model_path
 from tempering.config import builtin_config, load_config
+from tempering.policy import resolve_model_path
 from tempering.train import train
 
 COMMON = ["threads=1", "rollout.prompts_per_step=8", "eval.problems_per_task=100"]

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from tempering.build import resolve_model_path
 from tempering.config import ConfigError, builtin_config, load_config
+from tempering.policy import resolve_model_path
 from tempering.train import train
 
 LAUNCHED = "rollout.server={url: 'http://127.0.0.1:0', launch: vllm}"

@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 from report import measured, save
 
-from tempering.build import load_policy
 from tempering.config import PretrainConfig, load_config
 from tempering.eval.greedy import evaluate
+from tempering.policy import load_policy
 from tempering.rewards.base import as_result, resolve_reward
 from tempering.rollout.hf import HFGenerator
 from tempering.tasks import build_task

@@ -31,8 +31,8 @@ import time
 
 import torch
 
-from tempering.build import load_model
 from tempering.config import load_config
+from tempering.policy import load_model
 from tempering.rollout.remote import ServerGenerator, ServerSettings
 
 from report import cpu_model

@@ -117,8 +117,8 @@ def load_model(path: str = "builtin:tiny", *, dtype: str = "float32", device: st
     model folder or checkpoint, a hub id,
     a ``.gguf`` file. The model is a transformers ``PreTrainedModel`` in eval mode on ``device``
     (``auto``: CUDA when torch sees a GPU)."""
-    from tempering.build import load_policy
     from tempering.models.device import resolve_device
+    from tempering.policy import load_policy
 
     validate_config({"model": {"path": path, "dtype": dtype, "device": device}})  # a bad one: a ConfigError
     model, tokenizer, _ = load_policy(path, dtype, PretrainConfig(), progress, device=resolve_device(device))

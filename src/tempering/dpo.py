@@ -46,8 +46,7 @@ from tqdm import tqdm
 
 from tempering import checkpoint, faults
 from tempering.algorithms.preference import PREFERENCE_LOSSES, PairInputs, UnpairedInputs, kto_kl, sequence_logprobs
-from tempering.build import (build_tasks, load_model, local_generator, logprob_chunk, resolve_precision, saves_merged,
-                             with_lora)
+from tempering.build import build_tasks, local_generator, logprob_chunk
 from tempering.config import ConfigError, TrainConfig
 from tempering.eval.greedy import evaluate
 from tempering.learner.forward import forward_logprobs
@@ -55,6 +54,7 @@ from tempering.learner.optim import adamw, guarded_step, lr_factor
 from tempering.learner.plan import Layout
 from tempering.models.compat import enable_checkpointing
 from tempering.models.lora import adapter_state, adapters_off, load_adapter_state
+from tempering.policy import load_model, resolve_precision, saves_merged, with_lora
 from tempering.registry import add, resolve
 from tempering.reporting.metrics import MetricsWriter
 from tempering.rollout.prompts import use_chat_template

@@ -1,7 +1,7 @@
 """``temper eval``: a model's held-out accuracy on the config's tasks, greedy and sampled.
 
 Builds the tasks, their metric rewards, the model and its sampler from the config
-(``tempering.build``), runs greedy and, with ``--n``, sampled evaluation
+(``tempering.build``, the model through ``tempering.policy``), runs greedy and, with ``--n``, sampled evaluation
 (``tempering.eval``), and prints the table (and ``--json``). Nothing is trained or saved.
 """
 
@@ -118,9 +118,10 @@ def run_evaluation(config, model_path: Optional[str], settings, best_of: tuple[b
     ``model.path``) on the config's tasks, by round for a task in an environment, best-of-k by
     ``best_of`` (:func:`parse_best_of`): the dict ``--json`` writes. ``announce`` prints the
     model loaded on stderr, so that a long evaluation says what it measures."""
-    from tempering.build import build_generator, build_tasks, load_model
+    from tempering.build import build_generator, build_tasks
     from tempering.eval.greedy import build_metrics, close_metrics
     from tempering.eval.sampled import sampled_evaluate
+    from tempering.policy import load_model
 
     tasks = build_tasks(config)
     rounds = _rounds(config, tasks)

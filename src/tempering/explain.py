@@ -70,8 +70,8 @@ def refuse_as_train_does(config: TrainConfig) -> Any:
     too (a ConfigError or ModelLoadError), so that a config explain passes is not one train
     then refuses: a built-in model name, the tasks and their rewards' options, the algorithm,
     the mixture, the sinks and the pipeline's band. Returns the mixture the run would start with."""
-    from tempering.build import (build_mixture, build_rewarder, build_tasks, check_builtin_name, check_mismatch_band,
-                                 check_onednn, check_partial_rollouts, resolve_algorithm)
+    from tempering.build import build_mixture, build_rewarder, build_tasks, check_mismatch_band, check_onednn, check_partial_rollouts, resolve_algorithm
+    from tempering.policy import check_builtin_name
     from tempering.reporting.sinks import check_sinks
 
     check_builtin_name(config.model.path)
@@ -88,8 +88,8 @@ def refuse_as_train_does(config: TrainConfig) -> Any:
 
 def inspect_model(config: TrainConfig) -> Inspection:
     """The model loaded without downloading or pre-training anything, and what it tells."""
-    from tempering.build import (build_generator, build_tasks, learner_token_budget, load_model, local_generator,
-                                 resolve_algorithm)
+    from tempering.build import build_generator, build_tasks, learner_token_budget, local_generator, resolve_algorithm
+    from tempering.policy import load_model
     from tempering.pretrain import PRETRAINED_BUILTINS, builtin_pretrain, cached_model_dir
     from tempering.rollout.engines import uses_vllm
 
@@ -260,7 +260,7 @@ DRAWS_LATER = {
 def _precision(config: TrainConfig, seen: Inspection) -> tuple[TrainConfig, str]:
     """The config as ``precision`` resolves it for the inspected model, and what the run will
     compute in (timing the model once when ``auto`` must and the cache has no measure)."""
-    from tempering.build import resolve_precision
+    from tempering.policy import resolve_precision
 
     where = "learner.bf16, rollout.bf16"
     if config.precision is None:

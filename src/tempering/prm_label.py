@@ -202,8 +202,9 @@ def label_from_config(config: TrainConfig, model_path: Optional[str], out: Path,
                       progress: bool) -> dict:
     """``temper prm label``: build the tasks, their metrics, the model and its sampler from the
     config, then :func:`label`."""
-    from tempering.build import build_tasks, load_model
+    from tempering.build import build_tasks
     from tempering.eval.greedy import build_metrics, close_metrics
+    from tempering.policy import load_model
     from tempering.rollout.engines import build_sampler
 
     settings.check()

@@ -20,11 +20,11 @@ def serve_model(args: argparse.Namespace, model_path: Optional[str], config_path
 
     import torch
 
-    from tempering.build import load_model
+    from tempering.httpd import host_port, is_loopback
+    from tempering.policy import load_model
     from tempering.rollout.hf import HFGenerator
     from tempering.rollout.remote import API_KEY_VARIABLE
     from tempering.rollout.server import Limits, start
-    from tempering.httpd import host_port, is_loopback
 
     api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
     if not is_loopback(args.host) and api_key is None:

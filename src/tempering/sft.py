@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from tempering import checkpoint, faults
-from tempering.build import load_model, logprob_chunk, resolve_precision, saves_merged, with_lora
+from tempering.build import logprob_chunk
 from tempering.config import ConfigError, TrainConfig
 from tempering.learner.forward import forward_logprobs
 from tempering.learner.optim import adamw, guarded_step, lr_factor
@@ -41,6 +41,7 @@ from tempering.learner.packing import plan_micro_batches
 from tempering.learner.plan import Layout
 from tempering.models.compat import enable_checkpointing
 from tempering.models.lora import adapter_state, load_adapter_state
+from tempering.policy import load_model, resolve_precision, saves_merged, with_lora
 from tempering.reporting.metrics import MetricsWriter
 from tempering.rollout.prompts import use_chat_template
 from tempering.tasks.dataset import DatasetError

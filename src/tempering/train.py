@@ -34,13 +34,14 @@ from tempering import checkpoint
 from tempering.algorithms import AdvantageInputs
 from tempering.algorithms.advantages import AdvantageFn
 from tempering.algorithms.dapo import collect_groups, mask_truncated, overlong_penalty
-from tempering.build import Run, build_follower, build_run, saves_merged, uses_ray
+from tempering.build import Run, build_follower, build_run, uses_ray
 from tempering.config import AlgorithmConfig, ConfigError, TrainConfig
 from tempering.eval.sampled import greedy_by_round
 from tempering.faults import TrainingDiverged, WorkerLost
 from tempering.learner.parallel import follow
 from tempering.learner.step import Learner, collate
 from tempering.pipeline import GraderOutage
+from tempering.policy import saves_merged
 from tempering.reporting.live import LiveView
 from tempering.reporting.metrics import before_after_table, by_round_table, components_table
 from tempering.reporting.samples import SampleWriter

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 
-from tempering.build import build_learner, load_model, resolve_algorithm, with_lora
+from tempering.build import build_learner, resolve_algorithm
 from tempering.config import TrainConfig
 from tempering.learner.parallel import follow, from_env, full_state
+from tempering.policy import load_model, with_lora
 
 
 def main(config_path: str, batches_path: str, out_path: str) -> None:

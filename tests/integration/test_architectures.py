@@ -15,11 +15,11 @@ import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GemmaConfig, GPTNeoXConfig,
                           LlamaConfig, Qwen2Config, Qwen3Config)
 
-from tempering.build import load_policy
 from tempering.config import PretrainConfig, TrainConfig
 from tempering.learner.forward import token_logprobs
 from tempering.learner.step import collate
 from tempering.models.tiny import build_tokenizer
+from tempering.policy import load_policy
 from tempering.rollout.hf import HFGenerator, SamplingParams
 from tempering.train import train
 from tempering.types import Problem

@@ -30,7 +30,7 @@ ARGS = [f"steps={STEPS}", "threads=1", "rollout.prompts_per_step=4", "rollout.gr
 
 def saved_batches(config, path: Path) -> Path:
     """``STEPS`` batches with advantages, sampled by the miniature model, saved to ``path``."""
-    from tempering.build import load_model
+    from tempering.policy import load_model
 
     model, tokenizer, _ = load_model(config, config.model.path, progress=False)
     worker = rollout_worker(config, model.eval(), tokenizer)

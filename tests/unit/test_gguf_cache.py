@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from tempering.build import resolve_model_path
 from tempering.config import PretrainConfig
 from tempering.models import loading
 from tempering.models.cache import converted_dir, ensure_converted
 from tempering.models.loading import load_model
+from tempering.policy import resolve_model_path
 
 gguf = pytest.importorskip("gguf")
 

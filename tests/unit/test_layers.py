@@ -53,14 +53,18 @@ ALLOWED: dict[str, set[str]] = {
     "pretrain": FOUNDATIONS | {"learner", "models", "tasks", "generalist", "tiny_long"},
     "generalist": FOUNDATIONS,
     "tiny_long": FOUNDATIONS,
-    "build": FOUNDATIONS | BELOW_BUILD | {"pretrain"},
+    # the policy a config names: the model (pre-trained or converted on first use, or a run
+    # folder's checkpoint), its device (the learner's under torchrun) and precision (the sampler's
+    # fused kernels timed)
+    "policy": FOUNDATIONS | {"checkpoint", "learner", "models", "pretrain", "rollout"},
+    "build": FOUNDATIONS | BELOW_BUILD | {"policy", "pretrain"},
     # the commands, then the argument parser over them
-    **{name: FOUNDATIONS | BELOW_BUILD | {"build", "pretrain"} for name in COMMANDS - {"pretrain"}},
+    **{name: FOUNDATIONS | BELOW_BUILD | {"build", "policy", "pretrain"} for name in COMMANDS - {"pretrain"}},
     # temper dpo runs its rows through temper sft's forward passes (Passes, example_tensors)
-    "dpo": FOUNDATIONS | BELOW_BUILD | {"build", "pretrain", "sft"},
+    "dpo": FOUNDATIONS | BELOW_BUILD | {"build", "policy", "pretrain", "sft"},
     "cli": FOUNDATIONS | BELOW_BUILD | COMMANDS,
     # the Python API: the commands as functions, beside the command line
-    "api": FOUNDATIONS | BELOW_BUILD | COMMANDS | {"build"},
+    "api": FOUNDATIONS | BELOW_BUILD | COMMANDS | {"build", "policy"},
     # the package itself: the API's names, imported on first use (and for type checkers)
     "tempering": FOUNDATIONS | BELOW_BUILD | {"api", "torch_extensions"},
     # the sitecustomize of vLLM's processes: it imports the package, for the shim above

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
-from tempering.build import resolve_model_path
 from tempering.config import PretrainConfig
 from tempering.models.loading import ModelLoadError, load_model
 from tempering.models.tiny import build_tokenizer
+from tempering.policy import resolve_model_path
 
 
 @pytest.mark.parametrize("path", ["/nonexistent/model", "./no-model-here", "~/no-model-here"])

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tempering.build import build_mixture, build_pipeline, build_rewarder, build_tasks, load_model
+from tempering.build import build_mixture, build_pipeline, build_rewarder, build_tasks
 from tempering.config import TrainConfig
+from tempering.policy import load_model
 
 
 def _pipeline(tmp_path, model_dir):

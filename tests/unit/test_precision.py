@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tempering.build import PRECISION_FILE, resolve_precision
 from tempering.config import ConfigError, load_config
 from tempering.models import precision
 from tempering.models.precision import Choice
+from tempering.policy import PRECISION_FILE, resolve_precision
 
 AMD_WITHOUT_BF16 = ("processor\t: 0\nmodel name\t: AMD EPYC 7B12\nflags\t\t: fpu sse2 avx2\n\n"
                     "processor\t: 1\nmodel name\t: AMD EPYC 7B12\nflags\t\t: fpu sse2 avx2\n")
@@ -170,7 +170,7 @@ def test_a_products_choice_sets_the_sampler_kernel_and_survives_the_run_folder(t
     choice = Choice(False, "precision=auto: float32", onednn=True, products={"mkl_s": 1.0, "onednn_s": 0.5})
     assert precision.apply(config, choice).rollout.onednn is True
     assert precision.apply(config, Choice(False, "x")).rollout.onednn == "auto"
-    from tempering.build import record_precision
+    from tempering.policy import record_precision
 
     record_precision(tmp_path, choice)
     resumed, again = resolve_precision(config, small_llama(), resume=True)

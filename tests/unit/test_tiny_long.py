@@ -5,8 +5,8 @@ cache entry, and the model name understood wherever a built-in model is."""
 import pytest
 
 from tempering import tiny_long
-from tempering.build import BUILTIN_MODELS, check_builtin_name
 from tempering.config import ConfigError, PretrainConfig, load_config
+from tempering.policy import BUILTIN_MODELS, check_builtin_name
 from tempering.pretrain import builtin_pretrain, cached_model_dir, corpus
 from tempering.tasks import build_task
 

@@ -4,6 +4,6 @@
 of transformers beyond its public model API (``compat``).
 
 Not here: what a config's ``model.path`` may name beyond a path (``builtin:*``, run folders:
-``tempering.build`` resolves them), pre-training (``tempering.pretrain``) and checkpoints
+``tempering.policy`` resolves them), pre-training (``tempering.pretrain``) and checkpoints
 (``tempering.checkpoint``); nothing in this folder imports either.
 """

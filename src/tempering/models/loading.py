@@ -6,7 +6,7 @@
 - a hub id (from the Hugging Face cache when it is there, else downloaded).
 
 Not here: what a config's ``model.path`` may name beyond a path (``builtin:tiny``, which is
-pre-trained on first use, ``builtin:smollm2``, a run or checkpoint folder): ``tempering.build``
+pre-trained on first use, ``builtin:smollm2``, a run or checkpoint folder): ``tempering.policy``
 resolves those into one of the above before anything is loaded.
 """
 

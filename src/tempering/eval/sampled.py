@@ -329,9 +329,7 @@ def metric_table(result: dict) -> str:
         cells.append([metric, *(_cell(result["metrics"][name].get(metric)) for name in names)])
     for key in ("samples", "grader_errors", "truncated") if result["samples"] else ():
         cells.append([key, *(str(result["samples"][name][key]) for name in names)])
-    first = max(len(row[0]) for row in cells) + 2
-    widths = [max(len(row[i]) for row in cells) + 2 for i in range(1, len(names) + 1)]
-    lines = [f"{row[0]:<{first}}" + "".join(f"{c:>{w}}" for c, w in zip(row[1:], widths)) for row in cells]
+    lines = _aligned(cells)
     for task, grid in (result.get("by_depth") or {}).items():
         lines += ["", length_depth_table(task, result["by_length"].get(task, {}), grid)]
     return "\n".join(lines + [f"note: {note}" for note in result["notes"]])
@@ -352,11 +350,15 @@ def length_depth_table(task: str, by_length: dict, by_depth: dict) -> str:
     cells = [["length", "all", *bins]] + [
         [length, *(_percent(value) for value in (by_length.get(length), *(row.get(b) for b in bins)))]
         for length, row in by_depth.items()]
-    widths = [max(len(row[i]) for row in cells) + 2 for i in range(1, len(bins) + 2)]
+    return "\n".join([f"{task}: greedy accuracy by length (tokens) and evidence depth (0% = the document's start)",
+                      *_aligned(cells)])
+
+
+def _aligned(cells: list[list[str]]) -> list[str]:
+    """Rows of a table: the first column left-aligned, the others right-aligned, two spaces apart."""
     first = max(len(row[0]) for row in cells) + 2
-    return "\n".join([f"{task}: greedy accuracy by length (tokens) and evidence depth (0% = the document's start)"]
-                     + [f"{row[0]:<{first}}" + "".join(f"{c:>{w}}" for c, w in zip(row[1:], widths))
-                        for row in cells])
+    widths = [max(len(row[i]) for row in cells) + 2 for i in range(1, len(cells[0]))]
+    return [f"{row[0]:<{first}}" + "".join(f"{c:>{w}}" for c, w in zip(row[1:], widths)) for row in cells]
 
 
 def _percent(value: Optional[float]) -> str:

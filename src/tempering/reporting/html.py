@@ -87,7 +87,7 @@ def build_report(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     for run, name in zip(runs, names):
         run["name"] = name
     maps, hidden = heatmaps(runs)
-    maps += depth_heatmaps(runs, names)
+    maps += depth_heatmaps(runs)
     tables = [heldout(run) for run in runs]
     across = heldout_across(tables, names)
     drawn = panels(runs, hidden)

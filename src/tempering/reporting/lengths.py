@@ -78,7 +78,7 @@ def length_panels(runs: list[dict], names: list[str]) -> list[dict]:
     return shown
 
 
-def depth_heatmaps(runs: list[dict], names: list[str]) -> list[dict]:
+def depth_heatmaps(runs: list[dict]) -> list[dict]:
     """Per run and task with accuracy by evidence depth (``by_depth`` in the summary's
     evaluations), a heat-map of each of its evaluations, before and after: a row per length
     (shortest first), a column per depth bin (the document's start first), each row's accuracy
@@ -88,7 +88,7 @@ def depth_heatmaps(runs: list[dict], names: list[str]) -> list[dict]:
 
     >>> run = {"summary": {"eval_after": {"by_length": {"lc": {"256": 0.5}},
     ...                                   "by_depth": {"lc": {"256": {"0-50%": 0.0, "50-100%": 1.0}}}}}}
-    >>> [(m["title"], m["rows"], m["columns"], m["cells"], m["last"]) for m in depth_heatmaps([run], ["a"])]
+    >>> [(m["title"], m["rows"], m["columns"], m["cells"], m["last"]) for m in depth_heatmaps([run])]
     [('Accuracy by length and evidence depth · lc · after', ['256'], ['0-50%', '50-100%'], [[0.0, 1.0]], [0.5])]
     """
     shown = []

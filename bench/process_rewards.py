@@ -58,7 +58,7 @@ import random
 from pathlib import Path
 
 from joint import earlier_run, interval
-from stages import temper
+from stages import fine_tuned_once, temper
 
 from tempering.config import load_config
 from tempering.policy import resolve_model_path
@@ -103,19 +103,9 @@ def lucky_records(share: float, count: int, path: Path, tasks: tuple[str, ...] =
 def lucky_policy(base: str, share: float, records: int, out: Path, threads: str, tasks: tuple[str, ...] = TASKS) -> str:
     """``base`` fine-tuned on :func:`lucky_records` into ``out/lucky-sft``, unless it finished there
     on the same records (on others: refused, as :func:`earlier_run` refuses another config)."""
-    run, data, wanted = out / "lucky-sft", out / "lucky-sft.jsonl", out / "lucky-sft.next.jsonl"
-    lucky_records(share, records, wanted, tasks)
-    if (run / "summary.json").is_file():
-        same = data.is_file() and data.read_bytes() == wanted.read_bytes()
-        wanted.unlink()
-        if not same:
-            raise SystemExit(f"bench: {run} was fine-tuned on other records (another --lucky-sft, --sft-records or "
-                             "--tasks); give another --out or remove it")
-        return str(run / "checkpoint-final")
-    wanted.replace(data)
-    temper("sft", str(data), "quickstart", f"model.path={base}", threads, "sft.lr=1e-3", "sft.epochs=4",
-           "sft.warmup_steps=3", "checkpoint.every=0", "--run-dir", str(run), "--quiet")
-    return str(run / "checkpoint-final")
+    return fine_tuned_once(out / "lucky-sft", lambda path: lucky_records(share, records, path, tasks),
+                           "another --lucky-sft, --sft-records or --tasks", "quickstart", f"model.path={base}", threads,
+                           "sft.lr=1e-3", "sft.epochs=4", "sft.warmup_steps=3", "checkpoint.every=0")
 
 
 def trained_prm(model: str, out: Path, problems: int, threads: str) -> str:
@@ -180,29 +170,42 @@ def one_run(overrides: list[str], run_dir: Path, tasks: tuple[str, ...] = TASKS)
             "wall_s": summary["wall_s"]}
 
 
-def summarize(runs: list[dict]) -> dict:
+def summarize(runs: list[dict], names: tuple[str, ...] = ("accuracy", "steps_right")) -> dict:
+    """Per measure of ``names``: its value after training over seeds (mean, 95% half-width, per
+    seed) and its change from before."""
     found = {}
-    for name in ("accuracy", "steps_right"):
+    for name in names:
         after = [run["after"][name] for run in runs]
         change = [run["after"][name] - run["before"][name] for run in runs]
         found[name] = {**interval(after), "change": interval(change), "per_seed": after}
     return found
 
 
-def checks(arms: dict) -> dict:
-    """Each process arm against ``outcome``: the ``steps_right`` margin, the seed spread, and the
-    accuracy difference."""
+def checks(arms: dict, measure: str = "steps_right") -> dict:
+    """Each arm against ``outcome``: the margin of ``measure``, the seed spread (the larger of the
+    two arms' ranges over seeds), and the accuracy difference."""
     if "outcome" not in arms:
         return {}
     base = arms["outcome"]
     found = {}
     for arm in (a for a in arms if a != "outcome"):
-        margin = arms[arm]["steps_right"]["mean"] - base["steps_right"]["mean"]
-        spread = max(max(a["steps_right"]["per_seed"]) - min(a["steps_right"]["per_seed"]) for a in (base, arms[arm]))
+        margin = arms[arm][measure]["mean"] - base[measure]["mean"]
+        spread = max(max(a[measure]["per_seed"]) - min(a[measure]["per_seed"]) for a in (base, arms[arm]))
         accuracy = arms[arm]["accuracy"]["mean"] - base["accuracy"]["mean"]
-        found[arm] = {"steps_right_margin": margin, "seed_spread": spread, "beyond_spread": margin > spread,
+        found[arm] = {f"{measure}_margin": margin, "seed_spread": spread, "beyond_spread": margin > spread,
                       "accuracy_difference": accuracy, "accuracy_within_2_points": abs(accuracy) <= 0.02}
     return found
+
+
+def compared(runs: dict[str, list[dict]], measure: str = "steps_right") -> dict:
+    """``{"before", "arms", "checks", "wall_s"}`` of each arm's runs (one a seed): accuracy and
+    ``measure`` before training (the first arm's mean), each arm's after (:func:`summarize`),
+    each arm against ``outcome`` (:func:`checks`) and each arm's training seconds."""
+    names = ("accuracy", measure)
+    summary = {arm: summarize(found, names) for arm, found in runs.items()}
+    before = {name: interval([run["before"][name] for run in next(iter(runs.values()))])["mean"] for name in names}
+    return {"before": before, "arms": summary, "checks": checks(summary, measure),
+            "wall_s": {arm: sum(run["wall_s"] for run in found) for arm, found in runs.items()}}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -251,13 +254,8 @@ def main(argv: list[str] | None = None) -> dict:
             overrides = [*args.overrides, f"model.path={model}", f"steps={args.steps}", f"seed={seed}",
                          *arm_overrides(arm, args.weight, prm, args.gate, tasks, process_tasks)]
             runs[arm].append(one_run(overrides, out / run_name(arm, args.weight, seed, process_tasks), tasks))
-    summary = {arm: summarize(found) for arm, found in runs.items()}
-    before = {name: interval([run["before"][name] for run in next(iter(runs.values()))])["mean"]
-              for name in ("accuracy", "steps_right")}
     report = {"model": model, "base": base, "lucky_sft": args.lucky_sft, "tasks": list(tasks), "prm": prm, "steps": args.steps, "seeds": seeds, "weight": args.weight,
-              "gate": args.gate, "process_tasks": list(process_tasks or tasks),
-              "before": before, "arms": summary, "checks": checks(summary), "out": str(out),
-              "wall_s": {arm: sum(run["wall_s"] for run in found) for arm, found in runs.items()}}
+              "gate": args.gate, "process_tasks": list(process_tasks or tasks), **compared(runs), "out": str(out)}
     (out / "process_rewards.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return report

@@ -40,6 +40,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tempering.build import build_tasks
@@ -51,6 +52,24 @@ from tempering.tasks.code import CodeTask
 def temper(*args: str) -> None:
     """Run a temper command; its printed tables go to stderr, so that stdout holds only the JSON."""
     subprocess.run([sys.executable, "-m", "tempering.cli", *args], check=True, stdout=sys.stderr)
+
+
+def fine_tuned_once(run: Path, write: Callable[[Path], None], others: str, *sft_args: str) -> str:
+    """``temper sft`` (with ``sft_args``) on the records ``write`` puts in a file, into ``run``,
+    the records kept beside it (``run`` + ``.jsonl``); where ``run`` finished on the same records it
+    is read back, and on others refused (``others`` says which options make them), so that a
+    stopped bench continues and never trains on a policy it did not ask for."""
+    data, wanted = run.with_suffix(".jsonl"), run.parent / f"{run.name}.next.jsonl"
+    write(wanted)
+    if (run / "summary.json").is_file():
+        same = data.is_file() and data.read_bytes() == wanted.read_bytes()
+        wanted.unlink()
+        if not same:
+            raise SystemExit(f"bench: {run} was fine-tuned on other records ({others}); give another --out or remove it")
+        return str(run / "checkpoint-final")
+    wanted.replace(data)
+    temper("sft", str(data), *sft_args, "--run-dir", str(run), "--quiet")
+    return str(run / "checkpoint-final")
 
 
 def columns(n: int, prm: bool) -> tuple[str, ...]:

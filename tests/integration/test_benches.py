@@ -35,6 +35,12 @@ QUICK = {
     "repo_gym": (["--instances", "2", "--levels", "1"],
                  lambda out: out["solved"] == 1.0 and out["grade_ms"]["p50"] > out["tests_own_ms"]["p50"] > 0
                  and out["episodes_per_min"] > 0 and out["sandbox_cpu_ms_per_episode"] > 0),
+    "cite_rewards": (["--model", "{model}", "--steps", "1", "--seeds", "0", "--sft-records", "16", "--length", "300",
+                      "--out", "{out}", "sft.max_length=400", "rollout.max_prompt_tokens=320", *SMALL],
+                     lambda out: set(out["arms"]) == {"outcome", "consistency"} and Path(out["model"]).parent.name == "cite-sft"
+                     and len(Path(out["out"], "cite-sft.jsonl").read_text().splitlines()) == 16
+                     and all(0 <= a[m]["mean"] <= 1 for a in out["arms"].values() for m in ("accuracy", "cites_right"))
+                     and set(out["checks"]) == {"consistency"} and Path(out["out"], "cite_rewards.json").is_file()),
     "code_families": (["--model", "{model}", "--problems", "1", "--families", "at_least,below", "--max-new-tokens", "8"],
                       lambda out: {name: e["problems"] for name, e in out["families"].items()} == {"at_least": 1, "below": 1}),
     "cost_schedule": (["--model", "{model}", "--steps", "2", "--eval-every", "1", "--seeds", "0,1", "--out", "{out}",

@@ -110,5 +110,25 @@ def test_a_rewarder_pays_grounded_answers_more_and_logs_each_part():
     group = Group(problem, [Rollout(problem, [], [0], [0.0], t, "stop", 0) for t in texts])
     record = rewarder.score([group])
     assert [r.reward for r in group.rollouts] == [1.0, 0.5, 0.5, 0.0]
-    assert [r.reward_components["exact_match"] for r in group.rollouts] == [1.0, 1.0, 1.0, 0.0]
+    assert [r.reward_components["cited_match"] for r in group.rollouts] == [1.0, 1.0, 1.0, 0.0]
     assert record["reward/consistency/exact"] == 0.25 and record["reward/consistency/decoys"] == 0.25
+
+
+@pytest.mark.parametrize("value", ["number", "span"])
+def test_a_task_asking_for_cites_is_graded_by_cited_match_and_evaluation_reports_cites_right(value):
+    from tempering.eval.greedy import component_means
+
+    task = build_task("long_context", seed=0, kind="retrieval", updates=1, near_misses=1, value=value, cite="quote",
+                      length_tokens=1024)
+    assert task.metric == "cited_match" and task.rewards == {"cited_match": 1.0}
+    assert build_task("long_context", seed=0, kind="retrieval", value=value, length_tokens=1024).metric != "cited_match"
+    reward = build_reward("cited_match")
+    assert reward.summary == ("cites_right",)
+    problem = task.train_problem(0)
+    stale = problem.meta["decoys"][0]
+    texts = [_cite(problem, problem.meta["evidence"]), _cite(problem, [stale]), f"answer: {problem.answer}",
+             _cite(problem, problem.meta["evidence"]).replace(problem.answer, "wrong answer")]
+    results = reward.score_batch([problem] * 4, [Rollout(problem, [], [0], [0.0], t, "stop", 0) for t in texts])
+    assert [r.score for r in results] == [1.0, 1.0, 1.0, 0.0]
+    assert [r.components["cites_right"] for r in results] == [1.0, 0.0, 0.0, 0.0]
+    assert component_means(reward.summary, results) == {"cites_right": 0.25}

@@ -7,7 +7,7 @@ reward is a plain function ``(problem, completion) -> float`` or a batch-scoring
 :mod:`tempering.rewards.base`); a user's own plugs in as ``module:function``.
 
 Built in: ``exact_match``, ``match``, ``math`` (outcome); ``code`` (unit tests in the
-sandbox); ``repo`` (an agent's patch to a repository, graded in a clean sandbox box); ``steps``, ``repetition``, ``format``, ``length``, ``consistency`` (process); ``model`` (a reward
+sandbox); ``repo`` (an agent's patch to a repository, graded in a clean sandbox box); ``steps``, ``repetition``, ``format``, ``length``, ``consistency`` (process); ``exact_steps``, ``cited_match`` (outcome metrics that also report a process share); ``model`` (a reward
 model, trained by ``temper rm train``); ``process_model`` (a process reward model scoring
 each step, trained by ``temper prm train``).
 

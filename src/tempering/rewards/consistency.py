@@ -76,10 +76,10 @@ def cited_sentences(completion: str, sentences: list[str]) -> list[Optional[int]
     return found
 
 
-def _document(problem: Problem) -> tuple[list[str], set[int], set[int]]:
+def _document(problem: Problem, reward: str = "consistency") -> tuple[list[str], set[int], set[int]]:
     meta = problem.meta
     if "sentences" not in meta or "evidence" not in meta:
-        raise ValueError(f"reward 'consistency' checks cites against problem.meta['sentences'] and ['evidence'], "
+        raise ValueError(f"reward {reward!r} checks cites against problem.meta['sentences'] and ['evidence'], "
                          f"which task {problem.task!r} does not provide; use it with the long_context task")
     return list(meta["sentences"]), set(meta["evidence"]), set(meta.get("decoys", ()))
 
@@ -117,3 +117,30 @@ def consistency(problem: Problem, completion: str, *, combine: Literal["mix", "g
                   "fabricated": share(cited.count(None)), "decoys": share(sum(i in decoys for i in cited)),
                   "exact": float(set(cited) == evidence)}
     return RewardResult(COMBINES[combine](outcome, grounding, weight), components, {"cites": len(cited)})
+
+
+@register_reward("cited_match")
+def cited_match(problem: Problem, completion: str) -> RewardResult:
+    """The outcome alone (the ``answer:`` line against the reference, as :func:`consistency`
+    reads it); the component ``cites_right`` is 1 when, beyond that, the answer's cites name
+    exactly the statements it rests on.
+
+    The metric of a ``long_context`` task that asks for cites: held-out evaluation then reports
+    the share of answers whose cited facts are right (``eval/<task>/cites_right``) beside
+    accuracy, which an outcome reward pays the same whatever the cites say.
+
+    >>> doc = ["Rain fell.", "The code of AB-123 is 1111.", "The code of AB-123 was changed to 4521."]
+    >>> p = Problem(task="long_context", id="AB-123:4521", prompt="", answer="4521",
+    ...             meta={"sentences": doc, "evidence": [2], "decoys": [1]})
+    >>> [(r.score, r.components["cites_right"]) for r in (cited_match(p, c) for c in
+    ...  ("cite: 3\\nanswer: 4521", "cite: 2\\nanswer: 4521", "answer: 4521", "cite: 3\\nanswer: 1111"))]
+    [(1.0, 1.0), (1.0, 0.0), (1.0, 0.0), (0.0, 0.0)]
+    """
+    sentences, evidence, _ = _document(problem, "cited_match")
+    outcome = same_answer(final_answer(completion), problem.answer)
+    grounded = outcome == 1.0 and set(cited_sentences(completion, sentences)) == evidence
+    return RewardResult(outcome, {"cites_right": float(grounded)})
+
+
+cited_match.summary = ("cites_right",)
+"""The component a held-out evaluation reports as a mean (``tempering.eval.greedy``)."""

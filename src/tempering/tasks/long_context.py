@@ -62,13 +62,17 @@ MIN_LENGTH = 32
 WORDS = ["the", "river", "stone", "light", "garden", "paper", "window", "silver", "morning", "quiet", "market", "letter", "bridge", "orange", "winter", "cloud", "engine", "forest", "violet", "harbor", "candle", "meadow", "signal"]
 ANSWER_ASK = "End with a line 'answer: X'."
 CITES = {"none": ANSWER_ASK,
-         "quote": "Before the answer, write each statement you used on its own line as cite: \"<the statement, "
-                  "copied exactly>\". " + ANSWER_ASK,
-         "line": "Before the answer, write the number of each line you used on its own line as cite: N. " + ANSWER_ASK}
-"""What the prompt asks for, by ``cite``: the answer line alone, or citation lines before it."""
+         "quote": "Cite each statement used as cite: \"<statement>\". " + ANSWER_ASK,
+         "line": "Cite each line used as cite: N. " + ANSWER_ASK}
+"""What the prompt asks for, by ``cite``: the answer line alone, or citation lines before it.
+Short: every character of it stands between the document and the answer (the built-in long
+model finds a value only a few hundred characters back; the earlier, wordier asks left the
+document out of its reach at every length)."""
 LATEST_HOLDS = "When a value is changed or recounted later in the document, the latest statement holds."
 METRICS = {"number": "exact_match", "span": "match"}
-"""The reward that grades each kind of value: a number exactly, a span after normalisation."""
+"""The reward that grades each kind of value: a number exactly, a span after normalisation. A
+task that asks for cites is graded by ``cited_match`` instead (the answer after normalisation,
+and the share whose cites are exactly the evidence beside it)."""
 
 
 def _filler(rng: random.Random) -> str:
@@ -146,7 +150,7 @@ class LongContextTask(StreamState):
         """Curriculum levels for the scheduler (0 = no curriculum): one per entry of ``lengths``."""
         self.level = 0
         self.domain = domain_of(name, domain)
-        self.metric = METRICS[value]
+        self.metric = METRICS[value] if cite == "none" else "cited_match"
         self.rewards = dict(rewards or {self.metric: 1.0})
         self._tokenizer = None
         if tokenizer:

@@ -65,9 +65,10 @@ CITES = {"none": ANSWER_ASK,
          "quote": "Cite each statement used as cite: \"<statement>\". " + ANSWER_ASK,
          "line": "Cite each line used as cite: N. " + ANSWER_ASK}
 """What the prompt asks for, by ``cite``: the answer line alone, or citation lines before it.
-Short: every character of it stands between the document and the answer (the built-in long
-model finds a value only a few hundred characters back; the earlier, wordier asks left the
-document out of its reach at every length)."""
+Short: every character of it stands between the document and the answer, and the built-in
+long model finds a value only a few hundred characters back (fine-tuned to quote its cites,
+it answered 58% of held-out problems at 384 characters with this ask, and none at 448 with
+the earlier one of 155 characters)."""
 LATEST_HOLDS = "When a value is changed or recounted later in the document, the latest statement holds."
 METRICS = {"number": "exact_match", "span": "match"}
 """The reward that grades each kind of value: a number exactly, a span after normalisation. A

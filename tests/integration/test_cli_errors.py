@@ -25,7 +25,7 @@ def _temper(args, cwd, cache):
     (["train", "tasks.0.name=nosuch"],
      "tasks.0 (nosuch): unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, long_context:<type>, mul, repo, rg:<type>, sub"),
     (["train", "tasks.0.options.digits=abc"], "tasks.0 (add): options.digits='abc': expected list[int]"),
-    (["train", "tasks.0.rewards={nosuch: 1}"], ("unknown reward 'nosuch'; known: code, code_format, consistency, exact_match, exact_steps, format, "
+    (["train", "tasks.0.rewards={nosuch: 1}"], ("unknown reward 'nosuch'; known: cited_match, code, code_format, consistency, exact_match, exact_steps, format, "
      "humaneval, length, match, math, model, process_model, reasoning_gym, repetition, repo, steps")),
     (["train", "learner.lr=.inf"], "learner.lr=inf: Input should be a finite number"),
     (["train", "rollout.temperature=.nan"], "rollout.temperature=nan: Input should be a finite number"),

@@ -119,7 +119,7 @@ def test_an_empty_config_file_means_all_defaults(tmp_path):
     (["tasks.0.name=nosuch"], "tasks.0 (nosuch): unknown task 'nosuch'; known: add, code, code:<type>, dataset, humaneval, long_context, long_context:<type>, mul, repo, rg:<type>, sub"),
     (["tasks.1.options.digits=[9]"], "tasks.1 (sub): digits must be a non-empty list of sizes 1..6"),
     (["tasks.0.options.nosuch=1"], "tasks.0 (add):"),
-    (["tasks.2.rewards={nosuch: 1}"], "tasks.2 (mul): unknown reward 'nosuch'; known: code, code_format, consistency, exact_match, exact_steps, format,"),
+    (["tasks.2.rewards={nosuch: 1}"], "tasks.2 (mul): unknown reward 'nosuch'; known: cited_match, code, code_format, consistency, exact_match, exact_steps, format,"),
     (["tasks.1.name=add"], "tasks: each task may appear once"),
     # the code task's options are typed by its class (its factory takes any): none taken for what it is not
     (["tasks.0.name=code", "tasks.0.options.partial=maybe"], "tasks.0 (code): options.partial='maybe': expected bool"),

@@ -57,7 +57,7 @@ def test_rewards_resolve_by_name_or_as_module_function():
 
 
 @pytest.mark.parametrize("name, message", [
-    ("nosuch", "unknown reward 'nosuch'; known: code, code_format, consistency, exact_match, exact_steps, format,"),
+    ("nosuch", "unknown reward 'nosuch'; known: cited_match, code, code_format, consistency, exact_match, exact_steps, format,"),
     ("tempering.rewards.basic:nosuch", "cannot import reward 'tempering.rewards.basic:nosuch'"),
     ("nosuch_module_xyz:fn", "cannot import reward 'nosuch_module_xyz:fn'"),
 ])

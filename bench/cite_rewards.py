@@ -70,9 +70,9 @@ def cite_records(share: float, count: int, length: int, cite: str, path: Path) -
     with path.open("w") as f:
         for index in range(count):
             problem = task.train_problem(index)
-            sentences, meta = problem.meta["sentences"], problem.meta
+            meta = problem.meta
             cited = meta["decoys"][0] if rng.random() < share else meta["evidence"][0]
-            named = f'"{sentences[cited]}"' if cite == "quote" else cited + 1
+            named = f'"{meta["sentences"][cited]}"' if cite == "quote" else cited + 1
             completion = f"cite: {named}\nanswer: {problem.answer}"
             f.write(json.dumps({"prompt": problem.prompt, "completion": completion}) + "\n")
 
@@ -145,6 +145,12 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--arms: unknown arm {unknown[0]!r}; the arms are {', '.join(ARMS)}")
     if not 0 <= args.stale_share <= 1:
         raise SystemExit(f"--stale-share: a share between 0 and 1, got {args.stale_share}")
+    if args.sft_records < 1:
+        raise SystemExit(f"--sft-records: at least 1, got {args.sft_records}")
+    try:  # a length too short for the question and its statements, refused before any pre-training
+        LongContextTask(TASK, 0, **task_options(args.length, args.cite))
+    except ValueError as error:
+        raise SystemExit(f"--length {args.length}: {error}") from None
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -152,11 +158,12 @@ def main(argv: list[str] | None = None) -> dict:
     base = args.model or str(resolve_model_path("builtin:tiny-long", load_config("long", [threads]).pretrain,
                                                 progress=True))
     tuning = [o for o in args.overrides if o.startswith("sft.")]
+    training = [o for o in args.overrides if o not in tuning]
     model = citing_policy(base, args.stale_share, args.sft_records, args.length, args.cite, out, [threads, *tuning])
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in seeds:
         for arm in arms:
-            overrides = [*SETTINGS, *(o for o in args.overrides if o not in tuning), f"model.path={model}", f"steps={args.steps}", f"seed={seed}",
+            overrides = [*SETTINGS, *training, f"model.path={model}", f"steps={args.steps}", f"seed={seed}",
                          *arm_overrides(arm, args.length, args.cite, args.combine, args.weight)]
             runs[arm].append(one_run(overrides, out / run_name(arm, seed, args.combine, args.weight)))
     report = {"model": model, "base": base, "stale_share": args.stale_share, "length": args.length, "cite": args.cite,

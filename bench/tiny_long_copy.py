@@ -11,7 +11,10 @@ cheapest; every ``every`` steps it is read teacher-forced on ``problems`` held-o
 problems at that length, answered right: the share of answer digits it predicts (chance 10%),
 of whole values, and of first digits that match either value the document states (the latest
 or the stale one: a model that copies, whichever reading it took, scores near 100% here; one
-that guesses, about 20%). Teacher-forced rather than sampled, so a half-learned copy shows
+that guesses, about 20%); then on the same problems with another name's change stated last in
+the document (:func:`decoy_last`): whole values still right, and first digits that are the
+decoy's, which tell a model that takes the latest change by position (near 100%) from one that
+looks the asked name up (near 0). Teacher-forced rather than sampled, so a half-learned copy shows
 before whole answers come out right. This is the cheap check to run before the recipe's full
 pre-training, which takes tens of minutes.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import sys
 import time
@@ -37,6 +41,7 @@ from report import measured
 from tempering import tiny_long
 from tempering.pretrain import breaks_of, copy_batches, document_batches, fresh_model, optimizer_and_schedule, train_step
 from tempering.tasks import build_task
+from tempering.tasks.long_context_facts import name
 
 STATED = re.compile(r"(?:is|changed to) (\d{4})\.")
 """A retrieval document's stated values, the latest and the stale one."""
@@ -79,10 +84,39 @@ def recipe(args: argparse.Namespace):
         "context_weight": args.context_weight})
 
 
+def decoy_last(problem, rng: random.Random) -> tuple[str, str]:
+    """``problem``'s prompt with another name's change stated last in its document (just before
+    the first line break, where the framing starts), and that change's value, whose first digit
+    is neither stated value's: a reader that takes the latest change whatever its name answers
+    with it; one that looks the asked name up does not.
+
+    >>> class P: prompt = "The code of AB-123 is 1111. The code of AB-123 was changed to 2222.\\nQuestion: ?"
+    >>> prompt, value = decoy_last(P, random.Random(0))
+    >>> prompt.split("\\n")[0].endswith(f"2222. The code of {prompt.split()[-7]} was changed to {value}.") and value[0] not in "12"
+    True
+    >>> prompt.split()[-7] != "AB-123" and prompt.endswith(".\\nQuestion: ?")
+    True
+    """
+    asked = re.search(r"code of (\S+) ", problem.prompt).group(1)
+    other = name(rng)
+    while other == asked:
+        other = name(rng)
+    taken = {value[0] for value in STATED.findall(problem.prompt)}
+    value = str(rng.randint(1000, 9999))
+    while value[0] in taken:
+        value = str(rng.randint(1000, 9999))
+    end = problem.prompt.index("\n")
+    return f"{problem.prompt[:end]} The code of {other} was changed to {value}.{problem.prompt[end:]}", value
+
+
 def read(model, problems: list, token_ids) -> dict:
     """Teacher-forced answer digits on ``problems``: shares of digits, whole values, and first
-    digits that are either stated value's."""
-    digits = whole = either = 0
+    digits that are either stated value's; then on the same problems with a decoy's change
+    stated last (:func:`decoy_last`): whole values still right, and first digits that are the
+    decoy's (about 100% for a model that reads the latest change by position, 0 for one that
+    reads by name, 10% for a guess)."""
+    digits = whole = either = decoy_whole = decoy_first = 0
+    rng = random.Random(0)
     model.eval()
     with torch.no_grad():
         for problem in problems:
@@ -92,9 +126,15 @@ def read(model, problems: list, token_ids) -> dict:
             right = sum(p == g for p, g in zip(predicted, ids[-4:]))
             digits, whole = digits + right, whole + (right == 4)
             either += predicted[0] in {token_ids(value)[1] for value in STATED.findall(problem.prompt)}
+            prompt, value = decoy_last(problem, rng)
+            ids = token_ids(prompt + "answer: " + problem.answer)[:-1]
+            predicted = model(input_ids=torch.tensor([ids])).logits[0][-5:-1].argmax(-1).tolist()
+            decoy_whole += predicted == ids[-4:]
+            decoy_first += predicted[0] == token_ids(value)[1]
     model.train()
     n = len(problems)
-    return {"digit_accuracy": digits / (4 * n), "whole_accuracy": whole / n, "first_digit_either": either / n}
+    return {"digit_accuracy": digits / (4 * n), "whole_accuracy": whole / n, "first_digit_either": either / n,
+            "decoy_last_whole": decoy_whole / n, "decoy_last_first_digit": decoy_first / n}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -114,7 +154,7 @@ def run(args: argparse.Namespace) -> dict:
             curve.append({"step": step, "wall_s": round(time.perf_counter() - start, 1),
                           "loss": sum(losses[-20:]) / len(losses[-20:]), **read(model, problems, token_ids)})
     return {"length": args.length, "settings": {k: v for k, v in vars(args).items() if k != "threads"},
-            "chance": {"digit_accuracy": 0.1, "first_digit_either": 0.2}, "curve": curve, "final": curve[-1]}
+            "chance": {"digit_accuracy": 0.1, "first_digit_either": 0.2, "decoy_last_first_digit": 0.1}, "curve": curve, "final": curve[-1]}
 
 
 def main(argv: list[str]) -> None:

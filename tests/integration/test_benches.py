@@ -73,7 +73,8 @@ QUICK = {
     "tiny_long_copy": (["--steps", "2", "--every", "1", "--problems", "2", "--hidden", "32", "--layers", "1",
                         "--heads", "2", "--copy-rows", "2", "--context-weight", "0.05"],
                        lambda out: [p["step"] for p in out["curve"]] == [0, 1, 2] and out["length"] == 256
-                       and all(0 <= p[k] <= 1 for p in out["curve"] for k in ("digit_accuracy", "first_digit_either"))
+                       and all(0 <= p[k] <= 1 for p in out["curve"] for k in ("digit_accuracy", "first_digit_either",
+                                                                                "decoy_last_whole", "decoy_last_first_digit"))
                        and out["final"]["loss"] > 0 and out["settings"]["copy_rows"] == 2),
     "weight_sync": (["--model", "{model}", "--syncs", "2", "--chunk-mib", "0.01"],
                     lambda out: out["syncs"] == 2 and out["payload_mib"] > 0.05 and out["disk_s"]["median"] > 0

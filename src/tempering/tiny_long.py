@@ -23,7 +23,9 @@ at 256 was lost (81% of held-out values teacher-forced at the end of the 256 sta
 the end of the curriculum). The corpus is retrieval alone, answered right: with half the
 answers stale and a chained lookup in one document of four, the same copy rows did not make
 the lookup form in 2,700 steps. As measured (docs/models.md) the lookup holds at 256
-characters (78% of values teacher-forced) and fades with length (22% at 1,024, 0% at 4,096);
+characters (78% of values teacher-forced) and fades with length (22% at 1,024, 0% at 4,096),
+and it is a lookup of the latest change, not of the asked name: with another name's change
+stated last, the model answers with that one (``bench/tiny_long_copy.py``'s decoy reading);
 before RL the model writes the word ``answer:`` garbled, which RL fixes within 20 steps. The
 long lengths are where it still falls short, before and after RL.
 

@@ -41,7 +41,7 @@ from report import measured
 from tempering import tiny_long
 from tempering.pretrain import breaks_of, copy_batches, document_batches, fresh_model, optimizer_and_schedule, train_step
 from tempering.tasks import build_task
-from tempering.tasks.long_context_facts import name
+from tempering.tasks.long_context_facts import fresh, name
 
 STATED = re.compile(r"(?:is|changed to) (\d{4})\.")
 """A retrieval document's stated values, the latest and the stale one."""
@@ -97,16 +97,20 @@ def decoy_last(problem, rng: random.Random) -> tuple[str, str]:
     >>> prompt.split()[-7] != "AB-123" and prompt.endswith(".\\nQuestion: ?")
     True
     """
-    asked = re.search(r"code of (\S+) ", problem.prompt).group(1)
-    other = name(rng)
-    while other == asked:
-        other = name(rng)
+    other = fresh(rng, name, {re.search(r"code of (\S+) ", problem.prompt).group(1)})
     taken = {value[0] for value in STATED.findall(problem.prompt)}
     value = str(rng.randint(1000, 9999))
     while value[0] in taken:
         value = str(rng.randint(1000, 9999))
     end = problem.prompt.index("\n")
     return f"{problem.prompt[:end]} The code of {other} was changed to {value}.{problem.prompt[end:]}", value
+
+
+def answer_digits(model, text: str, token_ids) -> tuple[list[int], list[int]]:
+    """The ids of ``text``'s last four characters (the answer's digits, before the end token that
+    ``token_ids`` appends) and the model's teacher-forced predictions of them."""
+    ids = token_ids(text)[:-1]
+    return model(input_ids=torch.tensor([ids])).logits[0][-5:-1].argmax(-1).tolist(), ids[-4:]
 
 
 def read(model, problems: list, token_ids) -> dict:
@@ -120,16 +124,13 @@ def read(model, problems: list, token_ids) -> dict:
     model.eval()
     with torch.no_grad():
         for problem in problems:
-            ids = token_ids(problem.prompt + "answer: " + problem.answer)[:-1]
-            logits_TV = model(input_ids=torch.tensor([ids])).logits[0]
-            predicted = logits_TV[-5:-1].argmax(-1).tolist()
-            right = sum(p == g for p, g in zip(predicted, ids[-4:]))
+            predicted, answer = answer_digits(model, problem.prompt + "answer: " + problem.answer, token_ids)
+            right = sum(p == g for p, g in zip(predicted, answer))
             digits, whole = digits + right, whole + (right == 4)
             either += predicted[0] in {token_ids(value)[1] for value in STATED.findall(problem.prompt)}
             prompt, value = decoy_last(problem, rng)
-            ids = token_ids(prompt + "answer: " + problem.answer)[:-1]
-            predicted = model(input_ids=torch.tensor([ids])).logits[0][-5:-1].argmax(-1).tolist()
-            decoy_whole += predicted == ids[-4:]
+            predicted, answer = answer_digits(model, prompt + "answer: " + problem.answer, token_ids)
+            decoy_whole += predicted == answer
             decoy_first += predicted[0] == token_ids(value)[1]
     model.train()
     n = len(problems)

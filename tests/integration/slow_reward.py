@@ -18,7 +18,7 @@ from tempering.types import Problem
 
 COIN = "slow_reward:coin"
 SLOW_COIN = "slow_reward:coin_slowly"
-SLEEP_S = 0.05
+SLEEP_S = 0.1
 
 
 def coin(problem: Problem, completion: str) -> float:

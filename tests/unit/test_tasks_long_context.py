@@ -87,6 +87,24 @@ def test_a_stale_value_comes_first_and_the_latest_change_is_the_answer():
         assert len(others) == 1 and sum(a != b for a, b in zip(others.pop(), name)) == 1
 
 
+
+def test_lenient_grading_reads_the_code_a_chat_model_states_in_a_sentence():
+    """SmolLM2's habit: the code in a sentence, no ``answer:`` line. Strict grading scores it 0
+    whatever it read; lenient grading scores the latest value 1 and the stale value 0."""
+    strict, lenient = (build_task("long_context", seed=0, kind="retrieval", updates=1, length_tokens=512,
+                                  style="chat", grading=grading) for grading in ("strict", "lenient"))
+    for index in range(5):
+        problem = lenient.train_problem(index)
+        assert strict.train_problem(index).prompt == problem.prompt
+        name = problem.id.split(":")[0]
+        stale = re.search(rf"The code of {name} is (\d+)\.", problem.prompt[-1]["content"]).group(1)
+        said = f"The code of {name} is {problem.answer}."
+        assert score(problem, said, {"exact_match": 1.0})[0] == 1.0
+        assert score(problem, f"The code of {name} is {stale}.", {"exact_match": 1.0})[0] == 0.0
+        assert score(problem, f"{said}\nanswer: {stale}", {"exact_match": 1.0})[0] == 0.0
+        assert score(strict.train_problem(index), said, {"exact_match": 1.0})[0] == 0.0
+
+
 @pytest.mark.parametrize("order, rising", [("chain", True), ("reversed", False)])
 def test_a_chain_is_stated_in_the_order_asked(order, rising):
     task = build_task("long_context", seed=0, kind="multihop", hops=4, order=order, near_misses=3, length_tokens=1024)
@@ -216,6 +234,9 @@ def test_corpus_docs_make_pre_training_a_length_curriculum():
      "length_tokens=64 is too short: the question and its statements alone take about"),
     ({"near_misses": "many"}, r"options.near_misses='many': expected int"),
     ({"lengths": [256, 512], "corpus_docs": [10]}, r"one count of at least 1 per length, got \[10\]"),
+    ({"grading": "loose"}, "grading must be 'strict' or 'lenient', got 'loose'"),
+    ({"grading": "lenient", "value": "span"}, "grading 'lenient' .* needs value 'number' and cite 'none'"),
+    ({"grading": "lenient", "cite": "quote"}, "grading 'lenient' .* needs value 'number' and cite 'none'"),
 ])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):

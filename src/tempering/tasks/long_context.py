@@ -18,6 +18,10 @@ same name with another field, a name one character away), ``order`` (a multihop 
 graded by ``match`` after normalisation, instead of a four-digit number graded by
 ``exact_match``).
 
+Grading: ``grading: lenient`` (numbers only, no cites) takes the answer as a reader would: the
+``answer:`` line when there is one, else the completion's last number, so a chat model that
+states the code in a sentence is graded on the code it states, not on the format asked for.
+
 Citations: ``cite: quote`` asks the answer to give each statement it used on a ``cite:`` line,
 quoted exactly; ``cite: line`` numbers the document's sentences one per line and asks for the
 numbers. Every problem carries what the ``consistency`` reward checks them against:
@@ -53,7 +57,7 @@ import re
 import zlib
 from typing import Any, Optional
 
-from tempering.tasks.base import StreamState
+from tempering.tasks.base import StreamState, check_grading
 from tempering.tasks.long_context_facts import KINDS, MAX_DELIVERY_COUNTS, ORDERS, VALUES, Facts, Spec, interleave
 from tempering.types import Problem, domain_of
 
@@ -138,10 +142,15 @@ class LongContextTask(StreamState):
                  lengths: Optional[list[int]] = None, hops: int = 2, near_misses: int = 0, updates: int = 0,
                  order: str = "random", value: str = "number", parts: int = 3, cite: str = "none",
                  tokenizer: Optional[str] = None, chars_per_token: float = 4.0, style: str = "raw",
-                 corpus_docs: Optional[list[int]] = None, domain: str = "",
+                 corpus_docs: Optional[list[int]] = None, domain: str = "", grading: str = "strict",
                  rewards: Optional[dict[str, float]] = None):
         self.spec = Spec(hops=hops, near_misses=near_misses, updates=updates, order=order, value=value, parts=parts)
         _check_spec(kind, self.spec, cite, style)
+        check_grading(grading)
+        if grading == "lenient" and (value != "number" or cite != "none"):
+            raise ValueError("grading 'lenient' reads a number as a reader would: it needs value 'number' and "
+                             f"cite 'none', got value {value!r} and cite {cite!r}")
+        self.grading = grading
         if chars_per_token <= 0:
             raise ValueError(f"chars_per_token must be above 0, got {chars_per_token}")
         self.lengths = _check_lengths(length_tokens, lengths)
@@ -251,6 +260,7 @@ class LongContextTask(StreamState):
         text = self._render(sentences) + framing
         prompt: Any = text if self.style == "raw" else [{"role": "user", "content": text}]
         meta = {"facts": statements, "sentences": sentences, "cite": self.cite, "length_tokens": length,
+                "grading": self.grading,
                 "evidence": [i for i, s in enumerate(sentences) if s in facts.evidence],
                 "decoys": [i for i, s in enumerate(sentences) if s in facts.decoys]}
         return Problem(task=self.name, id=f"{facts.first}:{facts.answer}", prompt=prompt, answer=facts.answer,

@@ -43,9 +43,10 @@ def test_the_cost_aware_mixture_draws_an_expensive_domain_less_than_static(tiny_
                 for key in ("draw_share", "token_share", "reward_time_share", "cost_s", "weight"):
                     assert f"domain/{name}/{key}" in record, (strategy, record["step"], name, key)
             assert sum(record[f"domain/{n}/draw_share"] for n in (FAST, SLOW)) == 1.0
-            # The fast domain's cost is its share of the sampling time, which grows on a loaded
-            # machine (5.9 ms a rollout seen under a full suite): compared with a margin of 3.
-            assert record[f"domain/{SLOW}/cost_s"] >= SLEEP_S > 3 * record[f"domain/{FAST}/cost_s"]
+            # Both domains pay the same share of the sampling time per token, which grows on a
+            # loaded machine (4-16 ms a rollout seen): the slow one's sleep is the difference.
+            assert record[f"domain/{SLOW}/cost_s"] >= SLEEP_S
+            assert record[f"domain/{SLOW}/cost_s"] - record[f"domain/{FAST}/cost_s"] >= 0.5 * SLEEP_S
             if record[f"domain/{SLOW}/draw_share"]:
                 assert record[f"domain/{SLOW}/reward_time_share"] > 0.9
             measured = record["step"] % 2 == 1  # learner versions 0, 2, 4

@@ -71,9 +71,10 @@ def test_a_stream_sends_each_token_as_it_is_drawn_and_joins_into_the_unstreamed_
         logprobs += chunk.choices[0].logprobs.token_logprobs if chunk.choices[0].logprobs else []
     assert text == whole.text and logprobs == whole.logprobs.token_logprobs
     assert len(arrivals) == 151  # a chunk a token, then the one with the finish reason
-    # sent as sampled: half the chunks are in before the last comes (sent at the end, all
-    # came within a few milliseconds of one another)
-    assert arrivals[-1] - arrivals[len(arrivals) // 2] > 0.2 * arrivals[-1] > 0.02, arrivals
+    # sent as sampled: the second half of the chunks is spread over the drawing of 75 tokens
+    # (sent at the end, all came within a few milliseconds of one another); not a share of the
+    # whole, which a slow first token on a busy machine would shrink
+    assert arrivals[-1] - arrivals[len(arrivals) // 2] > 0.02, arrivals
 
 
 @pytest.mark.parametrize("stop", [["=1"], ["\n"], ["+", "3\n"]])

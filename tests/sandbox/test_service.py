@@ -271,7 +271,7 @@ def test_connections_past_the_limit_wait_for_one_to_close(executor):
 def test_a_request_whose_client_left_leaves_the_queue(executor):
     """A /run_code request waiting for a slot whose client closed its connection is dropped
     (it would otherwise hold its place and run for nobody)."""
-    sleeper = json.dumps({"code": "import time\ntime.sleep(3)", "run_timeout": 5})
+    sleeper = json.dumps({"code": "import time\ntime.sleep(8)", "run_timeout": 10})
     with in_process_server(executor) as server, SandboxClient(server.url) as client:
         busy = [threading.Thread(target=_post_quietly, args=(server.url, "/run_code", sleeper), daemon=True)
                 for _ in range(executor.workers)]
@@ -285,14 +285,18 @@ def test_a_request_whose_client_left_leaves_the_queue(executor):
         while client.health()["queued"] < executor.workers + 1:
             time.sleep(0.05)
         leaving.close()
-        time.sleep(1.5)  # the slots are still busy: only the client's leaving can free it
+        # The slots stay busy for 8 s: until then only the client's leaving can free its place
+        # (noticed within 0.5 s; 5 s allowed for a busy machine).
+        deadline = time.monotonic() + 5.0
+        while client.health()["queued"] != executor.workers and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert client.health()["queued"] == executor.workers
         for thread in busy:
             thread.join()
 
 
 def test_a_full_service_is_a_warning_and_its_answers_are_retried(executor, caplog):
-    slow = RunRequest("import time\ntime.sleep(1)", limits=Limits(timeout_s=1.5))
+    slow = RunRequest("import time\ntime.sleep(1)", limits=Limits(timeout_s=5.0))
     with in_process_server(executor, max_wait_s=0.3) as server, SandboxClient(server.url) as client:
         with caplog.at_level("WARNING", logger="tempering.sandbox"):
             results = client.run_many([slow] * (executor.workers + 1))

@@ -40,7 +40,10 @@ class SlowReward:
 
     active = 0
     peak = 0
-    lock = threading.Lock()
+    together = 0
+    """When set, a call waits (up to 10 s) for this many to be running instead of sleeping:
+    overlap shown without betting on a thread starting within ``delay`` on a busy machine."""
+    lock = threading.Condition()
 
     def __init__(self, *, delay: float = 0.2, fail_on: str = ""):
         self.delay, self.fail_on = delay, fail_on
@@ -49,7 +52,11 @@ class SlowReward:
         with SlowReward.lock:
             SlowReward.active += 1
             SlowReward.peak = max(SlowReward.peak, SlowReward.active)
-        time.sleep(self.delay)
+            SlowReward.lock.notify_all()
+            if SlowReward.together:
+                SlowReward.lock.wait_for(lambda: SlowReward.active >= SlowReward.together, timeout=10.0)
+        if not SlowReward.together:
+            time.sleep(self.delay)
         with SlowReward.lock:
             SlowReward.active -= 1
         return [RewardResult(0.0, error="grader down") if self.fail_on and r.text == self.fail_on
@@ -88,10 +95,13 @@ def test_options_are_bound_and_bad_ones_are_named():
 
 
 def test_slow_rewards_run_at_the_same_time_and_sub_components_are_logged():
-    SlowReward.peak = 0
+    SlowReward.peak, SlowReward.together = 0, 2
     rewarder = Rewarder([FakeTask("a", {"slow_a": 1.0, "slow_b": 1.0})])
     group = _group("a", "0", ["ok", "no"])
-    record = rewarder.score([group])
+    try:
+        record = rewarder.score([group])
+    finally:
+        SlowReward.together = 0
     assert SlowReward.peak == 2, "both slow rewards were running at once"
     assert group.rollouts[0].reward == 2.0
     assert record["reward/slow_a/sub"] == 0.5

@@ -121,5 +121,5 @@ def test_the_rewarder_gives_each_rollout_its_share_of_its_rewards_seconds():
         rewarder.close()
     slow = [r.reward_s for r in groups[0].rollouts]
     fast = [r.reward_s for r in groups[1].rollouts]
-    assert len(set(slow)) == 1 and SLEEP_S <= slow[0] < 3 * SLEEP_S
-    assert max(fast) < SLEEP_S / 4, "the fast domain is not charged for the slow reward"
+    assert len(set(slow)) == 1 and SLEEP_S <= slow[0] < 10 * SLEEP_S
+    assert max(fast) < SLEEP_S / 2, "the fast domain is not charged for the slow reward"

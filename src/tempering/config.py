@@ -177,7 +177,7 @@ class RolloutConfig(Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass; 1 = off")
     max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
     stop: list[str] = Field(default_factory=list, description="strings that end a completion (kept in it), in evaluation too")
-    batch_size: int = Field(256, ge=1, description="sequences generated together")
+    batch_size: int = Field(256, ge=1, description="sequences generated together by the built-in sampler (fewer where their key/value cache would pass 4 GiB: long prompts)")
     max_prompt_tokens: int = Field(0, ge=0, description="longest prompt, in tokens; 0 = the model's context (max_position_embeddings) minus max_new_tokens")
     long_prompts: Literal["error", "truncate", "skip"] = Field("error", description="a longer prompt: error stops the run naming the record; truncate keeps its last max_prompt_tokens tokens; skip leaves such dataset records out at start-up (a generated problem over the limit is still an error)")
     share_decoding: bool = Field(True, description="rows whose tokens so far are the same (a group's samples until they differ) are decoded as one row, each still drawing its own tokens: the same distribution and log-probs for less work")
@@ -260,7 +260,7 @@ class LearnerConfig(Strict):
 class EvalConfig(Strict):
     problems_per_task: int = Field(100, ge=1, description="held-out problems per task, graded greedily")
     max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
-    batch_size: int = Field(256, ge=1, description="sequences generated together")
+    batch_size: int = Field(256, ge=1, description="sequences generated together by the built-in sampler (fewer where their key/value cache would pass 4 GiB: long prompts)")
     every: int = Field(0, ge=0, description="also evaluate every this many RL steps, logged as eval/* with its seconds as eval_s (outside step_s); 0 = only before and after")
     problems_per_length: int = Field(20, ge=0, description="held-out problems drawn at each length of a task with several (long_context with lengths), graded greedily at every evaluation: accuracy against length, logged as eval/<task>/len_<L> and kept in summary.json's by_length, and split by how deep in the document the evidence starts in by_depth; 0 = none")
 

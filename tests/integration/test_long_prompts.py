@@ -78,6 +78,30 @@ def test_the_sampler_truncates_or_refuses_a_generated_prompt(tiny_policy):
         generator.generate([problem], 2, SamplingParams(max_new_tokens=4, long_prompts="error"))
 
 
+def test_long_prompts_are_sampled_in_batches_their_cache_fits(tiny_policy, monkeypatch):
+    """A batch holds ``batch_size`` rows, or fewer where their key/value cache would pass
+    ``CACHE_BUDGET_BYTES`` (the evaluation's 256 rows at 4,096 tokens would not fit SmolLM2's in
+    24 GB); the completions are the same either way."""
+    from tempering.rollout import hf
+
+    model, tokenizer = tiny_policy
+    problems = [Problem(task="add", id=str(i), prompt=f"{i}+{7 * i}=" + " " * 150 + "\n", answer="") for i in range(6)]
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    generator = HFGenerator(model, tokenizer, chat_template=False, batch_size=256)
+    whole = generator.generate(problems, 2, params)
+    positions = max(len(generator.encode_prompt(p.prompt)) for p in problems) + params.max_new_tokens
+    config = model.config  # keys and values of every layer, float32
+    row_bytes = positions * 2 * config.num_hidden_layers * config.hidden_size * 4
+    monkeypatch.setattr(hf, "CACHE_BUDGET_BYTES", 5 * row_bytes + row_bytes // 2, raising=False)
+    batches = []
+    sample = generator.sample_with_alternatives
+    monkeypatch.setattr(generator, "sample_with_alternatives",
+                        lambda prompts, *a, **k: batches.append(len(prompts)) or sample(prompts, *a, **k))
+    cut = generator.generate(problems, 2, params)
+    assert batches == [5, 5, 2]
+    assert [[r.completion_ids for r in g.rollouts] for g in cut] == [[r.completion_ids for r in g.rollouts] for g in whole]
+
+
 def _peak_rss_mb(args: list[str]) -> tuple[int, int, str]:
     """Run ``temper`` in a child: its exit status, its peak resident memory in MiB and its
     error output. Its address space is capped at 6 GiB, so a regression that tokenizes a huge

@@ -70,6 +70,10 @@ StepHook = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Optional[tuple[to
 """Called after each decoding step (:meth:`HFGenerator.sample_with_alternatives`); returns rows to end, or None."""
 
 _BLOCK = 256  # vocabulary entries per block when inverting the cumulative distribution
+CACHE_BUDGET_BYTES = 4 << 30
+"""Most bytes of key/value cache one batch of :meth:`HFGenerator.generate` may hold: where
+prompts are long, rows are cut finer than ``batch_size`` (256 rows of 4,096-token prompts, the
+default evaluation batch, would hold 46 GB of SmolLM2-135M's cache in float32)."""
 _UNPROCESSED = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": (),
                 "min_tokens": 0}  # the settings under which the logits are drawn from as the model gives them
 
@@ -262,6 +266,24 @@ def token_versions(length: int, version: int, switched: list[tuple[int, int]]) -
     return versions
 
 
+def rows_in_cache(model, positions: int, most: int, budget_bytes: int) -> int:
+    """How many rows of ``positions`` each (prompt and room for the completion) a batch takes:
+    ``most``, or fewer where their key/value cache would pass ``budget_bytes`` (at least one).
+
+    >>> from tempering.models.tiny import build_model
+    >>> model = build_model(64, 64, layers=2, heads=4, max_positions=8192, seed=0, pad_token_id=0,
+    ...                     bos_token_id=1, eos_token_id=2)  # 1,024 bytes of cache a position
+    >>> rows_in_cache(model, 4096, 256, 64 << 20), rows_in_cache(model, 64, 256, 64 << 20)
+    (16, 256)
+    """
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_position = (2 * config.num_hidden_layers * (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+                    * next(model.parameters()).element_size())
+    return max(1, min(most, budget_bytes // max(1, per_position * positions)))
+
+
 class HFGenerator:
     """Samples completions from ``model`` (a :class:`~tempering.rollout.base.Generator`); one
     instance per policy copy."""
@@ -313,9 +335,11 @@ class HFGenerator:
         limit = prompt_limit(self.model.config, params.max_prompt_tokens, params.max_new_tokens)
         prompts = [fit_prompt(self.encode_prompt(p.prompt), p, limit, params.long_prompts) for p in problems]
         flat = [(i, prompts[i]) for i in range(len(problems)) for _ in range(group_size)]
+        longest = max((len(ids) for ids in prompts), default=0) + params.max_new_tokens
+        rows = rows_in_cache(self.model, longest, self.batch_size, CACHE_BUDGET_BYTES)
         rollouts: list[Rollout] = []
-        for start in range(0, len(flat), self.batch_size):
-            chunk = flat[start : start + self.batch_size]
+        for start in range(0, len(flat), rows):
+            chunk = flat[start : start + rows]
             switched: list[tuple[int, int]] = []
             outputs = self.sample_with_alternatives([ids for _, ids in chunk], params, generator,
                                                     switched=switched)[0]

@@ -98,7 +98,8 @@ def _check_lengths(length_tokens: Optional[int], lengths: Optional[list[int]]) -
     return list(chosen)
 
 
-def _check_spec(kind: str, spec: Spec, cite: str, style: str) -> None:
+def _check_spec(kind: str, spec: Spec, cite: str, style: str, grading: str = "strict") -> None:
+    check_grading(grading)
     checks = [
         (kind in KINDS, f"kind must be one of {', '.join(repr(k) for k in KINDS)}, got {kind!r}"),
         (spec.hops >= 1, f"hops (links in a multihop chain) must be at least 1, got {spec.hops}"),
@@ -117,6 +118,9 @@ def _check_spec(kind: str, spec: Spec, cite: str, style: str) -> None:
          f"often add up to the latest total), got {spec.parts} + {spec.updates}"),
         (cite in CITES, f"cite must be one of {', '.join(map(repr, CITES))}, got {cite!r}"),
         (style in ("raw", "chat"), f"style must be 'raw' or 'chat', got {style!r}"),
+        (grading == "strict" or (spec.value == "number" and cite == "none"),
+         "grading 'lenient' reads a number as a reader would: it needs value 'number' and cite 'none', "
+         f"got value {spec.value!r} and cite {cite!r}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -145,11 +149,7 @@ class LongContextTask(StreamState):
                  corpus_docs: Optional[list[int]] = None, domain: str = "", grading: str = "strict",
                  rewards: Optional[dict[str, float]] = None):
         self.spec = Spec(hops=hops, near_misses=near_misses, updates=updates, order=order, value=value, parts=parts)
-        _check_spec(kind, self.spec, cite, style)
-        check_grading(grading)
-        if grading == "lenient" and (value != "number" or cite != "none"):
-            raise ValueError("grading 'lenient' reads a number as a reader would: it needs value 'number' and "
-                             f"cite 'none', got value {value!r} and cite {cite!r}")
+        _check_spec(kind, self.spec, cite, style, grading)
         self.grading = grading
         if chars_per_token <= 0:
             raise ValueError(f"chars_per_token must be above 0, got {chars_per_token}")

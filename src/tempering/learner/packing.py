@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from tempering.models.compat import attention_shape
+
 
 @dataclass
 class Packing:
@@ -220,8 +222,8 @@ def activation_bytes_per_token(config: Any, gradient_checkpointing: bool) -> int
     hidden = config.hidden_size
     layers = config.num_hidden_layers
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
-    heads = config.num_attention_heads
-    kv_hidden = hidden * (getattr(config, "num_key_value_heads", None) or heads) // heads
+    _, kv_heads, head_dim = attention_shape(config)
+    kv_hidden = kv_heads * head_dim
     per_layer = 9 * hidden + 4 * kv_hidden + 4 * intermediate
     kept = layers * hidden + per_layer if gradient_checkpointing else layers * per_layer
     return FP32 * (kept + 2 * hidden)

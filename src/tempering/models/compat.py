@@ -216,13 +216,29 @@ class LlamaShape:
     """The rotary embeddings' base."""
 
 
+def attention_shape(config: Any) -> tuple[int, int, int]:
+    """``(query heads, key/value heads, head width)`` of a decoder's config: the key/value
+    heads are the query heads where the config names none (no grouped-query attention), the
+    head width the hidden size over the heads where it names none. The sampler's cache
+    budget, the learner's memory estimate and the fused decoder all read the shape here.
+
+    >>> from types import SimpleNamespace
+    >>> attention_shape(SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, hidden_size=576))
+    (9, 3, 64)
+    >>> attention_shape(SimpleNamespace(num_attention_heads=4, hidden_size=64, head_dim=None))
+    (4, 4, 16)
+    """
+    heads = config.num_attention_heads
+    return (heads, getattr(config, "num_key_value_heads", None) or heads,
+            getattr(config, "head_dim", None) or config.hidden_size // heads)
+
+
 def llama_shape(model: Any) -> LlamaShape:
     """The :class:`LlamaShape` of a model :func:`fused_llama_supported` accepts."""
     config = model.config
-    heads = config.num_attention_heads
-    return LlamaShape(heads=heads, kv_heads=config.num_key_value_heads or heads,
-                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                      eps=config.rms_norm_eps, theta=config.rope_parameters["rope_theta"])
+    heads, kv_heads, head_dim = attention_shape(config)
+    return LlamaShape(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=config.rms_norm_eps,
+                      theta=config.rope_parameters["rope_theta"])
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ from typing import Callable, Optional
 
 import torch
 
-from tempering.models.compat import (cache_argument, fused_llama_supported, logits_to_keep_argument,
+from tempering.models.compat import (attention_shape, cache_argument, fused_llama_supported, logits_to_keep_argument,
                                      preallocated_cache, select_cache_rows)
 from tempering.models.lora import unwrapped
 from tempering.rollout import fast_llama
@@ -276,11 +276,8 @@ def rows_in_cache(model, positions: int, most: int, budget_bytes: int) -> int:
     >>> rows_in_cache(model, 4096, 256, 64 << 20), rows_in_cache(model, 64, 256, 64 << 20)
     (16, 256)
     """
-    config = model.config
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    per_position = (2 * config.num_hidden_layers * (getattr(config, "num_key_value_heads", None) or heads) * head_dim
-                    * next(model.parameters()).element_size())
+    _, kv_heads, head_dim = attention_shape(model.config)
+    per_position = 2 * model.config.num_hidden_layers * kv_heads * head_dim * next(model.parameters()).element_size()
     return max(1, min(most, budget_bytes // max(1, per_position * positions)))
 
 

@@ -46,6 +46,16 @@ def test_a_token_budget_is_planned_as_the_learner_plans_it(tiny_model_dir: Path)
     assert number(text, r"micro-batches per update: at most (\d+)") > 1
 
 
+def test_prompts_are_not_planned_as_shared_under_gradient_checkpointing(tiny_model_dir: Path):
+    """The learner shares a group's prompt only without checkpointing (can_share_prompts reads
+    it off the model, which the learner, not the loader, sets up), so explain's plan must not."""
+    from tempering.explain import inspect_model
+
+    base = [*RUN, f"model.path={tiny_model_dir}"]
+    assert inspect_model(load_config(None, base)).share_prompts
+    assert not inspect_model(load_config(None, [*base, "learner.gradient_checkpointing=true"])).share_prompts
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if "smollm2" in n else n for n in SHIPPED])
 def test_explain_runs_on_every_shipped_config(name: str, tempering_cache):
     proc = subprocess.run([sys.executable, "-m", "tempering.cli", "explain", name, "threads=1"], capture_output=True,

@@ -111,8 +111,8 @@ def inspect_model(config: TrainConfig) -> Inspection:
     return Inspection(model=model, generator=generator, prompt_tokens=max(prompts),
                       context=model.config.max_position_embeddings or 0,
                       token_budget=learner_token_budget(model, config, critic),
-                      share_prompts=(config.learner.share_prompts and not config.learner.gradient_checkpointing
-                                     and can_share_prompts(model)))
+                      share_prompts=config.learner.share_prompts and can_share_prompts(
+                          model, checkpointed=config.learner.gradient_checkpointing))
 
 
 def update_batch(rows: int, group_size: int, prompt_tokens: int, completion_tokens: int) -> Batch:

@@ -82,10 +82,14 @@ class SharedPrompts:
         return self.prompt_ids_PT.numel() + self.completion_ids_BT.numel()
 
 
-def can_share_prompts(model: Any) -> bool:
+def can_share_prompts(model: Any, checkpointed: Optional[bool] = None) -> bool:
     """Whether :func:`forward_logprobs` can share prompts for ``model``: no gradient
-    checkpointing, a plain output layer, and a cache of plain full-attention layers."""
-    return not checkpointing(model) and plain_head(model) and full_attention_cache(model.config) is not None
+    checkpointing, a plain output layer, and a cache of plain full-attention layers.
+    ``checkpointed``: whether the learner will recompute the model's layers, for a model not
+    set up for learning yet (``temper explain``'s); None reads it off the model."""
+    if checkpointed is None:
+        checkpointed = checkpointing(model)
+    return not checkpointed and plain_head(model) and full_attention_cache(model.config) is not None
 
 
 def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,

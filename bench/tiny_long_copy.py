@@ -14,7 +14,9 @@ or the stale one: a model that copies, whichever reading it took, scores near 10
 that guesses, about 20%); then on the same problems with another name's change stated last in
 the document (:func:`decoy_last`): whole values still right, and first digits that are the
 decoy's, which tell a model that takes the latest change by position (near 100%) from one that
-looks the asked name up (near 0). Teacher-forced rather than sampled, so a half-learned copy shows
+looks the asked name up (near 0). Past the recipe's ``nope_from_step`` (``--steps`` over
+3,000) the last layer drops its positions, as in the recipe.
+Teacher-forced rather than sampled, so a half-learned copy shows
 before whole answers come out right. This is the cheap check to run before the recipe's full
 pre-training, which takes tens of minutes.
 
@@ -39,6 +41,7 @@ import torch
 from report import measured
 
 from tempering import tiny_long
+from tempering.models.tiny import drop_positions
 from tempering.pretrain import breaks_of, copy_batches, document_batches, fresh_model, optimizer_and_schedule, train_step
 from tempering.tasks import build_task
 from tempering.tasks.long_context_facts import fresh, name
@@ -81,7 +84,7 @@ def recipe(args: argparse.Namespace):
         "tasks": tasks, "wrong_share": args.wrong_share, "hidden_size": args.hidden, "layers": args.layers,
         "heads": args.heads, "max_positions": args.length + tiny_long.ANSWER_ROOM, "steps": args.steps,
         "batch_tokens": args.batch_tokens, "lr": args.lr, "schedule": args.schedule, "copy_rows": args.copy_rows,
-        "context_weight": args.context_weight})
+        "context_weight": args.context_weight, "nope_layers": [args.layers - 1]})
 
 
 def decoy_last(problem, rng: random.Random) -> tuple[str, str]:
@@ -150,6 +153,8 @@ def run(args: argparse.Namespace) -> dict:
                   copy_batches(config, token_ids, tokenizer.pad_token_id))
     curve, losses, start = [{"step": 0, "wall_s": 0.0, **read(model, problems, token_ids)}], [], time.perf_counter()
     for step, (documents, copies) in zip(range(1, config.steps + 1), batches):
+        if step - 1 == config.nope_from_step and config.nope_layers:
+            drop_positions(model, config.nope_layers)
         losses.append(train_step(model, optimizer, schedule, config, [documents, copies], breaks_of(tokenizer)))
         if step % args.every == 0 or step == config.steps:
             curve.append({"step": step, "wall_s": round(time.perf_counter() - start, 1),

@@ -81,8 +81,23 @@ class PretrainConfig(Strict):
     hold_steps: int = Field(0, ge=0, description="optimizer steps after warm-up at the peak rate before the schedule starts, which then runs over the steps left (a skill formed at the peak rate is kept by a falling one later: builtin:tiny-long holds through its shortest documents); 0 = none")
     copy_rows: int = Field(0, ge=0, description="rows added to every optimizer step, in a batch of their own, that repeat a random string (4 to 16 digits and capitals A to J, then filler words, then the string again), the repeat weighed as an answer: practice at copying for a model that has to copy a value out of a document; 0 = none")
     context_weight: float = Field(1.0, ge=0, le=1, description="loss weight of a row's tokens up to its last space or line break, against 1 for those after it (a document's answer value and end, a copy row's repeat): below 1 the loss leans on the answer; 1 = every token alike; 0 = the answer alone")
+    nope_layers: list[int] = Field(default_factory=list, description="layers (0 = the first) that drop their rotary positions at step nope_from_step and read by content alone from then on (NoPE): a lookup formed with positions at short lengths then reaches any distance, where rotary positions carry it little past the lengths it was trained at (builtin:tiny-long); the model is then transformers' SmolLM3, a Llama whose config lists the layers without positions; empty = none")
+    nope_from_step: int = Field(0, ge=0, description="the optimizer step at which nope_layers drop their positions (0 = they never have any)")
     bf16: bool = Field(True, description="bfloat16 autocast for the forward pass where this CPU computes bf16 natively (AVX512-BF16, AMX, Arm's bf16); float32 elsewhere, where bf16 would be emulated and about 10x slower (the model is then cached as bf16: false)")
     seed: int = Field(0, description="seed for initialisation and the corpus")
+
+    @model_validator(mode="after")
+    def _nope_layers_exist(self) -> "PretrainConfig":
+        if wrong := [index for index in self.nope_layers if not 0 <= index < self.layers]:
+            raise ValueError(f"pretrain.nope_layers: {wrong} not among the model's layers 0 to {self.layers - 1}")
+        if len(set(self.nope_layers)) < len(self.nope_layers):
+            raise ValueError(f"pretrain.nope_layers: {self.nope_layers} names a layer twice")
+        if self.nope_from_step and not self.nope_layers:
+            raise ValueError("pretrain.nope_from_step is set but pretrain.nope_layers is empty: name the layers that drop their positions")
+        if self.nope_from_step >= self.steps:
+            raise ValueError(f"pretrain.nope_from_step {self.nope_from_step} is not before the last step ({self.steps} steps): "
+                             "the layers would never drop their positions")
+        return self
 
 
 class LoraConfig(Strict):

@@ -27,7 +27,7 @@ from tempering.config import PretrainConfig
 from tempering.learner.optim import guarded_step, lr_factor
 from tempering.models.cache import cache_root, write_entry
 from tempering.models.device import slow_bf16
-from tempering.models.tiny import build_model, build_tokenizer
+from tempering.models.tiny import build_model, build_tokenizer, drop_positions
 from tempering.tasks import build_task
 from tempering.tasks.long_context import WORDS
 from tempering.threads import ThreadGovernor
@@ -35,7 +35,7 @@ from tempering.threads import ThreadGovernor
 CORPUS_VERSION = 1
 """Bump when the corpus or the model code changes, so stale cache entries are not reused."""
 KEYLESS_DEFAULTS: dict[str, Any] = {"tool_share": 0, "batch_tokens": 0, "schedule": "cosine", "hold_steps": 0,
-                                    "copy_rows": 0, "context_weight": 1.0}
+                                    "copy_rows": 0, "context_weight": 1.0, "nope_layers": [], "nope_from_step": 0}
 """Fields left out of the cache key at these values (what pre-training did before they existed),
 so that models cached before them keep their keys."""
 COPIED = string.digits + string.ascii_uppercase[:10]
@@ -224,8 +224,10 @@ def fresh_model(config: PretrainConfig) -> tuple[Any, Any, Callable[[str], list[
         vocab_size=len(tokenizer), hidden_size=config.hidden_size, layers=config.layers,
         heads=config.heads, max_positions=config.max_positions, seed=config.seed,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id, nope_layers=config.nope_layers,
     )
+    if config.nope_layers and not config.nope_from_step:
+        drop_positions(model, config.nope_layers)
     vocab = tokenizer.get_vocab()
     return model, tokenizer, lambda text: document_ids(text, vocab, tokenizer)
 
@@ -272,6 +274,8 @@ def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threa
                   copy_batches(config, token_ids, tokenizer.pad_token_id))
     breaks, tokens, copy_tokens = breaks_of(tokenizer), 0, 0
     for step, (documents, copies) in zip(range(config.steps), batches):
+        if step and step == config.nope_from_step:
+            drop_positions(model, config.nope_layers)
         losses.append(train_step(model, optimizer, schedule, config, [documents, copies], breaks))
         tokens += int((documents[1] != -100).sum())
         copy_tokens += int((copies[1] != -100).sum()) if copies else 0

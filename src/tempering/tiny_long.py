@@ -4,30 +4,28 @@ The built-in tiny model reads 256 positions and knows arithmetic; the generalist
 builtin:tiny-long is the same character-level Llama, narrower (128 wide, 2 layers, so that a
 4,096-character document costs seconds, not tens of seconds, forward and backward on one
 core), with room for 8,320 positions, pre-trained offline on ``long_context`` documents
-(:data:`CORPUS`): retrieval of a code whose value was changed later in the document. Its positions are
-rotary, so lengths past the longest trained one can be read without new weights
-(extrapolation, which the shipped ``long`` config evaluates).
+(:data:`CORPUS`): retrieval of a code whose value was changed later in the document.
 
-The corpus is a length curriculum (the task's ``corpus_docs``): most documents at the
-shortest length, where the lookup is learned cheaply, then fewer and fewer at each doubling up
-to :data:`LONGEST`, with steps of an even token count (``batch_tokens``), so each long document
-is a step of its own. What makes the lookup form at all (``bench/tiny_long_copy.py``, and
+The corpus is a length curriculum (the task's ``corpus_docs``) over :data:`PRETRAINED`: most
+documents at the shortest length, where the lookup is learned cheaply, then fewer and fewer at
+each doubling up to 2,048, with steps of an even token count (``batch_tokens``), so each long
+document is a step of its own. 4,096, the longest length of RL's curriculum (:data:`LENGTHS`),
+is left to RL. What makes the lookup form at all (``bench/tiny_long_copy.py``, and
 docs/models.md for the measures): on documents alone, four answer digits in a few hundred
 characters, the answer stayed at chance in every try; :data:`COPY_ROWS` rows a step that repeat
 a random string (``pretrain.copy_rows``), a loss that leans on the answer
-(:data:`CONTEXT_WEIGHT`), a learning rate held at its peak through the shortest documents
-(the copy forms after a plateau of about 1,500 steps, when a cosine rate has already fallen)
-and every answer right, retrieval alone, make it form. The rate then falls (cosine, to a tenth)
-over the longer lengths: at the peak rate there, one long document a step, the lookup formed
-at 256 was lost (81% of held-out values teacher-forced at the end of the 256 stage, 3% at
-the end of the curriculum). The corpus is retrieval alone, answered right: with half the
-answers stale and a chained lookup in one document of four, the same copy rows did not make
-the lookup form in 2,700 steps. As measured (docs/models.md) the lookup holds at 256
-characters (78% of values teacher-forced) and fades with length (22% at 1,024, 0% at 4,096),
-and it is a lookup of the latest change, not of the asked name: with another name's change
-stated last, the model answers with that one (``bench/tiny_long_copy.py``'s decoy reading);
-before RL the model writes the word ``answer:`` garbled, which RL fixes within 20 steps. The
-long lengths are where it still falls short, before and after RL.
+(:data:`CONTEXT_WEIGHT`), a learning rate held at its peak (the copy forms after a plateau of
+about 1,500 steps) and every answer right, retrieval alone, make it form, with rotary positions
+in both layers, by about step 2,000.
+
+What makes it reach: at :data:`DROP_AT` the last layer, where the lookup is, drops its rotary
+positions (``pretrain.nope_layers``; the model is then transformers' SmolLM3, a Llama that lists
+its layers without positions) and reads by content alone. With
+positions in both layers the lookup reached about 250 characters back, whatever the length
+trained (22% of values at 1,024, 0% at 4,096); without them in the last layer, trained from
+scratch, it never formed; dropped after it formed, it relearns within a few hundred steps and
+carries to lengths past the trained ones (docs/models.md has the measures). It is a lookup of
+the latest change (``changed to``), not of the asked name: every corpus document has one name.
 
 :func:`domains` are the tasks the shipped ``long`` config trains and evaluates, with the
 corpus's options, and :func:`extrapolation` the one it only evaluates (a test keeps them in
@@ -39,9 +37,11 @@ from __future__ import annotations
 from tempering.config import PretrainConfig, TaskSpec
 
 LENGTHS = [256, 512, 1024, 2048, 4096]
-"""The curriculum's lengths, in characters (the tokenizer's tokens)."""
+"""RL's length curriculum, in characters (the tokenizer's tokens)."""
 LONGEST = LENGTHS[-1]
-DOCS = [12000, 1200, 240, 60, 24]
+PRETRAINED = LENGTHS[:-1]
+"""Pre-training's lengths: all but the longest, which RL is left to learn."""
+DOCS = [14000, 1200, 480, 240]
 """Pre-training documents at each length, all kinds together: the short ones teach the
 lookup, the long ones teach the attention to find one sentence in many."""
 BATCH_TOKENS = 1100
@@ -53,6 +53,12 @@ ANSWER_ROOM = 16
 WRONG_SHARE = 0.0
 """Share of documents answered with the mistake (the stale value): none, since with half of
 them so the lookup did not form."""
+DROP_AT = 3000
+"""The optimizer step at which the last layer drops its rotary positions (``pretrain.nope_layers``,
+``nope_from_step``), 500 steps before the shortest documents end: the lookup forms with positions
+(by about step 2,000), and reads by content alone after."""
+NOPE_LAYERS = [1]
+"""The layers that read without positions after :data:`DROP_AT`: the last, where the lookup is."""
 COPY_ROWS = 4
 """Copy rows a step (``pretrain.copy_rows``): the practice at copying that makes the lookup form."""
 CONTEXT_WEIGHT = 0.05
@@ -70,9 +76,9 @@ TRAINED = ("retrieval",)
 document, whose classic mistake (the stale value) RL can fix."""
 
 
-def _spec(kind: str) -> TaskSpec:
-    """One corpus kind as a task: a curriculum over :data:`LENGTHS`, one token a character."""
-    return TaskSpec(name=f"long_context:{kind}", options={**CORPUS[kind][1], "lengths": LENGTHS, "chars_per_token": 1.0})
+def _spec(kind: str, lengths: list[int] = LENGTHS) -> TaskSpec:
+    """One corpus kind as a task: a curriculum over ``lengths``, one token a character."""
+    return TaskSpec(name=f"long_context:{kind}", options={**CORPUS[kind][1], "lengths": lengths, "chars_per_token": 1.0})
 
 
 def domains() -> list[TaskSpec]:
@@ -82,23 +88,23 @@ def domains() -> list[TaskSpec]:
 
 def extrapolation() -> TaskSpec:
     """The evaluation-only task (weight 0) at twice :data:`LONGEST`: retrieval past every
-    trained length, read by the model's rotary positions without new weights."""
+    length pre-training or RL trained."""
     kind, (_, options) = next(iter(CORPUS.items()))
     return TaskSpec(name=f"long_context:{kind}-{2 * LONGEST}", weight=0.0,
                     options={**options, "length_tokens": 2 * LONGEST, "chars_per_token": 1.0})
 
 
 def corpus_tasks() -> list[TaskSpec]:
-    """Every kind of :data:`CORPUS` with its weight and its share of :data:`DOCS` at each length."""
+    """Every kind of :data:`CORPUS` with its weight and its share of :data:`DOCS` at each length of :data:`PRETRAINED`."""
     total = sum(weight for weight, _ in CORPUS.values())
-    return [_spec(kind).model_copy(update={"weight": weight, "options": {
-                **_spec(kind).options, "corpus_docs": [max(1, round(n * weight / total)) for n in DOCS]}})
+    return [_spec(kind, PRETRAINED).model_copy(update={"weight": weight, "options": {
+                **_spec(kind, PRETRAINED).options, "corpus_docs": [max(1, round(n * weight / total)) for n in DOCS]}})
             for kind, (weight, _) in CORPUS.items()]
 
 
 def stage_steps() -> list[int]:
     """Optimizer steps at each length: its documents over the documents a step holds there."""
-    return [-(-n // max(1, BATCH_TOKENS // (length + ANSWER_ROOM))) for n, length in zip(DOCS, LENGTHS)]
+    return [-(-n // max(1, BATCH_TOKENS // (length + ANSWER_ROOM))) for n, length in zip(DOCS, PRETRAINED)]
 
 
 def steps() -> int:
@@ -111,5 +117,6 @@ def recipe() -> PretrainConfig:
     as the generalist's: a bf16 model would be another model on each kind of CPU."""
     return PretrainConfig(tasks=corpus_tasks(), wrong_share=WRONG_SHARE, hidden_size=128, layers=2, heads=4,
                           max_positions=2 * LONGEST + 128, steps=steps(), batch_docs=1, batch_tokens=BATCH_TOKENS,
-                          lr=3e-3, warmup_steps=30, schedule="cosine", hold_steps=stage_steps()[0], copy_rows=COPY_ROWS,
-                          context_weight=CONTEXT_WEIGHT, bf16=False, seed=0)
+                          lr=3e-3, warmup_steps=30, schedule="cosine", hold_steps=DROP_AT, copy_rows=COPY_ROWS,
+                          context_weight=CONTEXT_WEIGHT, nope_layers=NOPE_LAYERS,
+                          nope_from_step=DROP_AT, bf16=False, seed=0)

@@ -18,7 +18,7 @@ def test_a_miniature_tiny_long_pre_trains_by_length_and_is_read_at_twice_its_lon
               for spec in tiny_long.corpus_tasks()]
     recipe = tiny_long.recipe().model_copy(update={
         "tasks": corpus, "hidden_size": 32, "layers": 1, "heads": 2,
-        "steps": 9, "warmup_steps": 2})
+        "steps": 9, "warmup_steps": 2, "nope_layers": [0], "nope_from_step": 5})
     model_dir = ensure_pretrained(recipe, progress=False)
     record = json.loads((model_dir / "pretrain.json").read_text())["stats"]
     # 24 documents of up to 256 + 16 tokens four to a step, then 6 of up to 400 two to a step: the 9 steps
@@ -26,6 +26,8 @@ def test_a_miniature_tiny_long_pre_trains_by_length_and_is_read_at_twice_its_lon
     # and the recipe's copy rows beside them, each a string of 4 to 16 twice around 2 to 30 filler words
     assert 9 * recipe.copy_rows * 21 <= record["copy_tokens"] <= 9 * recipe.copy_rows * 280 and recipe.copy_rows
     assert json.loads((model_dir / "tokenizer_config.json").read_text())["model_max_length"] == recipe.max_positions
+    # its layer read without positions from step 5 on, as the saved config says
+    assert json.loads((model_dir / "config.json").read_text())["no_rope_layers"] == [0]
 
     shipped = load_config("long")
     tasks = [spec.model_copy(update={"options": {**spec.options, **(

@@ -27,7 +27,7 @@ RECIPES = {"builtin:tiny": PretrainConfig, "builtin:tiny-long": tiny_long.recipe
 
 FINGERPRINTS = {
     "3e8c2d172d9b4fd7": "279921edeb1539e9",
-    "6507e8949ca4e28e": "5800276eb83eea35",
+    "848a765ddb45bb01": "5f593b376e1a9fd9",
     "0268d1d5f8b3de53": "b9beda2cb2f0dcf0",
 }
 """Cache key -> fingerprint of the documents its recipe's corpus code writes (:func:`fingerprint`)."""

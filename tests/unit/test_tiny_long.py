@@ -23,14 +23,16 @@ def test_the_long_config_trains_the_recipes_kinds_and_evaluates_twice_the_longes
 def test_the_recipe_is_a_length_curriculum_over_the_trained_kinds_with_room_to_extrapolate():
     recipe = tiny_long.recipe()
     assert [t.name for t in recipe.tasks] == [f"long_context:{kind}" for kind in tiny_long.CORPUS]
-    corpus = {t.name: {k: v for k, v in t.options.items() if k != "corpus_docs"} for t in recipe.tasks}
-    assert all(corpus[t.name] == t.options for t in tiny_long.domains())  # RL trains what the corpus wrote
+    corpus = {t.name: {k: v for k, v in t.options.items() if k not in ("corpus_docs", "lengths")} for t in recipe.tasks}
+    # RL trains what the corpus wrote, at its lengths and one more: the longest is left to RL
+    assert all(corpus[t.name] == {k: v for k, v in t.options.items() if k != "lengths"} for t in tiny_long.domains())
+    assert all(t.options["lengths"] == tiny_long.PRETRAINED + [tiny_long.LONGEST] for t in tiny_long.domains())
     assert recipe.max_positions >= 2 * tiny_long.LONGEST + 16
     for spec in recipe.tasks:
-        assert spec.options["lengths"] == tiny_long.LENGTHS and len(spec.options["corpus_docs"]) == len(tiny_long.LENGTHS)
+        assert spec.options["lengths"] == tiny_long.PRETRAINED and len(spec.options["corpus_docs"]) == len(tiny_long.PRETRAINED)
         task = build_task(spec.name, seed=0, **spec.options)
         stages = [task.corpus_length(i) for i in range(sum(spec.options["corpus_docs"]) + 5)]
-        assert stages == sorted(stages) and stages[0] == tiny_long.LENGTHS[0] and stages[-1] == tiny_long.LONGEST
+        assert stages == sorted(stages) and stages[0] == tiny_long.LENGTHS[0] and stages[-1] == tiny_long.PRETRAINED[-1] < tiny_long.LONGEST
     # the short documents dominate, and each length's documents fill about the steps the recipe counts
     assert tiny_long.DOCS == sorted(tiny_long.DOCS, reverse=True)
     assert recipe.steps == tiny_long.steps() and recipe.batch_tokens > 0
@@ -51,7 +53,14 @@ def test_the_recipe_practises_copying_at_its_peak_rate_through_the_shortest_docu
     assert (recipe.copy_rows, recipe.context_weight) == (tiny_long.COPY_ROWS, tiny_long.CONTEXT_WEIGHT)
     assert recipe.copy_rows > 0 and 0 < recipe.context_weight < 1
     first = -(-tiny_long.DOCS[0] // (tiny_long.BATCH_TOKENS // (tiny_long.LENGTHS[0] + tiny_long.ANSWER_ROOM)))
-    assert recipe.hold_steps == tiny_long.stage_steps()[0] == first and recipe.schedule == "cosine"
+    assert recipe.hold_steps == tiny_long.DROP_AT < tiny_long.stage_steps()[0] == first and recipe.schedule == "cosine"
+
+
+def test_the_recipes_last_layer_drops_its_positions_at_the_peak_rate_inside_the_shortest_documents():
+    recipe = tiny_long.recipe()
+    assert recipe.nope_layers == [recipe.layers - 1] and recipe.nope_from_step == tiny_long.DROP_AT
+    # the lookup forms with positions by about step 2,000 and relearns without them at 256 before the long lengths
+    assert 2000 < recipe.nope_from_step < tiny_long.stage_steps()[0]
 
 
 def test_tiny_long_has_its_own_cache_entry_whatever_the_pretrain_section_says():
@@ -165,3 +174,4 @@ def test_a_constant_schedule_keeps_the_peak_rate_to_the_last_step_where_cosine_f
         assert rates[1:peak_until + 1] == [1e-3] * peak_until, change  # step 0 is warm-up's first half
         assert all(later < 1e-3 for later in rates[peak_until + 1:]), change
         assert abs(rates[-1] - (1e-3 if change.get("schedule") else 1e-4)) < 1e-9, change
+

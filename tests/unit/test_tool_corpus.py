@@ -21,8 +21,10 @@ from tempering.tasks import build_task
 
 def _old_key(config: PretrainConfig) -> str:
     """``cache_key`` as it was written before the multi-turn fields (and ``batch_tokens``, and the
-    copy practice's ``schedule``, ``hold_steps``, ``copy_rows`` and ``context_weight``) existed."""
-    later = ("tool_share", "batch_tokens", "schedule", "hold_steps", "copy_rows", "context_weight")
+    copy practice's ``schedule``, ``hold_steps``, ``copy_rows`` and ``context_weight``,
+    and ``nope_layers`` and ``nope_from_step``) existed."""
+    later = ("tool_share", "batch_tokens", "schedule", "hold_steps", "copy_rows", "context_weight", "nope_layers",
+             "nope_from_step")
     fields = config.model_dump(mode="json", exclude={**dict.fromkeys(later, True), "tasks": {"__all__": {"env"}}})
     return hashlib.sha256(json.dumps({"v": CORPUS_VERSION, **fields}, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -3,14 +3,17 @@
 Characters keep the tokenizer trivial and the model honest on arithmetic (every digit is
 its own token). Both are ordinary transformers objects: ``save_pretrained`` writes a
 directory that ``AutoModelForCausalLM`` and ``AutoTokenizer`` load with no tempering code.
+A model some of whose layers go without positions (``nope_layers``) is transformers' SmolLM3,
+the Llama whose config lists the layers that apply no rotary positions.
 """
 
 from __future__ import annotations
 
 import string
+from typing import Any, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, SmolLM3Config, SmolLM3ForCausalLM
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARACTERS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
@@ -46,9 +49,12 @@ def build_model(
     pad_token_id: int,
     bos_token_id: int,
     eos_token_id: int,
-) -> LlamaForCausalLM:
-    """A freshly initialised Llama; the MLP is 8/3 of the hidden size, as in Llama."""
-    config = LlamaConfig(
+    nope_layers: Sequence[int] = (),
+) -> Any:
+    """A freshly initialised Llama; the MLP is 8/3 of the hidden size, as in Llama. With
+    ``nope_layers`` the same model as a SmolLM3, every layer still with its rotary positions:
+    :func:`drop_positions` takes them from those layers later."""
+    shape = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=int(hidden_size * 8 / 3) // 16 * 16,
@@ -64,4 +70,17 @@ def build_model(
     import torch
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
+    if not nope_layers:
+        return LlamaForCausalLM(LlamaConfig(**shape))
+    rope = {"rope_type": "default", "rope_theta": LlamaConfig().rope_parameters["rope_theta"]}
+    return SmolLM3ForCausalLM(SmolLM3Config(**shape, rms_norm_eps=LlamaConfig().rms_norm_eps, rope_parameters=rope,
+                                            no_rope_layers=[1] * layers))
+
+
+def drop_positions(model: Any, layers: Sequence[int]) -> None:
+    """Take the rotary positions from ``layers`` of a model :func:`build_model` made with them
+    in ``nope_layers``: their attention reads by content alone from then on (NoPE), in this
+    process and in the saved config (``no_rope_layers``)."""
+    for index in layers:
+        model.config.no_rope_layers[index] = 0
+        model.model.layers[index].self_attn.use_rope = False

@@ -41,3 +41,7 @@ def test_a_length_curriculum_run_reads_accuracy_at_every_length_at_every_evaluat
     maps = [m for m in data["heatmaps"] if m["family"] == "depth"]
     assert [m["title"].rsplit(" · ", 1)[1] for m in maps] == ["before", "after"]
     assert all(m["rows"] == [str(n) for n in LENGTHS] for m in maps)
+    # beside the page, the same curves before and after as a picture of their own, a point per length
+    picture = (tmp_path / "accuracy-by-length-long_context.svg").read_text()
+    assert picture.count("<polyline") == 2 and picture.count("<circle") == 2 * len(LENGTHS)
+    assert "<title>before</title>" in picture and "<title>after</title>" in picture

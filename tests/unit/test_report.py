@@ -227,3 +227,17 @@ def test_accuracy_against_length_is_one_line_per_evaluation_and_only_where_lengt
     assert not any("x" in p or "length" in p["title"] for p in without["panels"])
     both = _data(build_report([a, b], tmp_path / "ab.html").read_text())
     assert [p["title"] for p in both["panels"] if "x" in p] == ["Accuracy against length · lc · a"]
+
+
+def test_the_length_picture_places_lengths_on_a_log_scale_and_accuracy_upwards():
+    from tempering.reporting.lengths import length_svg, length_svgs
+
+    svg = length_svg([("before", {256: 0.0, 1024: 0.5, 4096: 1.0})], "lc <x>")
+    points = [tuple(map(float, p.split(","))) for p in re.search(r'points="([^"]+)"', svg).group(1).split()]
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    assert abs((xs[1] - xs[0]) - (xs[2] - xs[1])) < 0.2  # 256 -> 1,024 and 1,024 -> 4,096 are both x4
+    assert ys[0] > ys[1] > ys[2]  # higher accuracy drawn higher
+    assert "lc &lt;x&gt;" in svg  # the title escaped
+    run = {"summary": {"eval_after": {"by_length": {"long_context:a": {"256": 1.0}}}}, "metrics": []}
+    assert list(length_svgs([run, run], ["r1", "r2"])) == ["accuracy-by-length-r1-long_context_a.svg",
+                                                          "accuracy-by-length-r2-long_context_a.svg"]

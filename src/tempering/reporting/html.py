@@ -36,7 +36,7 @@ import yaml
 
 from tempering.config import ConfigError
 from tempering.reporting.domains import family_rank, family_title, heatmaps, heldout, heldout_across, split_key
-from tempering.reporting.lengths import NOT_LENGTH, depth_heatmaps, length_panels
+from tempering.reporting.lengths import NOT_LENGTH, depth_heatmaps, length_panels, length_svgs
 from tempering.reporting.metrics import read_jsonl
 
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -81,7 +81,8 @@ SCALE_GAP = 30.0
 
 
 def build_report(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
-    """Write the report of ``run_dirs`` to ``out`` and return its path."""
+    """Write the report of ``run_dirs`` to ``out`` and return its path; beside it, a picture of
+    accuracy against length for each task evaluated at several lengths (``lengths.length_svgs``)."""
     runs = [load_run(Path(d)) for d in run_dirs]
     names = run_names([r["path"] for r in runs])
     for run, name in zip(runs, names):
@@ -98,6 +99,8 @@ def build_report(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
             "heatmaps": maps + ([across] if across else []), "heldout": tables, "samples": browser(runs)}
     out = Path(out)
     out.write_text(render(data), encoding="utf-8")
+    for name, picture in length_svgs(runs, names).items():
+        (out.parent / name).write_text(picture, encoding="utf-8")
     return out
 
 

@@ -12,6 +12,9 @@ step, and the task's held-out accuracy at its current level is already there).
 Where the model reads (``by_depth``, :func:`depth_heatmaps`): a heat-map of each evaluation
 before and after training, lengths down and the depth of the evidence in the document across.
 
+The same curves as a picture of their own (:func:`length_svg`), which ``temper report`` writes
+beside the page, one SVG file per run and task, for a README or a paper.
+
 Not done: interpolating between lengths, a log-scale length axis, depth at the evaluations
 between (only their accuracy by length is logged per step).
 """
@@ -108,6 +111,75 @@ def depth_heatmaps(runs: list[dict]) -> list[dict]:
                               "last": [overall.get(length) for length in rows], "low": 0.0, "high": 1.0,
                               "palette": "sequential", "order": "by length, shortest first"})
     return shown
+
+
+SVG_COLOURS = {"before": "#7a869a", "after": "#d95f02"}
+"""Line colours of the two evaluations drawn: grey before training, orange after; any other
+label (a run with neither) is drawn in the report's blue."""
+
+
+def length_svg(made: list[tuple[str, dict[int, float]]], title: str) -> str:
+    """One task's evaluations (:func:`evaluations`' list for it) as a standalone SVG: lengths
+    across on a log-2 scale, held-out accuracy up, a labelled line for "before" and one for
+    "after" (those between are left to the HTML report, so the picture stays readable; a run
+    with neither gets every evaluation).
+
+    >>> svg = length_svg([("before", {256: 1.0, 4096: 0.25}), ("step 5", {256: 1.0, 4096: 0.5}),
+    ...                   ("after", {256: 1.0, 4096: 1.0})], "lc")
+    >>> svg.count("<polyline"), "step 5" in svg, ">4096<" in svg, svg.startswith("<svg")
+    (2, False, True, True)
+    """
+    kept = [(label, curve) for label, curve in made if label in ("before", "after")] or made
+    lengths = sorted({length for _, curve in kept for length in curve})
+    width, height, left, right, top, bottom = 560, 320, 56, 110, 30, 44
+    plot_w, plot_h = width - left - right, height - top - bottom
+    low, high = math.log2(lengths[0]), math.log2(lengths[-1])
+
+    def x(length: int) -> float:
+        return left + (plot_w * (math.log2(length) - low) / (high - low) if high > low else plot_w / 2)
+
+    def y(accuracy: float) -> float:
+        return top + plot_h * (1 - accuracy)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             f'font-size="11">', f'<text x="{left}" y="18" font-size="13">{_escaped(title)}</text>',
+             f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>']
+    for tick in range(6):
+        parts.append(f'<text x="{left - 6}" y="{y(tick / 5) + 4:.1f}" text-anchor="end">{tick / 5:.0%}</text>')
+    for length in lengths:
+        parts.append(f'<text x="{x(length):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{length}</text>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">document length '
+                 '(tokens), held-out greedy accuracy</text>')
+    for index, (label, curve) in enumerate(kept):
+        colour = SVG_COLOURS.get(label, "#3f6fb5")
+        points = " ".join(f"{x(length):.1f},{y(value):.1f}" for length, value in curve.items())
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2">'
+                     f'<title>{_escaped(label)}</title></polyline>')
+        parts += [f'<circle cx="{x(length):.1f}" cy="{y(value):.1f}" r="3" fill="{colour}"/>' for length, value in curve.items()]
+        row = top + 12 + 18 * index
+        parts.append(f'<line x1="{width - right + 12}" x2="{width - right + 36}" y1="{row}" y2="{row}" '
+                     f'stroke="{colour}" stroke-width="2"/>')
+        parts.append(f'<text x="{width - right + 42}" y="{row + 4}">{_escaped(label)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def length_svgs(runs: list[dict], names: list[str]) -> dict[str, str]:
+    """File name -> :func:`length_svg` picture, for every run and task evaluated at several
+    lengths: ``accuracy-by-length-<task>.svg`` (the run's name before the task's when there are
+    several runs; characters other than letters, digits, ``.``, ``-`` and ``_`` as ``_``)."""
+    pictures = {}
+    for index, run in enumerate(runs):
+        for task, made in sorted(evaluations(run).items()):
+            where = f"{names[index]}-" if len(runs) > 1 else ""
+            name = re.sub(r"[^\w.-]", "_", f"accuracy-by-length-{where}{task}") + ".svg"
+            title = f"Accuracy against length · {task}" + (f" · {names[index]}" if len(runs) > 1 else "")
+            pictures[name] = length_svg(made, title)
+    return pictures
+
+
+def _escaped(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _number(value: Any) -> bool:

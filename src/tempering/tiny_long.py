@@ -43,7 +43,9 @@ PRETRAINED = LENGTHS[:-1]
 """Pre-training's lengths: all but the longest, which RL is left to learn."""
 DOCS = [14000, 1200, 480, 240]
 """Pre-training documents at each length, all kinds together: the short ones teach the
-lookup, the long ones teach the attention to find one sentence in many."""
+lookup, the long ones teach the attention to find one sentence in many. Sensitive: with 240
+and 60 from 1,024 on, or 240 and 240, the same recipe came out far weaker at every length
+(docs/models.md, one run each)."""
 BATCH_TOKENS = 1100
 """Tokens in one optimizer step (padded): four documents at 256, two at 512, one from 1,024 on.
 Small steps: the copying this model has to learn forms after a number of steps more than of

@@ -41,8 +41,8 @@ import torch
 from report import measured
 
 from tempering import tiny_long
-from tempering.models.tiny import drop_positions
-from tempering.pretrain import breaks_of, copy_batches, document_batches, fresh_model, optimizer_and_schedule, train_step
+from tempering.pretrain import (breaks_of, copy_batches, document_batches, drop_positions_due, fresh_model,
+                                optimizer_and_schedule, train_step)
 from tempering.tasks import build_task
 from tempering.tasks.long_context_facts import fresh, name
 
@@ -153,8 +153,8 @@ def run(args: argparse.Namespace) -> dict:
                   copy_batches(config, token_ids, tokenizer.pad_token_id))
     curve, losses, start = [{"step": 0, "wall_s": 0.0, **read(model, problems, token_ids)}], [], time.perf_counter()
     for step, (documents, copies) in zip(range(1, config.steps + 1), batches):
-        if step - 1 == config.nope_from_step and config.nope_layers:
-            drop_positions(model, config.nope_layers)
+        if step > 1:  # the first step's are dropped by fresh_model
+            drop_positions_due(model, config, step - 1)
         losses.append(train_step(model, optimizer, schedule, config, [documents, copies], breaks_of(tokenizer)))
         if step % args.every == 0 or step == config.steps:
             curve.append({"step": step, "wall_s": round(time.perf_counter() - start, 1),

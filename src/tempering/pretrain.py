@@ -226,10 +226,17 @@ def fresh_model(config: PretrainConfig) -> tuple[Any, Any, Callable[[str], list[
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, nope_layers=config.nope_layers,
     )
-    if config.nope_layers and not config.nope_from_step:
-        drop_positions(model, config.nope_layers)
+    drop_positions_due(model, config, 0)
     vocab = tokenizer.get_vocab()
     return model, tokenizer, lambda text: document_ids(text, vocab, tokenizer)
+
+
+def drop_positions_due(model: Any, config: PretrainConfig, step: int) -> None:
+    """Drop the rotary positions of ``config.nope_layers`` if ``step`` (counted from 0, before
+    its update) is ``nope_from_step``: the one place pre-training, and a bench that runs its
+    steps, decide it."""
+    if config.nope_layers and step == config.nope_from_step:
+        drop_positions(model, config.nope_layers)
 
 
 def optimizer_and_schedule(model: Any, config: PretrainConfig) -> tuple[Any, Any]:
@@ -274,8 +281,8 @@ def pretrain(config: PretrainConfig, out_dir: Path, progress: bool = True, threa
                   copy_batches(config, token_ids, tokenizer.pad_token_id))
     breaks, tokens, copy_tokens = breaks_of(tokenizer), 0, 0
     for step, (documents, copies) in zip(range(config.steps), batches):
-        if step and step == config.nope_from_step:
-            drop_positions(model, config.nope_layers)
+        if step:  # step 0's are dropped by fresh_model
+            drop_positions_due(model, config, step)
         losses.append(train_step(model, optimizer, schedule, config, [documents, copies], breaks))
         tokens += int((documents[1] != -100).sum())
         copy_tokens += int((copies[1] != -100).sum()) if copies else 0

@@ -72,8 +72,9 @@ def build_model(
     torch.manual_seed(seed)
     if not nope_layers:
         return LlamaForCausalLM(LlamaConfig(**shape))
-    rope = {"rope_type": "default", "rope_theta": LlamaConfig().rope_parameters["rope_theta"]}
-    return SmolLM3ForCausalLM(SmolLM3Config(**shape, rms_norm_eps=LlamaConfig().rms_norm_eps, rope_parameters=rope,
+    llama = LlamaConfig()  # SmolLM3's own defaults differ: a rotary base of 2e6
+    rope = {"rope_type": "default", "rope_theta": llama.rope_parameters["rope_theta"]}
+    return SmolLM3ForCausalLM(SmolLM3Config(**shape, rms_norm_eps=llama.rms_norm_eps, rope_parameters=rope,
                                             no_rope_layers=[1] * layers))
 
 

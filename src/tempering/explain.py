@@ -14,7 +14,7 @@ A config ``temper train`` would refuse before loading its model (an unknown buil
 task, reward option or algorithm) is refused here the same way. When the model can be
 inspected (a local folder, a cached built-in model; nothing is
 downloaded or pre-trained for it), the prompts are its tokens (the longest of a sample of
-each task's problems), the token budget ``learner.memory_budget_gb`` gives is computed,
+each drawn task's problems, at its curriculum's last level), the token budget ``learner.memory_budget_gb`` gives is computed,
 memory is estimated from the model's shape (``tempering.learner.packing.memory_costs``) and the
 learner's time per step is measured: one forward and backward pass of a micro-batch of at most
 512 tokens, timed after one untimed pass, scaled by the tokens of a step's updates. Sampling
@@ -88,7 +88,7 @@ def refuse_as_train_does(config: TrainConfig) -> Any:
 
 def inspect_model(config: TrainConfig) -> Inspection:
     """The model loaded without downloading or pre-training anything, and what it tells."""
-    from tempering.build import build_generator, build_tasks, learner_token_budget, local_generator, resolve_algorithm
+    from tempering.build import build_generator, learner_token_budget, local_generator, resolve_algorithm
     from tempering.policy import load_model
     from tempering.pretrain import PRETRAINED_BUILTINS, builtin_pretrain, cached_model_dir
     from tempering.rollout.engines import uses_vllm
@@ -106,13 +106,28 @@ def inspect_model(config: TrainConfig) -> Inspection:
     # vLLM is not started to explain a run: its prompts and probe are the built-in sampler's
     generator = (local_generator(config, model, tokenizer, config.rollout.batch_size) if uses_vllm(config)
                  else build_generator(config, model, tokenizer, config.rollout.batch_size))
-    prompts = [len(generator.encode_prompt(p.prompt)) for task in build_tasks(config) for p in task.eval_problems(32)]
+    prompts = [len(generator.encode_prompt(p.prompt)) for task in trained_at_hardest(config)
+               for p in task.eval_problems(32)]
     critic = needs_values(resolve_algorithm(config)["advantage"])
     return Inspection(model=model, generator=generator, prompt_tokens=max(prompts),
                       context=model.config.max_position_embeddings or 0,
                       token_budget=learner_token_budget(model, config, critic),
                       share_prompts=config.learner.share_prompts and can_share_prompts(
                           model, checkpointed=config.learner.gradient_checkpointing))
+
+
+def trained_at_hardest(config: TrainConfig) -> list:
+    """The tasks a run draws from (weight above 0; all of them when none is), each at its
+    curriculum's last level: the prompts a step may reach, not the first level's alone nor an
+    evaluation-only task's."""
+    from tempering.build import build_tasks
+
+    tasks = build_tasks(config)
+    drawn = [task for spec, task in zip(config.tasks, tasks) if spec.weight > 0] or tasks
+    for task in drawn:
+        if getattr(task, "levels", 0):
+            task.level = task.levels - 1
+    return drawn
 
 
 def update_batch(rows: int, group_size: int, prompt_tokens: int, completion_tokens: int) -> Batch:

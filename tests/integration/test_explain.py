@@ -56,6 +56,16 @@ def test_prompts_are_not_planned_as_shared_under_gradient_checkpointing(tiny_mod
     assert not inspect_model(load_config(None, [*base, "learner.gradient_checkpointing=true"])).share_prompts
 
 
+def test_prompts_are_planned_at_a_curriculums_last_level_and_not_from_evaluation_only_tasks(tiny_model_dir: Path):
+    """A step reaches the curriculum's longest prompts; a weight-0 task is never drawn."""
+    from tempering.explain import inspect_model
+
+    tasks = ('tasks=[{"name": "long_context:c", "options": {"lengths": [96, 160], "chars_per_token": 1.0}},'
+             ' {"name": "long_context:far", "weight": 0, "options": {"length_tokens": 240, "chars_per_token": 1.0}}]')
+    tokens = inspect_model(load_config(None, [*RUN, f"model.path={tiny_model_dir}", tasks])).prompt_tokens
+    assert 120 < tokens <= 162, tokens
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if "smollm2" in n else n for n in SHIPPED])
 def test_explain_runs_on_every_shipped_config(name: str, tempering_cache):
     proc = subprocess.run([sys.executable, "-m", "tempering.cli", "explain", name, "threads=1"], capture_output=True,

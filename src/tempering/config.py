@@ -277,7 +277,7 @@ class EvalConfig(Strict):
     max_new_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
     batch_size: int = Field(256, ge=1, description="sequences generated together by the built-in sampler (fewer where their key/value cache would pass 4 GiB: long prompts)")
     every: int = Field(0, ge=0, description="also evaluate every this many RL steps, logged as eval/* with its seconds as eval_s (outside step_s); 0 = only before and after")
-    problems_per_length: int = Field(20, ge=0, description="held-out problems drawn at each length of a task with several (long_context with lengths), graded greedily at every evaluation: accuracy against length, logged as eval/<task>/len_<L> and kept in summary.json's by_length, and split by how deep in the document the evidence starts in by_depth; 0 = none")
+    problems_per_length: int = Field(20, ge=0, description="held-out problems drawn at each length of a task with several (long_context with lengths or read_at), graded greedily at every evaluation: accuracy against length, logged as eval/<task>/len_<L> and kept in summary.json's by_length, and split by how deep in the document the evidence starts in by_depth; 0 = none")
 
 
 class NormalizeConfig(Strict):

@@ -235,6 +235,9 @@ def test_corpus_docs_make_pre_training_a_length_curriculum():
     ({"near_misses": "many"}, r"options.near_misses='many': expected int"),
     ({"lengths": [256, 512], "corpus_docs": [10]}, r"one count of at least 1 per length, got \[10\]"),
     ({"grading": "loose"}, "grading must be 'strict' or 'lenient', got 'loose'"),
+    ({"lengths": [256, 512], "read_at": [512]}, r"none of the trained \[256, 512\], got \[512\]"),
+    ({"read_at": [2048, 2048]}, "read_at lists lengths .* none twice"),
+    ({"read_at": [16]}, "each at least 32 tokens"),
     ({"grading": "lenient", "value": "span"}, "grading 'lenient' .* needs value 'number' and cite 'none'"),
     ({"grading": "lenient", "cite": "quote"}, "grading 'lenient' .* needs value 'number' and cite 'none'"),
 ])
@@ -291,3 +294,15 @@ def test_held_out_problems_at_each_length_are_the_same_at_any_level_and_leave_th
         assert all(n - 100 < len(p.prompt) <= n and p.meta["length_tokens"] == n for p in problems)
     assert task.eval_problems(3) == at_start[1024]  # the level's own held-out problems are the length's
     assert build_task("long_context", seed=0, length_tokens=256).eval_lengths == []
+
+
+def test_read_at_lengths_are_evaluated_and_never_drawn_in_training():
+    task = build_task("long_context", seed=0, lengths=[256, 512], read_at=[1024], chars_per_token=1.0)
+    assert task.eval_lengths == [256, 512, 1024]
+    assert all(len(p.prompt) <= 1024 and p.meta["length_tokens"] == 1024 for p in task.eval_problems_at(2, 1024))
+    assert task.levels == 2, "read_at adds no curriculum level"
+    task.level = 1
+    assert {task.train_problem(i).meta["length_tokens"] for i in range(20)} == {512}
+    one = build_task("long_context", seed=0, length_tokens=256, read_at=[512, 384], chars_per_token=1.0)
+    assert one.eval_lengths == [256, 384, 512] and one.levels == 0
+    assert one.eval_problems_at(3, 512) == task.eval_problems_at(3, 512), "held-out problems at a length are the task's"

@@ -10,10 +10,11 @@ before/after table with a shorter limit before than the answers need would other
 a gain that is only the model learning to be brief.
 
 Accuracy against length: a task that lists ``eval_lengths`` (a ``long_context`` curriculum's
-``lengths``) and draws held-out problems at any of them (``eval_problems_at(n, length)``) is
+``lengths`` and its ``read_at``) and draws held-out problems at any of them (``eval_problems_at(n, length)``) is
 also graded at each length on ``problems_per_length`` problems, the same ones at every
 evaluation, so that a curve read before, during and after training compares like with like
-while the curriculum's level (which sets the task's own ``eval_problems``) moves. Not done:
+while the curriculum's level (which sets the task's own ``eval_problems``) moves; those of
+the current level are the first drawn at its length and are sampled once. Not done:
 per-length sampled metrics (pass@k), lengths for tasks without a curriculum.
 """
 
@@ -84,9 +85,10 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
     params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens, stop=tuple(stop))
     try:
         used = metrics if owned is None else owned
-        result = _evaluate(generator, tasks, problems_per_task, used, progress, params)
+        seen: dict = {}
+        result = _evaluate(generator, tasks, problems_per_task, used, progress, params, seen)
         result["by_length"], result["by_depth"] = accuracy_by_length(generator, tasks, problems_per_length, used,
-                                                                     params)
+                                                                     params, seen)
         return result
     finally:
         if owned is not None:
@@ -94,12 +96,12 @@ def evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: i
 
 
 def _evaluate(generator: HFGenerator, tasks: Sequence[Task], problems_per_task: int,
-              metrics: Mapping[str, BatchReward], progress: bool, params: SamplingParams) -> dict:
+              metrics: Mapping[str, BatchReward], progress: bool, params: SamplingParams, seen: dict) -> dict:
     per_task, problems, grader_errors, truncated, examples, by_turns, components = {}, {}, {}, {}, {}, {}, {}
     bar = tqdm(total=problems_per_task * len(tasks), desc="greedy", unit="problem", disable=not progress,
                dynamic_ncols=True, leave=False)
     for task in tasks:
-        groups, results = _grade(generator, task, task.eval_problems(problems_per_task), metrics, params)
+        groups, results = _grade(generator, task, task.eval_problems(problems_per_task), metrics, params, seen)
         bar.update(len(groups))
         graded = [r.score for r in results if r.error is None]
         per_task[task.name] = _mean(graded)
@@ -132,7 +134,7 @@ def depth_bin(depth: float) -> str:
 
 
 def accuracy_by_length(generator: HFGenerator, tasks: Sequence[Task], problems_per_length: int,
-                       metrics: Mapping[str, BatchReward], params: SamplingParams
+                       metrics: Mapping[str, BatchReward], params: SamplingParams, seen: dict | None = None
                        ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]]]:
     """``({task: {str(length): accuracy}}, {task: {str(length): {depth bin: accuracy}}})`` for
     the tasks with ``eval_lengths``: greedy completions of ``problems_per_length`` held-out
@@ -140,14 +142,16 @@ def accuracy_by_length(generator: HFGenerator, tasks: Sequence[Task], problems_p
     :func:`evaluate`), and the same results by how deep in the document the problem's evidence
     starts (:func:`depth_bin` of the task's ``evidence_depth``; a bin no problem fell in is
     None; tasks without depths have no entry): where along a long document the model stops
-    finding what it reads."""
+    finding what it reads. ``seen`` is :func:`_grade`'s record of the problems already graded in
+    this evaluation: a curriculum's own held-out problems at its current level are the first of
+    those drawn at that length, and are not sampled twice."""
     by_length: dict[str, dict[str, Any]] = {}
     by_depth: dict[str, dict[str, dict[str, Any]]] = {}
     for task in tasks if problems_per_length else ():
         depth_of = getattr(task, "evidence_depth", None)
         for length in getattr(task, "eval_lengths", ()):
             problems = task.eval_problems_at(problems_per_length, length)
-            groups, results = _grade(generator, task, problems, metrics, params)
+            groups, results = _grade(generator, task, problems, metrics, params, seen)
             by_length.setdefault(task.name, {})[str(length)] = _mean([r.score for r in results if r.error is None])
             depths = [depth_of(group.problem) for group in groups] if depth_of else []
             if any(depth is not None for depth in depths):
@@ -160,11 +164,22 @@ def accuracy_by_length(generator: HFGenerator, tasks: Sequence[Task], problems_p
 
 
 def _grade(generator: HFGenerator, task: Task, problems: Sequence, metrics: Mapping[str, BatchReward],
-           params: SamplingParams) -> tuple[list, list]:
-    """Greedy completions of ``problems`` (one group each) and their results by the task's metric."""
-    groups = generator.generate(problems, group_size=1, params=params)
-    return groups, score_contained(metrics[task.metric], task.metric, [g.problem for g in groups],
-                                   [g.rollouts[0] for g in groups])
+           params: SamplingParams, seen: dict | None = None) -> tuple[list, list]:
+    """Greedy completions of ``problems`` (one group each) and their results by the task's metric.
+
+    ``seen`` (kept for one evaluation: the same model, settings and metrics) maps each problem
+    graded so far to its group and result; a problem found in it is taken from it, not sampled
+    again (greedy decoding would write the same completion), and new ones are added."""
+    seen = {} if seen is None else seen
+    keys = [(task.name, p.key, p.answer, repr(p.prompt)) for p in problems]
+    fresh = {key: p for key, p in zip(keys, problems) if key not in seen}
+    if fresh:
+        groups = generator.generate(list(fresh.values()), group_size=1, params=params)
+        results = score_contained(metrics[task.metric], task.metric, [g.problem for g in groups],
+                                  [g.rollouts[0] for g in groups])
+        seen.update(zip(fresh, zip(groups, results)))
+    graded = [seen[key] for key in keys]
+    return [g for g, _ in graded], [r for _, r in graded]
 
 
 def component_means(names: Sequence[str], results: Sequence) -> dict[str, float]:

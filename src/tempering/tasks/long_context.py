@@ -38,6 +38,8 @@ character-level model) converts the target to characters. A prompt is at most
 ``lengths[i]``, and the scheduler raises the level as success passes ``promote_at``. Such a
 task also lists them as ``eval_lengths``, and ``eval_problems_at(n, length)`` draws held-out
 problems at any one of them whatever the level, so evaluation can read accuracy against length.
+``read_at`` adds lengths that evaluation reads and training never draws (how far what was
+trained carries: twice the longest trained length, say), to a curriculum's or to one length.
 
 Pre-training documents (:meth:`LongContextTask.corpus_document`): the prompt and its answer
 line, with a share of them answered by the classic mistake, a decoy's value; ``corpus_docs``
@@ -98,6 +100,15 @@ def _check_lengths(length_tokens: Optional[int], lengths: Optional[list[int]]) -
     return list(chosen)
 
 
+def _check_read_at(read_at: Optional[list[int]], lengths: list[int]) -> list[int]:
+    """Evaluation-only lengths, checked: each at least MIN_LENGTH, none twice or also drawn."""
+    chosen = list(read_at or [])
+    if any(n < MIN_LENGTH for n in chosen) or len(set(chosen)) < len(chosen) or set(chosen) & set(lengths):
+        raise ValueError(f"read_at lists lengths evaluation reads that training does not draw: each at least "
+                         f"{MIN_LENGTH} tokens, none twice and none of the trained {lengths}, got {chosen}")
+    return sorted(chosen)
+
+
 def _check_spec(kind: str, spec: Spec, cite: str, style: str, grading: str = "strict") -> None:
     check_grading(grading)
     checks = [
@@ -147,13 +158,14 @@ class LongContextTask(StreamState):
                  order: str = "random", value: str = "number", parts: int = 3, cite: str = "none",
                  tokenizer: Optional[str] = None, chars_per_token: float = 4.0, style: str = "raw",
                  corpus_docs: Optional[list[int]] = None, domain: str = "", grading: str = "strict",
-                 rewards: Optional[dict[str, float]] = None):
+                 rewards: Optional[dict[str, float]] = None, read_at: Optional[list[int]] = None):
         self.spec = Spec(hops=hops, near_misses=near_misses, updates=updates, order=order, value=value, parts=parts)
         _check_spec(kind, self.spec, cite, style, grading)
         self.grading = grading
         if chars_per_token <= 0:
             raise ValueError(f"chars_per_token must be above 0, got {chars_per_token}")
         self.lengths = _check_lengths(length_tokens, lengths)
+        self.read_at = _check_read_at(read_at, self.lengths)
         self.name, self.seed, self.kind, self.style, self.cite = name, seed, kind, style, cite
         self.hops, self.chars_per_token = hops, chars_per_token
         self.levels = len(self.lengths) if lengths is not None else 0
@@ -277,9 +289,10 @@ class LongContextTask(StreamState):
 
     @property
     def eval_lengths(self) -> list[int]:
-        """The lengths evaluation reads accuracy at, one by one: a curriculum's ``lengths``,
-        none for a task of one length (its ``eval_problems`` are already at it)."""
-        return list(self.lengths) if self.levels else []
+        """The lengths evaluation reads accuracy at, one by one: a curriculum's ``lengths`` and
+        ``read_at``; none for a task of one length without ``read_at`` (its ``eval_problems``
+        are already at it)."""
+        return sorted(self.lengths + self.read_at) if self.levels or self.read_at else []
 
     def eval_problems_at(self, n: int, length: int) -> list[Problem]:
         """``n`` held-out problems at ``length`` tokens, the same at any level: seeded by the

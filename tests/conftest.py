@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import tempering  # noqa: F401  (hides CUDA-only torch extensions before any test module imports transformers)
+
 MINI_PRETRAIN = {
     "hidden_size": 32,
     "layers": 1,

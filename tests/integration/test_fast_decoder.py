@@ -19,6 +19,22 @@ def _grouped_query_model():
     return LlamaForCausalLM(config).eval()
 
 
+def _smollm3_model():
+    """A SmolLM3: the Llama above with its middle layer's positions dropped (as
+    builtin:tiny-long's last layer)."""
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    torch.manual_seed(0)
+    config = SmolLM3Config(vocab_size=40, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                           num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                           rope_theta=500.0, tie_word_embeddings=False, no_rope_layers=[1, 0, 1],
+                           use_sliding_window=False, pad_token_id=0)
+    return SmolLM3ForCausalLM(config).eval()
+
+
+MODELS = {"llama": _grouped_query_model, "smollm3": _smollm3_model}
+
+
 def _model_steps(model, ids_BT, mask_BT, new_BS):
     """Logits of transformers' forward for each of the tokens ``new_BS`` after the prompt."""
     positions_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
@@ -41,8 +57,9 @@ def _model_steps(model, ids_BT, mask_BT, new_BS):
 @pytest.mark.parametrize("selections", [[None] * 4, [None, torch.tensor([0, 4, 2, 3]), torch.tensor([3, 1]), None]])
 @pytest.mark.parametrize("onednn", [False, pytest.param(True, marks=pytest.mark.skipif(
     not fast_llama.ONEDNN, reason="this torch has no oneDNN prepacked linear product"))])
-def test_decoding_steps_give_the_models_logits_as_rows_leave(selections, onednn):
-    model = _grouped_query_model()  # 6 query heads share 2 key heads
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_decoding_steps_give_the_models_logits_as_rows_leave(selections, onednn, kind):
+    model = MODELS[kind]()  # 6 query heads share 2 key heads
     gen = torch.Generator().manual_seed(1)
     ids_BT = torch.randint(3, 40, (5, 7), generator=gen)
     mask_BT = torch.ones_like(ids_BT)
@@ -75,6 +92,33 @@ def test_the_sampler_draws_the_same_rollouts_with_and_without_the_decoder(tiny_p
 
     def sample(fast: bool):
         generator = HFGenerator(model, tokenizer, fast=fast, onednn=onednn)
+        assert generator.fast == fast
+        groups = generator.generate(problems, 4, params, generator=torch.Generator().manual_seed(3))
+        return [r for g in groups for r in g.rollouts]
+
+    for one, other in zip(sample(True), sample(False)):
+        assert one.completion_ids == other.completion_ids
+        assert one.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+
+
+def test_a_model_whose_layer_dropped_its_positions_is_sampled_alike_with_and_without_the_decoder(tiny_policy):
+    """builtin:tiny-long's kind: the tiny policy's weights in a SmolLM3 whose layer then goes
+    without positions (tempering.models.tiny.drop_positions, as pre-training does)."""
+    from tempering.models.tiny import build_model, drop_positions
+
+    llama, tokenizer = tiny_policy
+    c = llama.config
+    model = build_model(c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                        c.max_position_embeddings, 0, c.pad_token_id, c.bos_token_id, c.eos_token_id,
+                        nope_layers=[0])
+    model.load_state_dict(llama.state_dict())
+    drop_positions(model, [0])
+    model.eval()
+    problems = [Problem(task="add", id=str(i), prompt=p, answer="0") for i, p in enumerate(["7+8\n", "123+456\n"])]
+    params = SamplingParams(temperature=1.1, max_new_tokens=20)
+
+    def sample(fast: bool):
+        generator = HFGenerator(model, tokenizer, fast=fast)
         assert generator.fast == fast
         groups = generator.generate(problems, 4, params, generator=torch.Generator().manual_seed(3))
         return [r for g in groups for r in g.rollouts]

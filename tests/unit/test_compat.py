@@ -131,6 +131,20 @@ def test_the_fused_decoder_is_offered_only_what_it_computes_exactly():
     assert not compat.fused_llama_supported(_neox())
 
 
+def test_a_smollm3_is_fused_with_its_layers_without_positions_and_not_with_a_sliding_window():
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    def smollm3(**changes):
+        config = SmolLM3Config(num_key_value_heads=2, **SIZES, no_rope_layers=[1, 0], pad_token_id=0, **changes)
+        return SmolLM3ForCausalLM(config).eval()
+
+    model = smollm3()
+    assert compat.fused_llama_supported(model)
+    assert compat.llama_shape(model).rotary == (True, False)
+    assert compat.llama_shape(_llama()).rotary == (True,) * _llama().config.num_hidden_layers
+    assert not compat.fused_llama_supported(smollm3(use_sliding_window=True, sliding_window=8))
+
+
 def test_llama_shape_and_weights_are_the_models_own(tiny_policy):
     model, _ = tiny_policy
     shape = compat.llama_shape(model)

@@ -187,14 +187,22 @@ def switch_sdpa_attention(model: Any, name: str) -> None:
         model.set_attn_implementation(name)
 
 
+FUSED_MODEL_TYPES = ("llama", "smollm3")
+"""Model types the fused decoder takes: Llama, and SmolLM3 (a Llama whose layers may each go
+without rotary positions, ``no_rope_layers``: ``builtin:tiny-long``)."""
+
+
 def fused_llama_supported(model: Any) -> bool:
     """Whether ``tempering.rollout.fast_llama`` computes exactly what ``model`` computes: a
-    Llama with default rotary embeddings, no biases, a SiLU MLP and no sliding window, and no
-    LoRA adapters (its projections are then more than their weights; ``tempering.models.lora``)."""
+    Llama (or SmolLM3) with default rotary embeddings, no biases, a SiLU MLP and no sliding
+    window, and no LoRA adapters (its projections are then more than their weights;
+    ``tempering.models.lora``)."""
     if hasattr(model, "peft_config"):
         return False
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) != "llama":
+    if config is None or getattr(config, "model_type", None) not in FUSED_MODEL_TYPES:
+        return False
+    if getattr(config, "use_sliding_window", False):
         return False
     rope = getattr(config, "rope_parameters", None) or {}
     return (rope.get("rope_type", "default") == "default" and "rope_theta" in rope
@@ -214,6 +222,9 @@ class LlamaShape:
     """The RMS norms' epsilon."""
     theta: float
     """The rotary embeddings' base."""
+    rotary: tuple[bool, ...] = ()
+    """Per layer, whether its attention rotates queries and keys by position (False: a SmolLM3
+    layer without positions); empty = every layer does."""
 
 
 def attention_shape(config: Any) -> tuple[int, int, int]:
@@ -237,8 +248,9 @@ def llama_shape(model: Any) -> LlamaShape:
     """The :class:`LlamaShape` of a model :func:`fused_llama_supported` accepts."""
     config = model.config
     heads, kv_heads, head_dim = attention_shape(config)
+    rotary = tuple(bool(getattr(layer.self_attn, "use_rope", True)) for layer in model.model.layers)
     return LlamaShape(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=config.rms_norm_eps,
-                      theta=config.rope_parameters["rope_theta"])
+                      theta=config.rope_parameters["rope_theta"], rotary=rotary)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ unchanged by it.
 Only the decoding steps run here; the prompt's prefill is the model's own forward, whose
 cache is copied in. It is used where it computes exactly what the model computes, which
 ``tempering.models.compat.fused_llama_supported`` checks from the config: ``model_type``
-llama, default rotary embeddings, no biases, SiLU MLP, no sliding window. Other models take
-transformers' path. Weights are read from the model (through ``tempering.models.compat``,
+llama, default rotary embeddings, no biases, SiLU MLP, no sliding window; or smollm3, the
+same with layers that may go without positions (``no_rope_layers``; such a layer's queries
+and keys are not rotated here either). Other models take transformers' path. Weights are read from the model (through ``tempering.models.compat``,
 which knows where transformers keeps them) at every :meth:`LlamaDecoder.start`, so a sampler sharing the learner's
 model sees each update (the learner's fused AdamW counts no tensor version, so nothing tells
 unchanged weights apart cheaply); the projections are copies made there (reordered for
@@ -141,12 +142,14 @@ class LlamaDecoder:
 
     def __init__(self, model: Any, onednn: bool = False):
         if not fused_llama_supported(model):
-            raise ValueError("LlamaDecoder supports Llama models with default rotary embeddings and no biases")
+            raise ValueError("LlamaDecoder supports Llama (and SmolLM3) models with default rotary embeddings, "
+                             "no biases and no sliding window")
         self.model = model
         self.onednn = onednn  # float32 products by oneDNN (projection)
         shape = llama_shape(model)
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
         self.eps, self.theta = shape.eps, shape.theta
+        self.rotary = shape.rotary or (True,) * len(model.model.layers)
 
     def start(self, cache: Any, capacity: int, dtype: Optional[torch.dtype], rows: int = 0) -> None:
         """Take the prefilled ``cache`` and this step's weights, in ``dtype`` for the matrix
@@ -205,12 +208,14 @@ class LlamaDecoder:
         scaling = dim ** -0.5
         x_BH = self.embed[ids_B].float()
         layers = len(self.layers)
-        for (norm_in, qkv, out, norm_post, gate_up, down), keys, values in zip(
-                self.layers, self.stores[:layers], self.stores[layers:]):
+        for (norm_in, qkv, out, norm_post, gate_up, down), keys, values, rotary in zip(
+                self.layers, self.stores[:layers], self.stores[layers:], self.rotary):
             keys, values = keys[:rows], values[:rows]
             qkv_BF = qkv(_rms_norm(x_BH, norm_in, self.eps)).float()
-            pairs_BFJ2 = qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim // 2, 2)
-            qk_BFD = torch.view_as_real(torch.view_as_complex(pairs_BFJ2) * turn_B1J).view(rows, heads + kv_heads, dim)
+            qk_BFD = qkv_BF[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim)
+            if rotary:
+                pairs_BFJ2 = qk_BFD.view(rows, heads + kv_heads, dim // 2, 2)
+                qk_BFD = torch.view_as_real(torch.view_as_complex(pairs_BFJ2) * turn_B1J).view(rows, heads + kv_heads, dim)
             keys[:, :, at] = qk_BFD[:, heads:]
             values[:, :, at] = qkv_BF[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
             q_BKMD = qk_BFD[:, :heads].reshape(rows, kv_heads, group, dim)

@@ -84,9 +84,9 @@ def test_decoding_steps_give_the_models_logits_as_rows_leave(selections, onednn,
         torch.testing.assert_close(logits, expected[step][rows], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("onednn", [False, True])
-def test_the_sampler_draws_the_same_rollouts_with_and_without_the_decoder(tiny_policy, onednn):
-    model, tokenizer = tiny_policy
+def assert_sampled_alike(model, tokenizer, onednn: bool = False):
+    """The sampler draws the same rollouts (completions and log-probs) with the fused decoder
+    as through transformers' modules, from the same random numbers."""
     problems = [Problem(task="add", id=str(i), prompt=p, answer="0") for i, p in enumerate(["7+8\n", "123+456\n"])]
     params = SamplingParams(temperature=1.1, max_new_tokens=20)
 
@@ -101,6 +101,11 @@ def test_the_sampler_draws_the_same_rollouts_with_and_without_the_decoder(tiny_p
         assert one.logprobs == pytest.approx(other.logprobs, abs=1e-5)
 
 
+@pytest.mark.parametrize("onednn", [False, True])
+def test_the_sampler_draws_the_same_rollouts_with_and_without_the_decoder(tiny_policy, onednn):
+    assert_sampled_alike(*tiny_policy, onednn)
+
+
 def test_a_model_whose_layer_dropped_its_positions_is_sampled_alike_with_and_without_the_decoder(tiny_policy):
     """builtin:tiny-long's kind: the tiny policy's weights in a SmolLM3 whose layer then goes
     without positions (tempering.models.tiny.drop_positions, as pre-training does)."""
@@ -113,19 +118,7 @@ def test_a_model_whose_layer_dropped_its_positions_is_sampled_alike_with_and_wit
                         nope_layers=[0])
     model.load_state_dict(llama.state_dict())
     drop_positions(model, [0])
-    model.eval()
-    problems = [Problem(task="add", id=str(i), prompt=p, answer="0") for i, p in enumerate(["7+8\n", "123+456\n"])]
-    params = SamplingParams(temperature=1.1, max_new_tokens=20)
-
-    def sample(fast: bool):
-        generator = HFGenerator(model, tokenizer, fast=fast)
-        assert generator.fast == fast
-        groups = generator.generate(problems, 4, params, generator=torch.Generator().manual_seed(3))
-        return [r for g in groups for r in g.rollouts]
-
-    for one, other in zip(sample(True), sample(False)):
-        assert one.completion_ids == other.completion_ids
-        assert one.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+    assert_sampled_alike(model.eval(), tokenizer)
 
 
 def test_the_bf16_decoder_stays_close_to_float32(tiny_policy):

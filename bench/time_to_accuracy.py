@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 from distill import curve
 from report import measured, save
+from tempering.reporting.svg import Line, accuracy_chart
 from vs_trl import (MODELS, SHARED, UNMATCHED, _accuracy, seed_list, tempering_overrides, train_tempering, train_trl,
                     trl_version)
 
@@ -261,47 +262,17 @@ def tick_step(longest: float) -> float:
 
 def chart_svg(name: str, result: dict, version: str) -> str:
     """Held-out accuracy against training seconds: a line per side and seed, dashed targets."""
-    width, height, left, right, top, bottom = 640, 360, 56, 150, 30, 44
-    plot_w, plot_h = width - left - right, height - top - bottom
     longest = max(p["train_s"] for run in result["per_seed"] for side in COLOURS for p in run[side]["curve"]) or 1.0
     step = tick_step(longest)
     x_max = step * math.ceil(longest / step)
-
-    def x(seconds: float) -> float:
-        return left + plot_w * seconds / x_max
-
-    def y(accuracy: float) -> float:
-        return top + plot_h * (1 - accuracy)
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             'font-size="11">', f'<text x="{left}" y="18" font-size="13">{name}: held-out accuracy against '
-             'training time</text>',
-             f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>']
-    for tick in range(6):
-        parts.append(f'<text x="{left - 6}" y="{y(tick / 5) + 4:.1f}" text-anchor="end">{tick / 5:.0%}</text>')
-    for tick in range(round(x_max / step) + 1):
-        parts.append(f'<text x="{x(tick * step):.1f}" y="{top + plot_h + 16}" text-anchor="middle">'
-                     f'{tick * step:g}</text>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">training seconds '
-                 '(evaluations excluded)</text>')
-    for target in result["targets"]:
-        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(target):.1f}" y2="{y(target):.1f}" '
-                     'stroke="#bbb" stroke-dasharray="4 3"/>')
-    for run in result["per_seed"]:
-        for side, colour in COLOURS.items():
-            points = " ".join(f"{x(p['train_s']):.1f},{y(p['accuracy']):.1f}" for p in run[side]["curve"])
-            parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1.5" '
-                         f'opacity="0.8"><title>{side}, seed {run["seed"]}</title></polyline>')
-    for i, (side, colour) in enumerate(COLOURS.items()):
-        label = "tempering" if side == "tempering" else f"TRL {version}"
-        row = top + 12 + 18 * i
-        parts.append(f'<line x1="{width - right + 12}" x2="{width - right + 36}" y1="{row}" y2="{row}" '
-                     f'stroke="{colour}" stroke-width="2"/>')
-        parts.append(f'<text x="{width - right + 42}" y="{row + 4}">{label}</text>')
-    parts.append(f'<text x="{width - right + 12}" y="{top + 60}">a line per seed;</text>')
-    parts.append(f'<text x="{width - right + 12}" y="{top + 74}">dashed: targets</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    lines = [Line([(p["train_s"], p["accuracy"]) for p in run[side]["curve"]], colour, f"{side}, seed {run['seed']}",
+                  width=1.5, opacity=0.8) for run in result["per_seed"] for side, colour in COLOURS.items()]
+    legend = [("tempering" if side == "tempering" else f"TRL {version}", colour) for side, colour in COLOURS.items()]
+    return accuracy_chart(f"{name}: held-out accuracy against training time", across=lambda seconds: seconds / x_max,
+                          ticks=[(tick * step, f"{tick * step:g}") for tick in range(round(x_max / step) + 1)],
+                          x_label="training seconds (evaluations excluded)", lines=lines, legend=legend,
+                          notes=["a line per seed;", "dashed: targets"], rules=result["targets"], width=640,
+                          height=360, right=150)
 
 
 def main(argv: list[str]) -> dict:

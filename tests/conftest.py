@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-import tempering  # noqa: F401  (hides CUDA-only torch extensions before any test module imports transformers)
+from tempering.torch_extensions import hide_cuda_extensions
+
+hide_cuda_extensions()  # before any test module imports transformers (as importing tempering does)
 
 MINI_PRETRAIN = {
     "hidden_size": 32,

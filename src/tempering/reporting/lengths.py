@@ -25,6 +25,8 @@ import math
 import re
 from typing import Any
 
+from tempering.reporting.svg import Line, accuracy_chart
+
 LENGTH_KEY = re.compile(r"eval/(.+)/len_(\d+)$")
 """A step record's key of held-out accuracy at one length: task, length."""
 
@@ -131,37 +133,15 @@ def length_svg(made: list[tuple[str, dict[int, float]]], title: str) -> str:
     """
     kept = [(label, curve) for label, curve in made if label in ("before", "after")] or made
     lengths = sorted({length for _, curve in kept for length in curve})
-    width, height, left, right, top, bottom = 560, 320, 56, 110, 30, 44
-    plot_w, plot_h = width - left - right, height - top - bottom
     low, high = math.log2(lengths[0]), math.log2(lengths[-1])
 
-    def x(length: int) -> float:
-        return left + (plot_w * (math.log2(length) - low) / (high - low) if high > low else plot_w / 2)
+    def across(length: float) -> float:
+        return (math.log2(length) - low) / (high - low) if high > low else 0.5
 
-    def y(accuracy: float) -> float:
-        return top + plot_h * (1 - accuracy)
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             f'font-size="11">', f'<text x="{left}" y="18" font-size="13">{_escaped(title)}</text>',
-             f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>']
-    for tick in range(6):
-        parts.append(f'<text x="{left - 6}" y="{y(tick / 5) + 4:.1f}" text-anchor="end">{tick / 5:.0%}</text>')
-    for length in lengths:
-        parts.append(f'<text x="{x(length):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{length}</text>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">document length '
-                 '(tokens), held-out greedy accuracy</text>')
-    for index, (label, curve) in enumerate(kept):
-        colour = SVG_COLOURS.get(label, "#3f6fb5")
-        points = " ".join(f"{x(length):.1f},{y(value):.1f}" for length, value in curve.items())
-        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2">'
-                     f'<title>{_escaped(label)}</title></polyline>')
-        parts += [f'<circle cx="{x(length):.1f}" cy="{y(value):.1f}" r="3" fill="{colour}"/>' for length, value in curve.items()]
-        row = top + 12 + 18 * index
-        parts.append(f'<line x1="{width - right + 12}" x2="{width - right + 36}" y1="{row}" y2="{row}" '
-                     f'stroke="{colour}" stroke-width="2"/>')
-        parts.append(f'<text x="{width - right + 42}" y="{row + 4}">{_escaped(label)}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    lines = [Line(list(curve.items()), SVG_COLOURS.get(label, "#3f6fb5"), label, dots=True) for label, curve in kept]
+    return accuracy_chart(title, across=across, ticks=[(length, str(length)) for length in lengths],
+                          x_label="document length (tokens), held-out greedy accuracy", lines=lines,
+                          legend=[(line.title, line.colour) for line in lines])
 
 
 def length_svgs(runs: list[dict], names: list[str]) -> dict[str, str]:
@@ -176,10 +156,6 @@ def length_svgs(runs: list[dict], names: list[str]) -> dict[str, str]:
             title = f"Accuracy against length · {task}" + (f" · {names[index]}" if len(runs) > 1 else "")
             pictures[name] = length_svg(made, title)
     return pictures
-
-
-def _escaped(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _number(value: Any) -> bool:

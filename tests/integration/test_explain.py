@@ -46,14 +46,15 @@ def test_a_token_budget_is_planned_as_the_learner_plans_it(tiny_model_dir: Path)
     assert number(text, r"micro-batches per update: at most (\d+)") > 1
 
 
-def test_prompts_are_not_planned_as_shared_under_gradient_checkpointing(tiny_model_dir: Path):
-    """The learner shares a group's prompt only without checkpointing (can_share_prompts reads
-    it off the model, which the learner, not the loader, sets up), so explain's plan must not."""
+def test_prompts_are_planned_as_shared_under_gradient_checkpointing_as_the_learner_shares_them(tiny_model_dir: Path):
+    """Under checkpointing the learner shares a Llama's prompts layer by layer
+    (can_share_prompts reads checkpointing off the model, which the learner, not the loader,
+    sets up; explain passes it), and explain's plan says so."""
     from tempering.explain import inspect_model
 
     base = [*RUN, f"model.path={tiny_model_dir}"]
     assert inspect_model(load_config(None, base)).share_prompts
-    assert not inspect_model(load_config(None, [*base, "learner.gradient_checkpointing=true"])).share_prompts
+    assert inspect_model(load_config(None, [*base, "learner.gradient_checkpointing=true"])).share_prompts
 
 
 def test_prompts_are_planned_at_a_curriculums_last_level_and_not_from_evaluation_only_tasks(tiny_model_dir: Path):

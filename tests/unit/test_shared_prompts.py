@@ -17,6 +17,7 @@ from tempering.learner.packing import plan_shared_micro_batches
 from tempering.learner.plan import Layout
 from tempering.learner.step import collate
 from tempering.models.attention import matmul_attention, upcast_attention
+from tempering.models.compat import checkpointing, enable_checkpointing
 
 
 def _group_batch(model):
@@ -66,10 +67,34 @@ def test_the_layout_runs_each_distinct_prompt_once_and_maps_every_token_back():
     assert share_prompts(distinct, batch.attention_mask_BT, batch.prompt_lengths_B) is None
 
 
-@pytest.mark.parametrize("make_model", [_model, _gqa_model])
+def _nope_model():
+    """builtin:tiny-long's kind: a SmolLM3 whose second layer goes without positions."""
+    from tempering.models.tiny import build_model, drop_positions
+
+    model = build_model(vocab_size=VOCAB, hidden_size=16, layers=2, heads=2, max_positions=32, seed=0,
+                        pad_token_id=PAD, bos_token_id=1, eos_token_id=2, nope_layers=[1])
+    drop_positions(model, [1])
+    return model
+
+
+def _checkpointed(make_model):
+    def made():
+        model = make_model()
+        enable_checkpointing(model)
+        model.train()
+        return model
+    made.__name__ = f"checkpointed{make_model.__name__}"
+    return made
+
+
+@pytest.mark.parametrize("make_model", [_model, _gqa_model, _nope_model, _checkpointed(_model),
+                                        _checkpointed(_gqa_model), _checkpointed(_nope_model)])
 @pytest.mark.parametrize("chunk", [0, 4])
-def test_shared_prompts_give_each_row_its_own_logprobs_entropy_hidden_and_gradient(make_model, chunk):
+def test_shared_prompts_give_each_row_its_own_logprobs_entropy_hidden_and_gradient(make_model, chunk, monkeypatch):
     model = make_model()
+    layered = []
+    real = logprobs_module._checkpointed_shared_hidden
+    monkeypatch.setattr(logprobs_module, "_checkpointed_shared_hidden", lambda *a: layered.append(1) or real(*a))
     batch = _group_batch(model)
     up_BT = torch.randn(batch.loss_mask_BT.shape, generator=torch.Generator().manual_seed(5))
     real_BT = batch.attention_mask_BT[..., None]
@@ -86,6 +111,7 @@ def test_shared_prompts_give_each_row_its_own_logprobs_entropy_hidden_and_gradie
     alone, alone_hidden, alone_grad = run(Layout.PADDED)
     shared, shared_hidden, shared_grad = run(Layout.SHARED)
     assert alone_grad.abs().max() > 1e-3
+    assert bool(layered) == checkpointing(model), "checkpointed models share layer by layer, the others not"
     torch.testing.assert_close(shared.logprobs_BT, alone.logprobs_BT, atol=1e-5, rtol=0)
     torch.testing.assert_close(shared.entropy_BT, alone.entropy_BT, atol=1e-5, rtol=0)
     torch.testing.assert_close(shared_hidden, alone_hidden, atol=1e-5, rtol=0)
@@ -124,11 +150,11 @@ def test_a_learner_step_with_shared_prompts_is_the_step_without(settings, critic
         assert metrics[key] == pytest.approx(alone_metrics[key], abs=1e-5), key
 
 
-def test_gradient_checkpointing_turns_sharing_off_and_bf16_stays_near_fp32(shared_passes):
+def test_gradient_checkpointing_keeps_sharing_and_bf16_stays_near_fp32(shared_passes):
     fp32, _ = _sgd_change(True)
     passes = len(shared_passes)
     checkpointed, _ = _sgd_change(True, gradient_checkpointing=True)
-    assert len(shared_passes) == passes, "checkpointing drops the cache that sharing needs"
+    assert len(shared_passes) == 2 * passes, "checkpointed steps share prompts too"
     torch.testing.assert_close(checkpointed, fp32, atol=1e-5, rtol=0)
     bf16, _ = _sgd_change(True, bf16=True)
     assert (bf16 - fp32).abs().max() < 0.01 * fp32.abs().max()
@@ -190,3 +216,33 @@ def test_token_budget_plans_keep_a_prompts_rows_together_within_the_budget():
                 group = [r for r in range(len(batch)) if prompt_of[r] == g]
                 assert prompt_lengths[group[0]] + len(group) * max(lengths[r] - prompt_lengths[r] for r in group) > budget
     assert len(plan_shared_micro_batches(prompt_of, prompt_lengths, lengths, 1000)) == 1
+
+
+def test_checkpointed_sharing_keeps_only_the_layers_inputs_for_the_backward_pass():
+    """What recomputing buys: the bytes autograd keeps for the backward pass of a shared
+    forward, checkpointed against not."""
+
+    def saved_bytes(model) -> int:
+        batch = _group_batch(model)
+        kept = []
+
+        def pack(tensor):
+            kept.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            forward_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT, TEMPERATURE, layout=Layout.SHARED,
+                             prompt_lengths_B=batch.prompt_lengths_B)
+        return sum(kept)
+
+    plain, recomputed = saved_bytes(_gqa_model()), saved_bytes(_checkpointed(_gqa_model)())
+    assert recomputed < plain / 3, (recomputed, plain)
+
+
+def test_under_checkpointing_only_a_decoder_that_runs_layer_by_layer_shares_prompts():
+    from tempering.learner.forward import can_share_prompts
+
+    model = _gqa_model()
+    assert can_share_prompts(model, checkpointed=True) and can_share_prompts(model, checkpointed=False)
+    model.config._attn_implementation = "eager"  # its masks are additive, not the boolean ones built here
+    assert can_share_prompts(model, checkpointed=False) and not can_share_prompts(model, checkpointed=True)

@@ -15,10 +15,13 @@ prompt, the way a sampler continues a prefilled prompt. A prompt's gradient is t
 what its copies would have received, so log-probs and gradients are those of the separate
 rows up to floating-point summation order. The plan chooses it when it computes fewer tokens
 than the padded or packed rows would (completions are right-padded to the longest), needs a model
-whose forward takes a cache (not with gradient checkpointing, which drops the cache) and a
-plain output layer (see :func:`output_weight`), and shares only within a micro-batch (the
+whose forward takes a cache and a plain output layer (see :func:`output_weight`), and shares
+only within a micro-batch (the
 learner's token-budget plans keep a prompt's rows together where they fit,
-``tempering.learner.packing.plan_shared_micro_batches``).
+``tempering.learner.packing.plan_shared_micro_batches``). Under gradient checkpointing, which
+drops a model's cache, the decoder is run here a layer at a time instead, each layer's prompt
+and completion passes recomputed together in the backward pass
+(:func:`_checkpointed_shared_hidden`), for decoders built as transformers' Llama family.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 from tempering.algorithms.logprobs import chunked_logprobs, pick_logprobs
 from tempering.learner.packing import distinct_prompts, pack
 from tempering.learner.plan import Layout, layout_of
+from tempering.models.attention import NAME as ATTENTION_NAME
 from tempering.models.compat import cache_argument, checkpointing, full_attention_cache, select_cache_rows
 
 
@@ -83,13 +87,26 @@ class SharedPrompts:
 
 
 def can_share_prompts(model: Any, checkpointed: Optional[bool] = None) -> bool:
-    """Whether :func:`forward_logprobs` can share prompts for ``model``: no gradient
-    checkpointing, a plain output layer, and a cache of plain full-attention layers.
-    ``checkpointed``: whether the learner will recompute the model's layers, for a model not
-    set up for learning yet (``temper explain``'s); None reads it off the model."""
+    """Whether :func:`forward_logprobs` can share prompts for ``model``: a plain output layer,
+    a cache of plain full-attention layers, and under gradient checkpointing a decoder that
+    can be run layer by layer (:func:`layer_by_layer`). ``checkpointed``: whether the learner
+    will recompute the model's layers, for a model not set up for learning yet (``temper
+    explain``'s); None reads it off the model."""
     if checkpointed is None:
         checkpointed = checkpointing(model)
-    return not checkpointed and plain_head(model) and full_attention_cache(model.config) is not None
+    return (plain_head(model) and full_attention_cache(model.config) is not None
+            and (not checkpointed or layer_by_layer(model)))
+
+
+def layer_by_layer(model: Any) -> bool:
+    """Whether the shared layout can run ``model``'s decoder one layer at a time, each layer
+    recomputed in the backward pass (:func:`_checkpointed_shared_hidden`): an embedding,
+    rotary embeddings, a list of layers and a final norm, as transformers' Llama-family
+    decoders (Llama, Qwen2, SmolLM3, Mistral) have them, and attention that takes a boolean
+    mask (sdpa, or tempering's autocast wrapper of it)."""
+    decoder = model.get_decoder()
+    parts = all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm"))
+    return parts and getattr(model.config, "_attn_implementation", None) in ("sdpa", ATTENTION_NAME)
 
 
 def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
@@ -128,9 +145,66 @@ def share_prompts(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
                          source_BT, index_BT)
 
 
+class _PromptKeys:
+    """What one layer's attention takes for its cache in :func:`_checkpointed_shared_hidden`:
+    the first call (the prompts) is kept and returned as it is; each later one (completions)
+    gets its row's prompt's keys and values before its own."""
+
+    def __init__(self, prompt_of_B: torch.Tensor):
+        self.prompt_of_B = prompt_of_B
+        self.prompts: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, *_: Any, **__: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.prompts is None:
+            self.prompts = keys, values
+            return keys, values
+        prompt_keys, prompt_values = self.prompts
+        return (torch.cat([prompt_keys[self.prompt_of_B], keys], dim=2),
+                torch.cat([prompt_values[self.prompt_of_B], values], dim=2))
+
+
+def _layer_pair(layer: Any, prompts: torch.Tensor, completions: torch.Tensor, prompt_of_B: torch.Tensor,
+                passes: tuple[dict, dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer on the prompts, then on the completions continuing them; the layer
+    is called past transformers' checkpointing wrapper, which would drop the cache."""
+    keys, outputs = _PromptKeys(prompt_of_B), []
+    for hidden, settings in zip((prompts, completions), passes):
+        out = torch.nn.Module.__call__(layer, hidden, past_key_values=keys, use_cache=True, **settings)
+        outputs.append(out[0] if isinstance(out, tuple) else out)
+    return outputs[0], outputs[1]
+
+
+def _checkpointed_shared_hidden(model: Any, shared: SharedPrompts) -> torch.Tensor:
+    """:func:`_shared_hidden` for a model that recomputes its layers: the decoder run here a
+    layer at a time (:func:`layer_by_layer`), each layer's prompt and completion passes
+    together under one activation checkpoint, so only the layers' inputs are kept, and the
+    prompts' keys and values are recomputed with them in the backward pass."""
+    decoder = model.get_decoder()
+    (rows_P, span), (rows_B, reach) = shared.prompt_ids_PT.shape, shared.completion_ids_BT.shape
+    device = shared.prompt_ids_PT.device
+    positions_PT = torch.arange(span, device=device)[None].expand(rows_P, span)
+    prompts, completions = decoder.embed_tokens(shared.prompt_ids_PT), decoder.embed_tokens(shared.completion_ids_BT)
+    causal_SS = torch.ones((span, span), dtype=torch.bool, device=device).tril()
+    causal_RR = torch.ones((reach, reach), dtype=torch.bool, device=device).tril()
+    prompt_keys_P11S = shared.prompt_mask_PT.bool()[:, None, None, :]
+    mask_B1RK = torch.cat([prompt_keys_P11S[shared.prompt_of_B].expand(rows_B, 1, reach, span),
+                           causal_RR & shared.completion_mask_BT.bool()[:, None, None, :]], dim=-1)
+    passes = ({"attention_mask": causal_SS & prompt_keys_P11S, "position_ids": positions_PT,
+               "position_embeddings": decoder.rotary_emb(prompts, position_ids=positions_PT)},
+              {"attention_mask": mask_B1RK, "position_ids": shared.positions_BT,
+               "position_embeddings": decoder.rotary_emb(completions, position_ids=shared.positions_BT)})
+    for layer in decoder.layers[: model.config.num_hidden_layers]:
+        prompts, completions = torch.utils.checkpoint.checkpoint(
+            _layer_pair, layer, prompts, completions, shared.prompt_of_B, passes, use_reentrant=False)
+    size = prompts.shape[-1]
+    return torch.cat([decoder.norm(prompts).reshape(-1, size), decoder.norm(completions).reshape(-1, size)])
+
+
 def _shared_hidden(model: Any, shared: SharedPrompts) -> torch.Tensor:
     """The decoder's last hidden states of the shared prompts then of the completions,
     flattened to ``[tokens, hidden]`` in the order of ``shared.index_BT``."""
+    if checkpointing(model):
+        return _checkpointed_shared_hidden(model, shared)
     decoder = model.get_decoder()
     cache_arg = cache_argument(decoder.forward)
     prompt_ids_PT = shared.prompt_ids_PT

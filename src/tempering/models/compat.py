@@ -222,9 +222,9 @@ class LlamaShape:
     """The RMS norms' epsilon."""
     theta: float
     """The rotary embeddings' base."""
-    rotary: tuple[bool, ...] = ()
+    rotary: tuple[bool, ...]
     """Per layer, whether its attention rotates queries and keys by position (False: a SmolLM3
-    layer without positions); empty = every layer does."""
+    layer without positions)."""
 
 
 def attention_shape(config: Any) -> tuple[int, int, int]:

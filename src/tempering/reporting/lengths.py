@@ -15,7 +15,7 @@ before and after training, lengths down and the depth of the evidence in the doc
 The same curves as a picture of their own (:func:`length_svg`), which ``temper report`` writes
 beside the page, one SVG file per run and task, for a README or a paper.
 
-Not done: interpolating between lengths, a log-scale length axis, depth at the evaluations
+Not done: interpolating between lengths, a log-scale length axis in the HTML plot (the picture has one), depth at the evaluations
 between (only their accuracy by length is logged per step).
 """
 

@@ -149,7 +149,7 @@ class LlamaDecoder:
         shape = llama_shape(model)
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
         self.eps, self.theta = shape.eps, shape.theta
-        self.rotary = shape.rotary or (True,) * len(model.model.layers)
+        self.rotary = shape.rotary
 
     def start(self, cache: Any, capacity: int, dtype: Optional[torch.dtype], rows: int = 0) -> None:
         """Take the prefilled ``cache`` and this step's weights, in ``dtype`` for the matrix

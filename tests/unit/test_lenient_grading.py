@@ -82,3 +82,17 @@ def test_a_reasoning_gym_task_graded_leniently_scores_an_untagged_answer():
     assert answer_format(loose, untagged) == 0.0
     with pytest.raises(ValueError, match="the one placeholder is"):
         build_task("rg:chain_sum", seed=0, template="{q}")
+
+
+def test_a_reasoning_gym_scorer_that_cannot_parse_the_answer_scores_it_wrong_not_as_a_grader_fault():
+    """reasoning-gym's prime_factorization scorer calls int() on each factor the answer lists;
+    a sentence read leniently as the answer made it raise, which counted as a grader fault: the
+    rollout was dropped, and a task whose every answer was a sentence was paused. A malformed
+    answer is a wrong answer."""
+    pytest.importorskip("reasoning_gym")
+    from tempering.tasks.reasoning_gym import reasoning_gym_score
+
+    task = build_task("rg:prime_factorization", seed=0, grading="lenient", config={"min_value": 2, "max_value": 50})
+    problem = task.eval_problems(1)[0]
+    assert reasoning_gym_score(problem, "The prime factors of 10 are: 2") == 0.0
+    assert reasoning_gym_score(problem, f"<answer>{problem.answer}</answer>") == 1.0

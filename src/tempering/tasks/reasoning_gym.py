@@ -32,7 +32,10 @@ its ``answer:`` line, and calls the type's ``score_answer`` with the full item (
 included), which is what the types whose answers are *validated* need (``graph_color``,
 ``rubiks_cube``, ``propositional_logic``, ``boxnet``, ``rush_hour``: any valid answer scores).
 For those the problem's ``answer`` is an example valid answer where reasoning-gym gives one
-(:data:`EXAMPLE_KEYS`), else empty (:data:`NO_REFERENCE`).
+(:data:`EXAMPLE_KEYS`), else empty (:data:`NO_REFERENCE`). Some scorers raise on an answer
+they cannot parse (``prime_factorization`` calls ``int()`` on each factor, so a sentence read
+leniently as the answer raised ``ValueError``); such an answer scores 0, as a wrong one, rather
+than counting as a grader fault that drops the rollout and pauses the task.
 
 Difficulty: with ``curriculum: true`` a type that has a reasoning-gym curriculum exposes
 ``levels`` (its global levels) and a settable ``level`` that the scheduler raises. The held-out
@@ -80,6 +83,12 @@ prompts in a mixture, without making many that a short run never uses."""
 WORKER_WAIT_S = 300.0
 """How long to wait for one result of the prefetch worker before generating it here instead
 (a worker that died leaves its result pending for ever)."""
+
+
+ANSWER_ERRORS = (ValueError, TypeError, IndexError, KeyError, AttributeError, ArithmeticError, SyntaxError)
+"""What a type's scorer raises when it cannot parse the answer it is given (``int()`` of a word, a
+list index past a short answer, a formula that does not parse): such an answer scores 0. Anything
+else it raises (a broken install, a missing file) is still a grader fault."""
 
 
 def _rg():
@@ -332,7 +341,8 @@ def build_rg_task(name: str, seed: int, **options: Any) -> ReasoningGymTask:
 @register_reward("reasoning_gym")
 def reasoning_gym_score(problem: Problem, completion: str) -> float:
     """reasoning-gym's own score of the last ``<answer>`` (else the ``answer:`` line), 0..1;
-    a lenient problem falls back to the answer a reader would take."""
+    a lenient problem falls back to the answer a reader would take. An answer the type's scorer
+    cannot parse (:data:`ANSWER_ERRORS`) scores 0."""
     from reasoning_gym.utils import extract_answer as extract_tag
 
     if is_lenient(problem):
@@ -342,5 +352,8 @@ def reasoning_gym_score(problem: Problem, completion: str) -> float:
         if found is None:
             found = extract_answer(completion)
     scorer = _rg().get_score_answer_fn(problem.meta["rg_type"])
-    return float(scorer(found, problem.meta["entry"]))
+    try:
+        return float(scorer(found, problem.meta["entry"]))
+    except ANSWER_ERRORS:  # the type's parser choked on the model's text: a wrong answer, not a grader fault
+        return 0.0
 

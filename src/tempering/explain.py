@@ -17,7 +17,8 @@ downloaded or pre-trained for it), the prompts are its tokens (the longest of a 
 each drawn task's problems, at its curriculum's last level), the token budget ``learner.memory_budget_gb`` gives is computed,
 memory is estimated from the model's shape (``tempering.learner.packing.memory_costs``) and the
 learner's time per step is measured: one forward and backward pass of a micro-batch of at most
-512 tokens, timed after one untimed pass, scaled by the tokens of a step's updates. Sampling
+512 tokens, timed after one untimed pass, scaled by the tokens of a step's updates
+(:func:`learner_tokens`: a group's prompt once where the learner shares prompts). Sampling
 time is not estimated.
 
 A probe (``probe`` held-out problems per task, 8 by default, greedy, ``eval.max_new_tokens``)
@@ -354,12 +355,27 @@ def _costs(config: TrainConfig, seen: Inspection, rows: int, parts: list[list[in
     critic = needs_values(resolve_algorithm(config)["advantage"])
     fixed, per_token = memory_costs(seen.model, lc.gradient_checkpointing, logprob_chunk(seen.model, config),
                                     frozen_parameters(seen.model, config, critic))
-    seconds = measure_seconds_per_token(seen.model, row_tokens) * rows * row_tokens * updates
+    tokens = learner_tokens(rows, config.rollout.group_size, seen.prompt_tokens, config.rollout.max_new_tokens,
+                            seen.share_prompts)
+    seconds = measure_seconds_per_token(seen.model, row_tokens) * tokens * updates
+    shared = ", each group's prompt computed once (learner.share_prompts)" if seen.share_prompts else ""
     return [f"memory: about {(fixed + per_token * micro_tokens) / 1024**3:.2f} GB for a learner step (weights, "
             f"gradients, AdamW state, activations of a {micro_tokens}-token micro-batch; an estimate from the "
             "model's shape; a teacher is not counted)",
             f"learner time: about {seconds:.1f} s per step here (one measured forward/backward pass, scaled to "
-            f"{updates} x {rows} rollouts of {row_tokens} tokens; threads {torch.get_num_threads()})"]
+            f"{updates} x {rows} rollouts of {row_tokens} tokens{shared}; threads {torch.get_num_threads()})"]
+
+
+def learner_tokens(rows: int, group_size: int, prompt_tokens: int, completion_tokens: int, shared: bool) -> int:
+    """Tokens one update's forward and backward passes run over: every row's prompt and
+    completion, or with ``shared`` prompts each group's prompt once and every row's completion.
+
+    >>> learner_tokens(16, 8, 100, 20, shared=False), learner_tokens(16, 8, 100, 20, shared=True)
+    (1920, 520)
+    """
+    if not shared:
+        return rows * (prompt_tokens + completion_tokens)
+    return -(-rows // group_size) * prompt_tokens + rows * completion_tokens
 
 
 def _grader_faults(config: TrainConfig) -> str:

@@ -57,6 +57,15 @@ def test_prompts_are_planned_as_shared_under_gradient_checkpointing_as_the_learn
     assert inspect_model(load_config(None, [*base, "learner.gradient_checkpointing=true"])).share_prompts
 
 
+def test_learner_time_counts_a_groups_prompt_once_where_the_learner_shares_it(tiny_model_dir: Path):
+    """The learner-time estimate scales by the tokens the learner runs (learner_tokens): with
+    shared prompts a group's prompt once, which the sentence names; without, every row's."""
+    base = [*RUN, f"model.path={tiny_model_dir}"]
+    shared = explain(load_config(None, base))
+    assert "each group's prompt computed once" in shared
+    assert "each group's prompt computed once" not in explain(load_config(None, [*base, "learner.share_prompts=false"]))
+
+
 def test_prompts_are_planned_at_a_curriculums_last_level_and_not_from_evaluation_only_tasks(tiny_model_dir: Path):
     """A step reaches the curriculum's longest prompts; a weight-0 task is never drawn."""
     from tempering.explain import inspect_model

@@ -49,6 +49,11 @@ QUICK = {
                       and all(len(c) == 3 and c[0][0] == 0 < c[-1][0] for s in out["per_seed"]
                               for c in s["curves"].values())
                       and set(out["final"]) == {"learnability", "per_cost"}),
+    "domain_screen": (["--model", "{model}", "--config", "quickstart", "--types", "gcd", "--tasks", "add",
+                       "--rg-options", '{{"style": "raw"}}', "--problems", "2", "--max-new-tokens", "8",
+                       "--band", "0,1"],
+                      lambda out: {name: r["problems"] for name, r in out["candidates"].items()} == {"rg:gcd": 2, "add": 2}
+                      and sorted(out["in_band"]) == ["add", "rg:gcd"]),
     "generation": (["--quick", "--model", "{model}", "--threads", "1", "--workloads", "group", "--precisions", "fp32"],
                    lambda out: out["batch_1"]["tempering_tok_s"] > 0 and out["batch_1"]["generate_tok_s"] > 0),
     "joint": (["--model", "{model}", "--steps", "1", "--seeds", "0,1", "--arms", "arithmetic,static,adaptive",

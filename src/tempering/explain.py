@@ -32,6 +32,7 @@ passes it can still be near 0, which ``temper eval`` measures.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -351,7 +352,8 @@ def _costs(config: TrainConfig, seen: Inspection, rows: int, parts: list[list[in
 
     lc = config.learner
     row_tokens = seen.prompt_tokens + config.rollout.max_new_tokens
-    micro_tokens = max(len(p) for p in parts) * row_tokens
+    micro_tokens = max(learner_tokens(len(p), config.rollout.group_size, seen.prompt_tokens,
+                                      config.rollout.max_new_tokens, seen.share_prompts) for p in parts)
     critic = needs_values(resolve_algorithm(config)["advantage"])
     fixed, per_token = memory_costs(seen.model, lc.gradient_checkpointing, logprob_chunk(seen.model, config),
                                     frozen_parameters(seen.model, config, critic))
@@ -359,11 +361,27 @@ def _costs(config: TrainConfig, seen: Inspection, rows: int, parts: list[list[in
                             seen.share_prompts)
     seconds = measure_seconds_per_token(seen.model, row_tokens) * tokens * updates
     shared = ", each group's prompt computed once (learner.share_prompts)" if seen.share_prompts else ""
-    return [f"memory: about {(fixed + per_token * micro_tokens) / 1024**3:.2f} GB for a learner step (weights, "
+    estimate = fixed + per_token * micro_tokens
+    lines = [f"memory: about {estimate / 1024**3:.2f} GB for a learner step (weights, "
             f"gradients, AdamW state, activations of a {micro_tokens}-token micro-batch; an estimate from the "
             "model's shape; a teacher is not counted)",
             f"learner time: about {seconds:.1f} s per step here (one measured forward/backward pass, scaled to "
             f"{updates} x {rows} rollouts of {row_tokens} tokens{shared}; threads {torch.get_num_threads()})"]
+    memory = physical_memory_bytes()
+    if resolve_device(config.model.device).type == "cpu" and memory and estimate > memory:
+        lines.append(f"warning: the learner step's estimate, {estimate / 1024**3:.1f} GB, is more than this "
+                     f"machine's {memory / 1024**3:.1f} GB of memory: the run would be killed at its first "
+                     "update; set learner.memory_budget_gb (micro-batches sized to fit it) or lower "
+                     "learner.micro_batch_size")
+    return lines
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def learner_tokens(rows: int, group_size: int, prompt_tokens: int, completion_tokens: int, shared: bool) -> int:

@@ -66,6 +66,23 @@ def test_learner_time_counts_a_groups_prompt_once_where_the_learner_shares_it(ti
     assert "each group's prompt computed once" not in explain(load_config(None, [*base, "learner.share_prompts=false"]))
 
 
+def test_a_learner_step_estimated_over_the_machines_memory_is_a_warning_naming_the_fix(tiny_model_dir: Path,
+                                                                                     monkeypatch):
+    """A learner step estimated over the machine's memory would be killed at the first
+    update (smollm2-many without a memory budget reached 21.7 GB resident and was killed beside
+    a 6 GB bench): explain says so, and what to set; under the memory it says nothing."""
+    import tempering.explain as explain_module
+
+    base = [*RUN, f"model.path={tiny_model_dir}"]
+    estimate = float(re.search(r"memory: about ([\d.]+) GB", explain(load_config(None, base))).group(1))
+    warning = "more than this machine's"
+    monkeypatch.setattr(explain_module, "physical_memory_bytes", lambda: int(estimate * 1024**3 * 2))
+    assert warning not in explain(load_config(None, base))
+    monkeypatch.setattr(explain_module, "physical_memory_bytes", lambda: int(estimate * 1024**3 / 2))
+    text = explain(load_config(None, base))
+    assert warning in text and "learner.memory_budget_gb" in text
+
+
 def test_prompts_are_planned_at_a_curriculums_last_level_and_not_from_evaluation_only_tasks(tiny_model_dir: Path):
     """A step reaches the curriculum's longest prompts; a weight-0 task is never drawn."""
     from tempering.explain import inspect_model

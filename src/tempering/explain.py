@@ -370,7 +370,7 @@ def _costs(config: TrainConfig, seen: Inspection, rows: int, parts: list[list[in
     memory = physical_memory_bytes()
     if resolve_device(config.model.device).type == "cpu" and memory and estimate > memory:
         lines.append(f"warning: the learner step's estimate, {estimate / 1024**3:.1f} GB, is more than this "
-                     f"machine's {memory / 1024**3:.1f} GB of memory: the run would be killed at its first "
+                     f"machine's {memory / 1024**3:.1f} GB of memory: the run may be killed at its first "
                      "update; set learner.memory_budget_gb (micro-batches sized to fit it) or lower "
                      "learner.micro_batch_size")
     return lines

@@ -99,6 +99,16 @@ def band(text: str) -> tuple[float, float]:
     return low, high
 
 
+def json_object(text: str) -> dict:
+    try:
+        found = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}); e.g. '{json.dumps(RG_OPTIONS)}'") from None
+    if not isinstance(found, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object of task options, e.g. '{json.dumps(RG_OPTIONS)}'")
+    return found
+
+
 def candidates(config, types: str, tasks: str, rg_options: dict, easy: bool = False) -> list[TaskSpec]:
     """The task of each candidate: the config's own spec for a name it has, else ``rg_options``
     for a reasoning-gym type (with ``easy``, and :data:`EASY` settings for the type, those as
@@ -178,7 +188,7 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--config", default="smollm2-many", help="sampler settings, stop strings and task options")
     parser.add_argument("--types", default="all", help="reasoning-gym types, comma-separated, all, or easy (those of EASY)")
     parser.add_argument("--easy", action="store_true", help="screen a type of EASY at its small settings")
-    parser.add_argument("--rg-options", type=json.loads, default=RG_OPTIONS,
+    parser.add_argument("--rg-options", type=json_object, default=RG_OPTIONS,
                         help=f"options of a reasoning-gym candidate the config does not name, as JSON "
                              f"(default: {json.dumps(RG_OPTIONS)})")
     parser.add_argument("--tasks", default="", help="other candidates, comma-separated (add, code:below, ...)")

@@ -29,8 +29,10 @@ def test_each_reasoning_gym_domain_is_graded_leniently_at_the_settings_it_was_sc
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         from domain_screen import EASY
-    finally:
+    finally:  # the bench's modules (domain_screen, and report beside it) stay out of other tests' imports
         sys.path.remove(str(ROOT / "bench"))
+        sys.modules.pop("domain_screen", None)
+        sys.modules.pop("report", None)
     for spec in load_config("smollm2-many").tasks:
         if spec.name.startswith("rg:"):
             assert spec.options["grading"] == "lenient" and spec.options["style"] == "chat", spec.name
